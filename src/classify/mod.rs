@@ -1,0 +1,1 @@
+//! Classification: turns kernel log messages into typed [`Finding`](crate::model::Finding)s.

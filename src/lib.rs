@@ -1,0 +1,11 @@
+//! xidwatch: watches the kernel log and NVML for GPU faults, groups them into incidents, runs
+//! read-only runbooks and sends alerts with the evidence attached. It never reboots, resets,
+//! unloads or reconfigures anything.
+//!
+//! The pipeline, one module per stage:
+//! `source` (kmsg, NVML, files) -> `classify` (catalog + line shapes) -> `incident` -> `runbook`
+//! -> `alert`. `model` holds the typed values that travel between them.
+
+pub mod model;
+pub mod source;
+pub mod classify;

@@ -1,0 +1,290 @@
+//! A [`Finding`]: one thing the classifier understood, from one or a few physical log lines.
+
+use serde::Serialize;
+use std::fmt;
+
+use super::{Category, PciAddress, Severity};
+
+/// What kind of thing was found. Serialised in snake case; these names are part of the
+/// `scan --json` and alert payload contracts, so they only ever gain members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// An NVRM `Xid` line.
+    Xid,
+    /// An NVSwitch `SXid` line with its continuation lines.
+    Sxid,
+    /// "GPU has fallen off the bus" without an Xid (or besides one).
+    FallenOffBus,
+    /// The driver could not initialise a GPU: RmInitAdapter, GSP firmware load, probe failures,
+    /// module symbol errors.
+    DriverInitFailure,
+    /// User-space driver components and the kernel module disagree about the version.
+    ApiMismatch,
+    /// Other NVRM errors without an Xid: GSP timeouts, RPC trouble, UVM fatal errors.
+    DriverError,
+    /// A PCIe Advanced Error Reporting line naming a device.
+    PcieAer,
+    /// A line that ties a PCI address to a UUID or board serial. Info only.
+    GpuIdentity,
+    /// Kernel log records were lost before xidwatch could read them.
+    KmsgOverrun,
+    /// NVML reported an ECC error event.
+    EccError,
+    /// NVML reported that the GPU is lost.
+    GpuLost,
+    /// A GPU present on the PCI bus cannot be reached, or left the bus.
+    GpuMissing,
+    /// NVML could not be loaded or initialised.
+    NvmlUnavailable,
+}
+
+impl FindingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Xid => "xid",
+            FindingKind::Sxid => "sxid",
+            FindingKind::FallenOffBus => "fallen_off_bus",
+            FindingKind::DriverInitFailure => "driver_init_failure",
+            FindingKind::ApiMismatch => "api_mismatch",
+            FindingKind::DriverError => "driver_error",
+            FindingKind::PcieAer => "pcie_aer",
+            FindingKind::GpuIdentity => "gpu_identity",
+            FindingKind::KmsgOverrun => "kmsg_overrun",
+            FindingKind::EccError => "ecc_error",
+            FindingKind::GpuLost => "gpu_lost",
+            FindingKind::GpuMissing => "gpu_missing",
+            FindingKind::NvmlUnavailable => "nvml_unavailable",
+        }
+    }
+
+    pub const ALL: [FindingKind; 13] = [
+        FindingKind::Xid,
+        FindingKind::Sxid,
+        FindingKind::FallenOffBus,
+        FindingKind::DriverInitFailure,
+        FindingKind::ApiMismatch,
+        FindingKind::DriverError,
+        FindingKind::PcieAer,
+        FindingKind::GpuIdentity,
+        FindingKind::KmsgOverrun,
+        FindingKind::EccError,
+        FindingKind::GpuLost,
+        FindingKind::GpuMissing,
+        FindingKind::NvmlUnavailable,
+    ];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        FindingKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of the GPU a finding is about, as far as the log (or NVML) told us.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GpuIdentity {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl GpuIdentity {
+    pub fn is_empty(&self) -> bool {
+        self.index.is_none() && self.uuid.is_none() && self.serial.is_none() && self.name.is_none()
+    }
+}
+
+/// Where a finding came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Origin {
+    /// 1-based number of the first physical line in the scanned input (0 for live sources).
+    pub line: u64,
+    /// How many physical lines (or kmsg records) the finding covers.
+    pub lines: u32,
+    /// Kernel log sequence number of the first record, for live kmsg.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// Kernel timestamp in microseconds since boot, when the input carried one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ts_usec: Option<u64>,
+    /// The timestamp text the input carried (`[ 9512.238711]`, `Nov 29 08:14:03`, ...), verbatim.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+    /// The message lines as read (prefixes removed), for the evidence.
+    pub raw: Vec<String>,
+}
+
+/// The NVIDIA recovery action carried by Xid 154.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "action", content = "text")]
+pub enum RecoveryAction {
+    None,
+    GpuReset,
+    NodeReboot,
+    DrainP2p,
+    DrainAndReset,
+    OsReboot,
+    PfFlr,
+    /// A value this version does not know, kept as the driver wrote it.
+    Other(String),
+}
+
+impl RecoveryAction {
+    /// Parses the driver's words ("GPU Reset Required", "Node Reboot Required", ...).
+    pub fn from_text(text: &str) -> Self {
+        let t = text.trim().to_ascii_lowercase();
+        let t = t.trim_end_matches(" required").trim();
+        match t {
+            "none" => RecoveryAction::None,
+            "gpu reset" | "reset gpu" => RecoveryAction::GpuReset,
+            "node reboot" | "reboot node" => RecoveryAction::NodeReboot,
+            "drain p2p" => RecoveryAction::DrainP2p,
+            "drain and reset" => RecoveryAction::DrainAndReset,
+            "os reboot" => RecoveryAction::OsReboot,
+            "pf flr" => RecoveryAction::PfFlr,
+            _ => RecoveryAction::Other(text.trim().to_string()),
+        }
+    }
+
+    /// How serious the requested action is for the on-call.
+    pub fn severity(&self) -> Severity {
+        match self {
+            RecoveryAction::None => Severity::Info,
+            RecoveryAction::DrainP2p => Severity::Warning,
+            _ => Severity::Critical,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            RecoveryAction::None => "none".into(),
+            RecoveryAction::GpuReset => "GPU reset required".into(),
+            RecoveryAction::NodeReboot => "node reboot required".into(),
+            RecoveryAction::DrainP2p => "drain peer-to-peer traffic".into(),
+            RecoveryAction::DrainAndReset => "drain, then reset".into(),
+            RecoveryAction::OsReboot => "OS reboot required".into(),
+            RecoveryAction::PfFlr => "PCIe function-level reset required".into(),
+            RecoveryAction::Other(s) => s.clone(),
+        }
+    }
+}
+
+/// One row of NVIDIA's NVLink5 (Xid 144-150) decode table that matched a logged register pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NvlinkDecode {
+    /// `V1` (drivers before R575) or `V2` (R575 and later).
+    pub layout: &'static str,
+    pub unit: &'static str,
+    pub severity: &'static str,
+    pub immediate: &'static str,
+    pub investigatory: &'static str,
+    pub origin: &'static str,
+}
+
+/// Fields some findings carry beyond the common ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Detail {
+    /// Xid 13 graphics engine exception location.
+    GraphicsException { gpc: u32, tpc: u32, sm: u32 },
+    /// Xid 74 NVLink fatal error.
+    NvlinkError { link: u32, registers: Vec<u32> },
+    /// NVLink5 Xids 144-150.
+    Nvlink5 {
+        unit: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        link: Option<u32>,
+        intr_info: u32,
+        error_status: u32,
+        /// Matching rows of the decode table; both layouts when the driver version is unknown.
+        decode: Vec<NvlinkDecode>,
+    },
+    /// Xid 154.
+    Recovery {
+        from: RecoveryAction,
+        to: RecoveryAction,
+    },
+    /// The four-line API mismatch message.
+    ApiMismatch {
+        client_version: String,
+        kernel_version: String,
+    },
+    /// NVSwitch SXid with its continuation lines folded in.
+    Sxid {
+        fatal: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        link: Option<u32>,
+        continuation: Vec<String>,
+    },
+    /// RmInitAdapter-style failures with the driver's status triple.
+    InitFailure {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
+    },
+    /// PCIe AER.
+    Aer {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reporter: Option<PciAddress>,
+        class: String,
+    },
+    /// Lost kernel log records.
+    Overrun { lost: u64 },
+}
+
+/// One understood event. Built by the classifier (or a source for NVML/probe signals), consumed by
+/// the incident stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    /// The Xid (or SXid) number, when the line carried one.
+    pub xid: Option<u32>,
+    /// The GPU (or NVSwitch) the line named, normalised.
+    pub pci: Option<PciAddress>,
+    pub pid: Option<u32>,
+    pub process: Option<String>,
+    pub severity: Severity,
+    pub category: Category,
+    /// A short headline for people ("GPU has fallen off the bus").
+    pub title: String,
+    /// The message text after the fixed fields (address, Xid, pid, name).
+    pub message: String,
+    /// The earlier Xid this one names as its cause ("caused by previous Xid N").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caused_by: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Detail>,
+    #[serde(skip_serializing_if = "GpuIdentity::is_empty")]
+    pub gpu: GpuIdentity,
+    pub origin: Origin,
+}
+
+impl Finding {
+    /// A finding with the common fields set and everything optional empty.
+    pub fn new(kind: FindingKind, severity: Severity, category: Category, title: String) -> Self {
+        Finding {
+            kind,
+            xid: None,
+            pci: None,
+            pid: None,
+            process: None,
+            severity,
+            category,
+            title,
+            message: String::new(),
+            caused_by: None,
+            detail: None,
+            gpu: GpuIdentity::default(),
+            origin: Origin::default(),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The typed values that travel between pipeline stages.
+//!
+//! Parsing happens once, at the edge (a source or the classifier); from then on a GPU address is a
+//! [`PciAddress`], a severity a [`Severity`], and no stage re-reads raw log text to learn them.
+
+mod finding;
+mod pci;
+
+pub use finding::{
+    Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
+};
+pub use pci::{PciAddress, PciParseError};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// How loud a finding is. Ordered: `Info < Warning < Critical`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth recording, never worth waking anyone.
+    Info,
+    /// Something is wrong; a person should look during working hours.
+    Warning,
+    /// The GPU (or the job on it) is down or about to be; page the on-call.
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "info" => Some(Severity::Info),
+            "warning" => Some(Severity::Warning),
+            "critical" => Some(Severity::Critical),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// xidwatch's own grouping of faults, used to pick runbooks and to word alerts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// The application did something wrong (bad address, illegal instruction); the GPU is fine.
+    Application,
+    /// The driver or its communication with the GPU failed.
+    Driver,
+    /// Memory errors: ECC, row remapping, poison, page retirement.
+    Memory,
+    /// The PCIe link or the bus itself: fallen off the bus, AER.
+    Pcie,
+    /// NVLink and NVSwitch fabric.
+    Nvlink,
+    /// GSP firmware, its RPC channel and other on-GPU firmware.
+    Gsp,
+    /// Temperature, power and clocks.
+    ThermalPower,
+    /// Confidential-computing and security engine faults.
+    ConfidentialComputing,
+    /// Notices that change nothing by themselves.
+    Informational,
+}
+
+impl Category {
+    pub const ALL: [Category; 9] = [
+        Category::Application,
+        Category::Driver,
+        Category::Memory,
+        Category::Pcie,
+        Category::Nvlink,
+        Category::Gsp,
+        Category::ThermalPower,
+        Category::ConfidentialComputing,
+        Category::Informational,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Application => "application",
+            Category::Driver => "driver",
+            Category::Memory => "memory",
+            Category::Pcie => "pcie",
+            Category::Nvlink => "nvlink",
+            Category::Gsp => "gsp",
+            Category::ThermalPower => "thermal_power",
+            Category::ConfidentialComputing => "confidential_computing",
+            Category::Informational => "informational",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Category::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// Words for people, e.g. in `explain` output.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Application => "application",
+            Category::Driver => "driver",
+            Category::Memory => "memory",
+            Category::Pcie => "bus / PCIe",
+            Category::Nvlink => "NVLink / NVSwitch",
+            Category::Gsp => "GSP / firmware",
+            Category::ThermalPower => "thermal / power",
+            Category::ConfidentialComputing => "confidential computing",
+            Category::Informational => "informational",
+        }
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

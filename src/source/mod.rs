@@ -1,0 +1,1 @@
+//! Sources: where raw kernel log text and NVML signals come from.
