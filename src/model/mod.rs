@@ -3,9 +3,13 @@
 //! Parsing happens once, at the edge (a source or the classifier); from then on a GPU address is a
 //! [`PciAddress`], a severity a [`Severity`], and no stage re-reads raw log text to learn them.
 
+mod evidence;
 mod finding;
+mod incident;
 mod pci;
 
+pub use evidence::{Evidence, StepResult, StepStatus};
+pub use incident::{EchoCount, Incident, IncidentPhase};
 pub use finding::{
     Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
 };

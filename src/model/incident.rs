@@ -1,0 +1,69 @@
+//! An [`Incident`]: one real problem on one GPU (or on the host), with its echoes folded in.
+
+use serde::Serialize;
+
+use super::{Category, Finding, FindingKind, GpuIdentity, PciAddress, Severity};
+
+/// Why the incident stage is handing this incident on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IncidentPhase {
+    /// First occurrence: runbooks run and the first alert goes out at once.
+    Opened,
+    /// The correlation window closed after repeats: one digest with exact counts.
+    Digest,
+}
+
+/// How many times one kind of echo (a related finding) was folded into the incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EchoCount {
+    pub kind: FindingKind,
+    pub xid: Option<u32>,
+    pub count: u64,
+}
+
+/// One incident. Built by the incident stage, read by the runbook and alert stages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Incident {
+    /// Stable id derived from what the incident is (boot, GPU, kind/Xid, first sequence), so a
+    /// restart never mints a second id for the same incident. Receivers deduplicate on it.
+    pub id: String,
+    pub phase: IncidentPhase,
+    pub host: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// The kind of the finding that opened the incident (its cause).
+    pub kind: FindingKind,
+    pub xid: Option<u32>,
+    pub pci: Option<PciAddress>,
+    #[serde(skip_serializing_if = "GpuIdentity::is_empty")]
+    pub gpu: GpuIdentity,
+    pub severity: Severity,
+    pub category: Category,
+    /// Headline for people, without the host ("GPU 3 (0000:17:00.0) fell off the bus").
+    pub title: String,
+    /// Wall-clock time of the first and latest occurrence, milliseconds since the Unix epoch.
+    pub first_seen_ms: u64,
+    pub last_seen_ms: u64,
+    /// Exact number of occurrences of the opening (GPU, kind, Xid), whatever the storm.
+    pub count: u64,
+    /// Findings folded in: the cause first, then a bounded sample of echoes and repeats.
+    pub findings: Vec<Finding>,
+    /// Exact counts of every echo kind folded in.
+    pub echoes: Vec<EchoCount>,
+    /// True when the finding was already in the kernel log when xidwatch started.
+    pub found_at_startup: bool,
+    /// Runbook chosen by a per-Xid override in the config, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runbook_override: Option<String>,
+    /// Alerts dropped from a full outbox before this one, reported so nothing vanishes silently.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dropped_alerts_before: u64,
+    /// A synthetic incident sent by `xidwatch test-alert`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub test: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
