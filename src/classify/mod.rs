@@ -1,1 +1,598 @@
-//! Classification: turns kernel log messages into typed [`Finding`](crate::model::Finding)s.
+//! Classification: turns kernel log messages into typed [`Finding`]s.
+//!
+//! [`Classifier`] is pure (no I/O, no clock): message lines go in with where they came from, and
+//! findings come out. It keeps a little state because some findings span several lines (the
+//! three-line "fallen off the bus", the four-line API mismatch, SXid continuation lines, AER detail
+//! lines, GSP dumps) and because identity lines (`GPU at PCI:...: GPU-uuid`, board serial) name a
+//! GPU for the findings that follow.
+
+pub mod catalog;
+pub mod overrides;
+pub mod prefix;
+pub mod shapes;
+
+use std::collections::{HashMap, HashSet};
+
+use crate::model::{
+    Category, Detail, Finding, FindingKind, GpuIdentity, Origin, PciAddress, RecoveryAction,
+    Severity,
+};
+use catalog::Nvlink5Layout;
+use shapes::{AerLine, Shape, SxidLine, XidLine};
+
+pub use overrides::{XidOverride, XidOverrides};
+
+/// Where one message line came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineOrigin {
+    /// 1-based physical line number in a scanned file (0 for live sources).
+    pub line: u64,
+    pub seq: Option<u64>,
+    pub ts_usec: Option<u64>,
+    pub timestamp: Option<String>,
+}
+
+/// How many raw lines a folded finding keeps; the rest are counted in its message.
+const MAX_FOLDED_LINES: usize = 32;
+/// A multi-line message whose next line has not come within this many physical lines is
+/// finished with what it has (mixed files interleave other lines).
+const MAX_FOLD_GAP: u64 = 16;
+/// Bound on remembered GPU identities: a real machine has at most a few dozen GPUs.
+const MAX_GPUS: usize = 1024;
+
+/// A finding that may still take more lines.
+#[derive(Debug)]
+enum Pending {
+    /// `The NVIDIA GPU <addr>` seen; the next lines decide.
+    TheNvidiaGpu { finding: Finding, last_line: u64 },
+    ApiMismatch {
+        finding: Finding,
+        client: String,
+        kernel: Option<String>,
+        last_line: u64,
+    },
+    Sxid { finding: Finding, switch: String, last_line: u64 },
+    Aer { finding: Finding, reporter: PciAddress, last_line: u64 },
+    Gsp { finding: Finding, last_line: u64 },
+}
+
+impl Pending {
+    fn last_line(&self) -> u64 {
+        match self {
+            Pending::TheNvidiaGpu { last_line, .. }
+            | Pending::ApiMismatch { last_line, .. }
+            | Pending::Sxid { last_line, .. }
+            | Pending::Aer { last_line, .. }
+            | Pending::Gsp { last_line, .. } => *last_line,
+        }
+    }
+}
+
+/// The stateful classifier. One per input stream.
+#[derive(Debug, Default)]
+pub struct Classifier {
+    pending: Option<Pending>,
+    gpus: HashMap<PciAddress, GpuIdentity>,
+    /// GPUs known to be NVIDIA devices (named by a driver line), for AER severity.
+    nvidia_devices: HashSet<PciAddress>,
+    last_identity: Option<PciAddress>,
+    driver_version: Option<String>,
+    /// Lines that matched a tag but no shape, counted for `--verbose` style reporting.
+    pub unclassified: u64,
+}
+
+impl Classifier {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tells the classifier the driver version (from NVML or a banner line): it decides the
+    /// NVLink5 register layout.
+    pub fn set_driver_version(&mut self, version: &str) {
+        self.driver_version = Some(version.to_string());
+    }
+
+    pub fn driver_version(&self) -> Option<&str> {
+        self.driver_version.as_deref()
+    }
+
+    /// Records what NVML knows about a GPU, so findings for its address carry it.
+    pub fn learn_gpu(&mut self, pci: PciAddress, identity: GpuIdentity) {
+        self.nvidia_devices.insert(pci);
+        if self.gpus.len() < MAX_GPUS || self.gpus.contains_key(&pci) {
+            let slot = self.gpus.entry(pci).or_default();
+            merge_identity(slot, &identity);
+        }
+    }
+
+    /// Whether a multi-line finding is waiting for more lines.
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Feeds one message line (starting at its tag, prefix removed).
+    pub fn push(&mut self, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
+        let shape = shapes::parse(msg);
+        if let Some(p) = &self.pending {
+            if at.line > p.last_line() + MAX_FOLD_GAP {
+                self.flush(out);
+            }
+        }
+        let shape = match self.extend_pending(shape, msg, at, out) {
+            Some(shape) => shape,
+            None => return,
+        };
+        self.handle(shape, msg, at, out);
+    }
+
+    /// Finishes any multi-line finding with what it has (end of input, or the live source went
+    /// quiet).
+    pub fn flush(&mut self, out: &mut Vec<Finding>) {
+        let Some(p) = self.pending.take() else { return };
+        match p {
+            // A lone "The NVIDIA GPU ..." line never became a fall off the bus: harmless.
+            Pending::TheNvidiaGpu { .. } => {}
+            Pending::ApiMismatch {
+                mut finding,
+                client,
+                kernel,
+                ..
+            } => {
+                finding.detail = Some(Detail::ApiMismatch {
+                    client_version: client,
+                    kernel_version: kernel.unwrap_or_default(),
+                });
+                out.push(finding);
+            }
+            Pending::Sxid { finding, .. } | Pending::Aer { finding, .. } | Pending::Gsp { finding, .. } => {
+                out.push(self.enrich(finding))
+            }
+        }
+    }
+
+    /// Offers a line to the pending multi-line finding. Returns the shape back when the line is
+    /// not part of it (after finishing the pending finding).
+    fn extend_pending(
+        &mut self,
+        shape: Shape,
+        msg: &str,
+        at: &LineOrigin,
+        out: &mut Vec<Finding>,
+    ) -> Option<Shape> {
+        let Some(p) = self.pending.as_mut() else {
+            return Some(shape);
+        };
+        let line = at.line;
+        match (p, &shape) {
+            (Pending::TheNvidiaGpu { finding, last_line }, _) => {
+                if matches!(shape, Shape::FallenOffBusTail) || msg.contains("fallen off the bus") {
+                    fold_raw(finding, msg, line, last_line);
+                    let f = finding.clone();
+                    self.pending = None;
+                    let f = self.enrich(f);
+                    out.push(f);
+                    return None;
+                }
+                if let (Shape::Other, Some(rest)) = (&shape, msg.strip_prefix("NVRM: ")) {
+                    // "(PCI ID: 10de:2330) installed in this system has": keep waiting.
+                    if rest.starts_with("(PCI ID") && finding.origin.raw.len() < 3 {
+                        fold_raw(finding, msg, line, last_line);
+                        return None;
+                    }
+                }
+                // Anything else ("... is not supported by the open kernel modules"): harmless.
+                self.pending = None;
+                if matches!(shape, Shape::Other | Shape::DriverError { .. })
+                    && msg.starts_with("NVRM: ")
+                {
+                    return None;
+                }
+                Some(shape)
+            }
+            (Pending::ApiMismatch { finding, kernel, last_line, .. }, Shape::ApiMismatchKernel { kernel: k }) => {
+                *kernel = Some(k.clone());
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (Pending::ApiMismatch { finding, last_line, .. }, Shape::ApiMismatchTail) => {
+                fold_raw(finding, msg, line, last_line);
+                if msg.contains("components have the same version") {
+                    self.flush(out);
+                }
+                None
+            }
+            (Pending::Sxid { finding, switch, last_line }, Shape::Sxid(s))
+                if s.fatal.is_none()
+                    && s.switch == *switch
+                    && Some(s.pci) == finding.pci
+                    && Some(s.sxid) == finding.xid =>
+            {
+                if let Some(Detail::Sxid { continuation, .. }) = finding.detail.as_mut() {
+                    if continuation.len() < MAX_FOLDED_LINES {
+                        continuation.push(s.rest.clone());
+                    }
+                }
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (Pending::Aer { finding, reporter, last_line }, Shape::Aer(a))
+                if a.source.is_none()
+                    && (a.reporter == *reporter || Some(a.reporter) == finding.pci) =>
+            {
+                if a.nvidia_device || a.driver == "nvidia" {
+                    if let Some(p) = finding.pci {
+                        self.nvidia_devices.insert(p);
+                    }
+                    finding.severity = aer_severity(class_of(finding), true);
+                }
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (Pending::Gsp { finding, last_line }, Shape::GspDump { opens: false, .. }) => {
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            _ => {
+                self.flush(out);
+                Some(shape)
+            }
+        }
+    }
+
+    fn handle(&mut self, shape: Shape, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
+        match shape {
+            Shape::Xid(x) => {
+                let f = self.xid_finding(x, msg, at);
+                out.push(f);
+            }
+            Shape::GpuUuid { pci, uuid } => {
+                self.last_identity = Some(pci);
+                self.learn_gpu(
+                    pci,
+                    GpuIdentity {
+                        uuid: Some(uuid),
+                        ..GpuIdentity::default()
+                    },
+                );
+                let mut f = base(FindingKind::GpuIdentity, Severity::Info, Category::Informational, "GPU identity", msg, at);
+                f.pci = Some(pci);
+                out.push(self.enrich(f));
+            }
+            Shape::BoardSerial(serial) => {
+                let mut f = base(FindingKind::GpuIdentity, Severity::Info, Category::Informational, "GPU board serial", msg, at);
+                if let Some(pci) = self.last_identity {
+                    self.learn_gpu(
+                        pci,
+                        GpuIdentity {
+                            serial: Some(serial.clone()),
+                            ..GpuIdentity::default()
+                        },
+                    );
+                    f.pci = Some(pci);
+                } else {
+                    f.gpu.serial = Some(serial);
+                }
+                out.push(self.enrich(f));
+            }
+            Shape::FallenOffBus { pci } => {
+                let mut f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus", msg, at);
+                f.pci = pci;
+                f.xid = None;
+                out.push(self.enrich(f));
+            }
+            Shape::RcAllChannels { code } => {
+                if code == 79 {
+                    let f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus (all channels reset for critical error 79)", msg, at);
+                    out.push(f);
+                } else {
+                    let (sev, cat) = catalog::lookup(code).map_or((Severity::Warning, Category::Driver), |e| (e.severity, e.category));
+                    let mut f = base(FindingKind::DriverError, sev, cat, &format!("all channels reset for critical error {code}"), msg, at);
+                    f.caused_by = Some(code);
+                    out.push(f);
+                }
+            }
+            Shape::TheNvidiaGpu { pci, .. } => {
+                let mut f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus and is not responding to commands", msg, at);
+                f.pci = Some(pci);
+                self.pending = Some(Pending::TheNvidiaGpu { finding: f, last_line: at.line });
+            }
+            Shape::FallenOffBusTail => {
+                // The tail without its head (the head was lost or cut off): still a fall.
+                let f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus (address not in the log)", msg, at);
+                out.push(f);
+            }
+            Shape::InitFailure { pci, what, code } => {
+                let mut f = base(FindingKind::DriverInitFailure, Severity::Critical, Category::Driver, &format!("driver initialisation failure: {what}"), msg, at);
+                f.pci = pci;
+                f.detail = Some(Detail::InitFailure { code });
+                out.push(self.enrich(f));
+            }
+            Shape::ApiMismatchHead { client } => {
+                let f = base(FindingKind::ApiMismatch, Severity::Critical, Category::Driver, "driver API mismatch: user-space driver and kernel module versions differ", msg, at);
+                self.pending = Some(Pending::ApiMismatch { finding: f, client, kernel: None, last_line: at.line });
+            }
+            Shape::ApiMismatchKernel { kernel } => {
+                // The head was lost: report what we have.
+                let mut f = base(FindingKind::ApiMismatch, Severity::Critical, Category::Driver, "driver API mismatch: user-space driver and kernel module versions differ", msg, at);
+                f.detail = Some(Detail::ApiMismatch { client_version: String::new(), kernel_version: kernel });
+                out.push(f);
+            }
+            Shape::ApiMismatchTail => {}
+            Shape::GspDump { text, .. } => {
+                let mut f = base(FindingKind::DriverError, Severity::Critical, Category::Gsp, "GSP firmware timeout or RPC failure", msg, at);
+                f.message = text;
+                self.pending = Some(Pending::Gsp { finding: f, last_line: at.line });
+            }
+            Shape::DriverError { pci, text, critical } => {
+                let cat = if text.contains("GSP") || text.contains("RPC") { Category::Gsp } else { Category::Driver };
+                let sev = if critical { Severity::Critical } else { Severity::Warning };
+                let title = if critical { "fatal driver error" } else { "NVIDIA driver error" };
+                let mut f = base(FindingKind::DriverError, sev, cat, title, msg, at);
+                f.pci = pci;
+                f.message = text;
+                out.push(self.enrich(f));
+            }
+            Shape::Sxid(s) => self.sxid(s, msg, at),
+            Shape::Aer(a) => self.aer(a, msg, at, out),
+            Shape::DriverLoaded { version } => self.driver_version = Some(version),
+            Shape::Harmless => {}
+            Shape::Other => self.unclassified += 1,
+        }
+    }
+
+    fn xid_finding(&mut self, x: XidLine, msg: &str, at: &LineOrigin) -> Finding {
+        self.nvidia_devices.insert(x.pci);
+        let entry = catalog::lookup(x.xid);
+        let (severity, category, title) = match entry {
+            Some(e) => (e.severity, e.category, format!("Xid {} {}", x.xid, e.mnemonic)),
+            None => (
+                Severity::Warning,
+                Category::Driver,
+                format!("unknown Xid {} (the catalog may be older than the driver)", x.xid),
+            ),
+        };
+        let mut f = base(FindingKind::Xid, severity, category, &title, msg, at);
+        f.xid = Some(x.xid);
+        f.pci = Some(x.pci);
+        f.pid = x.pid;
+        f.process = x.process;
+        f.caused_by = caused_by(&x.rest);
+        f.detail = xid_detail(x.xid, &x.rest, self.driver_version.as_deref());
+        match &f.detail {
+            Some(Detail::Recovery { to, .. }) => f.severity = to.severity(),
+            Some(Detail::Nvlink5 { decode, .. }) if !decode.is_empty() => {
+                let fatal = decode
+                    .iter()
+                    .any(|d| d.severity.starts_with("Fatal") || d.severity.starts_with("Link Fatal"));
+                let ignorable = decode.iter().all(|d| d.immediate == "IGNORE");
+                if fatal {
+                    f.severity = Severity::Critical;
+                } else if ignorable {
+                    f.severity = Severity::Info;
+                }
+            }
+            _ => {}
+        }
+        f.message = x.rest;
+        self.enrich(f)
+    }
+
+    fn sxid(&mut self, s: SxidLine, msg: &str, at: &LineOrigin) {
+        let fatal = s.fatal.unwrap_or(false);
+        let severity = if fatal { Severity::Critical } else { Severity::Warning };
+        let title = format!(
+            "NVSwitch SXid {} ({})",
+            s.sxid,
+            match s.fatal {
+                Some(true) => "fatal",
+                Some(false) => "non-fatal",
+                None => "severity not in the log",
+            }
+        );
+        let mut f = base(FindingKind::Sxid, severity, Category::Nvlink, &title, msg, at);
+        f.xid = Some(s.sxid);
+        f.pci = Some(s.pci);
+        f.detail = Some(Detail::Sxid {
+            fatal,
+            link: link_number(&s.rest),
+            continuation: Vec::new(),
+        });
+        f.message = s.rest;
+        self.pending = Some(Pending::Sxid {
+            finding: f,
+            switch: s.switch,
+            last_line: at.line,
+        });
+    }
+
+    fn aer(&mut self, a: AerLine, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
+        let device = a.source.unwrap_or(a.reporter);
+        if a.driver == "nvidia" || a.nvidia_device {
+            self.nvidia_devices.insert(device);
+        }
+        if a.source.is_none() && a.driver != "nvidia" {
+            // A pcieport detail line with no "error received" before it: nothing to attach to.
+            return;
+        }
+        let class = a.class.clone().unwrap_or_else(|| "unspecified".into());
+        let nvidia = self.nvidia_devices.contains(&device);
+        let mut f = base(
+            FindingKind::PcieAer,
+            aer_severity(&class, nvidia),
+            Category::Pcie,
+            &format!("PCIe AER: {} error on {}", class.to_ascii_lowercase(), device),
+            msg,
+            at,
+        );
+        f.pci = Some(device);
+        f.message = a.text;
+        f.detail = Some(Detail::Aer {
+            reporter: (a.reporter != device).then_some(a.reporter),
+            class,
+        });
+        if a.source.is_some() {
+            self.pending = Some(Pending::Aer {
+                finding: f,
+                reporter: a.reporter,
+                last_line: at.line,
+            });
+        } else {
+            out.push(self.enrich(f));
+        }
+    }
+
+    /// Attaches what is known about the GPU at the finding's address.
+    fn enrich(&self, mut f: Finding) -> Finding {
+        if let Some(id) = f.pci.and_then(|p| self.gpus.get(&p)) {
+            merge_identity(&mut f.gpu, id);
+        }
+        f
+    }
+}
+
+fn merge_identity(into: &mut GpuIdentity, from: &GpuIdentity) {
+    if from.index.is_some() {
+        into.index = from.index;
+    }
+    if from.uuid.is_some() {
+        into.uuid.clone_from(&from.uuid);
+    }
+    if from.serial.is_some() {
+        into.serial.clone_from(&from.serial);
+    }
+    if from.name.is_some() {
+        into.name.clone_from(&from.name);
+    }
+}
+
+fn base(kind: FindingKind, sev: Severity, cat: Category, title: &str, msg: &str, at: &LineOrigin) -> Finding {
+    let mut f = Finding::new(kind, sev, cat, title.to_string());
+    f.message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
+    f.origin = Origin {
+        line: at.line,
+        lines: 1,
+        seq: at.seq,
+        ts_usec: at.ts_usec,
+        timestamp: at.timestamp.clone(),
+        raw: vec![msg.to_string()],
+    };
+    f
+}
+
+/// Adds a physical line to a folded finding: counted always, kept up to the bound.
+fn fold_raw(f: &mut Finding, msg: &str, line: u64, last_line: &mut u64) {
+    if line != *last_line || line == 0 {
+        f.origin.lines += 1;
+    }
+    *last_line = line.max(*last_line);
+    if f.origin.raw.len() < MAX_FOLDED_LINES {
+        f.origin.raw.push(msg.to_string());
+    }
+}
+
+fn class_of(f: &Finding) -> &str {
+    match &f.detail {
+        Some(Detail::Aer { class, .. }) => class,
+        _ => "",
+    }
+}
+
+fn aer_severity(class: &str, nvidia: bool) -> Severity {
+    if class.starts_with("Uncorrected (Fatal)") {
+        if nvidia {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        }
+    } else if class.starts_with("Uncorrected") {
+        Severity::Warning
+    } else {
+        Severity::Info
+    }
+}
+
+fn caused_by(rest: &str) -> Option<u32> {
+    let i = rest.find("caused by previous Xid ")?;
+    let n = &rest[i + "caused by previous Xid ".len()..];
+    let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
+    n[..end].parse().ok()
+}
+
+fn link_number(rest: &str) -> Option<u32> {
+    let i = rest.find("Link ")?;
+    let n = &rest[i + 5..];
+    let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
+    n[..end].parse().ok()
+}
+
+fn parse_num_after(hay: &str, key: &str) -> Option<u32> {
+    let i = hay.find(key)?;
+    let n = hay[i + key.len()..].trim_start();
+    let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
+    n[..end].parse().ok()
+}
+
+fn hex_u32(s: &str) -> Option<u32> {
+    let t = s.trim().trim_end_matches(',');
+    let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    u32::from_str_radix(t, 16).ok()
+}
+
+/// Extracts the per-Xid fields: 13 location, 74 link and registers, 144-150 decode, 154 action.
+fn xid_detail(xid: u32, rest: &str, driver: Option<&str>) -> Option<Detail> {
+    match xid {
+        13 => {
+            let gpc = parse_num_after(rest, "GPC ")?;
+            let tpc = parse_num_after(rest, "TPC ")?;
+            let sm = parse_num_after(rest, "SM ")?;
+            Some(Detail::GraphicsException { gpc, tpc, sm })
+        }
+        74 => {
+            let i = rest.find("on link ")?;
+            let after = &rest[i + "on link ".len()..];
+            let end = after.find(|c: char| !c.is_ascii_digit()).unwrap_or(after.len());
+            let link = after[..end].parse().ok()?;
+            let registers = after[end..]
+                .strip_prefix('(')
+                .and_then(|r| r.split(')').next())
+                .map(|r| r.split([',', ' ']).filter_map(hex_u32).collect())
+                .unwrap_or_default();
+            Some(Detail::NvlinkError { link, registers })
+        }
+        144..=150 => {
+            let unit = rest.split_whitespace().next()?.to_string();
+            let open = rest.find('(')?;
+            let mut regs = rest[open + 1..].split(|c: char| c.is_whitespace() || c == ')' || c == ',');
+            let mut next_hex = || regs.by_ref().find(|s| !s.is_empty()).and_then(hex_u32);
+            let intr_info = next_hex()?;
+            let error_status = next_hex()?;
+            let layout = driver.and_then(Nvlink5Layout::for_driver);
+            Some(Detail::Nvlink5 {
+                unit,
+                link: link_number(rest),
+                intr_info,
+                error_status,
+                decode: catalog::decode_nvlink5(xid, intr_info, error_status, layout),
+            })
+        }
+        154 => {
+            let i = rest.find("changed from ")?;
+            let s = &rest[i + "changed from ".len()..];
+            let (from, to) = s.split_once(" to ")?;
+            Some(Detail::Recovery {
+                from: action(from),
+                to: action(to),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `0x1 (GPU Reset Required)` -> the action; a bare value without words is kept as text.
+fn action(s: &str) -> RecoveryAction {
+    let s = s.trim().trim_end_matches('.');
+    match (s.find('('), s.rfind(')')) {
+        (Some(a), Some(b)) if b > a => RecoveryAction::from_text(&s[a + 1..b]),
+        _ => RecoveryAction::Other(s.to_string()),
+    }
+}

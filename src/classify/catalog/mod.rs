@@ -1,0 +1,235 @@
+//! The Xid catalog: NVIDIA's facts (codes, mnemonics, resolution buckets, GPU generations, Xid 154
+//! linkage, the NVLink5 decode table) joined with xidwatch's own words (category, severity,
+//! on-call guidance).
+//!
+//! `generated.rs` is produced from `nvidia/*.csv` and `xidwatch.toml` by the generator in
+//! `tests/catalog_current.rs`; that test fails when the generated file is stale. Regenerate with
+//! `XIDWATCH_REGENERATE=1 cargo test --test catalog_current`.
+
+mod generated;
+
+use crate::model::{Category, NvlinkDecode, Severity};
+
+pub use generated::{SOURCE, XID_CODES_MAX};
+
+/// One Xid as the catalog knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidEntry {
+    pub code: u32,
+    /// NVIDIA's mnemonic, exactly as published.
+    pub mnemonic: &'static str,
+    /// False where NVIDIA marks the code unused (deprecated, or only on V100 and older).
+    pub in_use: bool,
+    /// GPU generations NVIDIA lists the code for (A100, H100, B100, GB200).
+    pub applies_to: &'static [&'static str],
+    /// NVIDIA's immediate resolution bucket (what gets the machine back into service).
+    pub immediate: &'static str,
+    /// NVIDIA's investigatory bucket (what avoids a repeat).
+    pub investigatory: &'static str,
+    /// Whether, and from which driver, this code also raises Xid 154; empty when not.
+    pub xid154: &'static str,
+    pub category: Category,
+    pub severity: Severity,
+    /// xidwatch's own words: what happened.
+    pub summary: &'static str,
+    /// xidwatch's own words: likely causes.
+    pub causes: &'static str,
+    /// xidwatch's own words: what to check first.
+    pub check: &'static str,
+}
+
+/// A resolution bucket and what it asks the operator to do, in xidwatch's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    pub name: &'static str,
+    pub meaning: &'static str,
+}
+
+/// A bit pattern over a 32-bit register: bits in `mask` must equal those in `value`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitPattern {
+    pub mask: u32,
+    pub value: u32,
+}
+
+impl BitPattern {
+    pub fn matches(&self, reg: u32) -> bool {
+        reg & self.mask == self.value
+    }
+}
+
+/// One row of NVIDIA's NVLink5 (Xid 144-150) decode table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nvlink5Row {
+    pub xid: u32,
+    /// Unit name printed by drivers before R575 and from R575 on (often the same).
+    pub unit_v1: &'static str,
+    pub unit_v2: &'static str,
+    pub intr_v1: BitPattern,
+    pub intr_v2: BitPattern,
+    /// Error Status values this row applies to; empty means any.
+    pub error_status: &'static [u32],
+    pub immediate: &'static str,
+    /// A second IntrInfo pattern that promotes the row to `action2`.
+    pub action2_v1: Option<BitPattern>,
+    pub action2_v2: Option<BitPattern>,
+    pub action2: &'static str,
+    pub investigatory: &'static str,
+    pub severity: &'static str,
+    pub hw_sw: &'static str,
+}
+
+/// The whole catalog, sorted by code.
+pub fn entries() -> &'static [XidEntry] {
+    generated::XIDS
+}
+
+/// The entry for a code, or `None` for a code newer than the catalog.
+pub fn lookup(code: u32) -> Option<&'static XidEntry> {
+    let i = generated::XIDS.binary_search_by_key(&code, |e| e.code).ok()?;
+    generated::XIDS.get(i)
+}
+
+/// Every resolution bucket.
+pub fn buckets() -> &'static [Bucket] {
+    generated::BUCKETS
+}
+
+/// What a bucket cell asks for. Cells sometimes hold several buckets or a note
+/// ("Solo: RESTART_FM / Not Solo: IGNORE ..."); each known bucket name in it is explained.
+pub fn bucket_meanings(cell: &str) -> Vec<&'static Bucket> {
+    let mut out: Vec<&'static Bucket> = Vec::new();
+    if let Some(b) = generated::BUCKETS.iter().find(|b| b.name == cell.trim()) {
+        out.push(b);
+        return out;
+    }
+    for word in cell.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '/')) {
+        if let Some(b) = generated::BUCKETS.iter().find(|b| b.name == word) {
+            if !out.iter().any(|o| o.name == b.name) {
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
+/// The NVLink5 decode rows.
+pub fn nvlink5_rows() -> &'static [Nvlink5Row] {
+    generated::NVLINK5
+}
+
+/// Which register layout the driver uses for Xids 144-150: it changed in R575.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nvlink5Layout {
+    /// Drivers before R575: the unit is in IntrInfo[9:5].
+    V1,
+    /// R575 and later: the unit is in IntrInfo[6:0].
+    V2,
+}
+
+impl Nvlink5Layout {
+    /// The layout for a driver version such as `575.51.03`; `None` when it does not parse.
+    pub fn for_driver(version: &str) -> Option<Self> {
+        let major: u32 = version.trim().split('.').next()?.parse().ok()?;
+        Some(if major >= 575 {
+            Nvlink5Layout::V2
+        } else {
+            Nvlink5Layout::V1
+        })
+    }
+}
+
+/// Decodes an NVLink5 Xid's registers with NVIDIA's table. With no known layout both are tried and
+/// every match is returned, labelled, so the on-call sees both readings rather than a guess.
+pub fn decode_nvlink5(
+    xid: u32,
+    intr_info: u32,
+    error_status: u32,
+    layout: Option<Nvlink5Layout>,
+) -> Vec<NvlinkDecode> {
+    let mut out = Vec::new();
+    for row in generated::NVLINK5.iter().filter(|r| r.xid == xid) {
+        if !row.error_status.is_empty() && !row.error_status.contains(&error_status) {
+            continue;
+        }
+        for (lay, pat, a2, unit, name) in [
+            (Nvlink5Layout::V1, row.intr_v1, row.action2_v1, row.unit_v1, "V1"),
+            (Nvlink5Layout::V2, row.intr_v2, row.action2_v2, row.unit_v2, "V2"),
+        ] {
+            if layout.is_some_and(|l| l != lay) {
+                continue;
+            }
+            let promoted = a2.is_some_and(|p| p.matches(intr_info)) && !row.action2.is_empty();
+            if pat.matches(intr_info) || promoted {
+                out.push(NvlinkDecode {
+                    layout: name,
+                    unit,
+                    severity: row.severity,
+                    immediate: if promoted { row.action2 } else { row.immediate },
+                    investigatory: row.investigatory,
+                    origin: row.hw_sw,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covers_every_code_from_1_to_172() {
+        let codes: Vec<u32> = entries().iter().map(|e| e.code).collect();
+        assert_eq!(codes, (1..=XID_CODES_MAX).collect::<Vec<_>>());
+        assert!(XID_CODES_MAX >= 172);
+        let e = lookup(79).unwrap();
+        assert_eq!(e.mnemonic, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS");
+        assert_eq!(e.severity, Severity::Critical);
+        assert_eq!(e.category, Category::Pcie);
+        assert!(lookup(173).is_none());
+        assert!(lookup(0).is_none());
+    }
+
+    #[test]
+    fn every_bucket_named_by_an_entry_is_explained() {
+        for e in entries() {
+            for cell in [e.immediate, e.investigatory] {
+                if !cell.is_empty() {
+                    assert!(
+                        !bucket_meanings(cell).is_empty(),
+                        "Xid {} bucket {cell:?} unexplained",
+                        e.code
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_nvlink5_by_layout() {
+        // V1 RLW_SRC_TRACK: IntrInfo[9:0] = 0011100010, error status 0x1 -> fatal, reset GPU.
+        let v1 = 0b00_1110_0010;
+        let d = decode_nvlink5(145, v1, 0x1, Some(Nvlink5Layout::V1));
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].unit, d[0].immediate, d[0].severity), ("RLW_SRC_TRACK", "RESET_GPU", "Fatal"));
+        // V2 RLW_SRC_TRACK: IntrInfo[6:0] = 0000111.
+        let d = decode_nvlink5(145, 0b000_0111, 0x1, Some(Nvlink5Layout::V2));
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].layout, "V2");
+        assert!(decode_nvlink5(145, v1, 0x1, Some(Nvlink5Layout::V2)).is_empty());
+        assert_eq!(Nvlink5Layout::for_driver("575.51.03"), Some(Nvlink5Layout::V2));
+        assert_eq!(Nvlink5Layout::for_driver("570.124.06"), Some(Nvlink5Layout::V1));
+        assert_eq!(Nvlink5Layout::for_driver("x"), None);
+    }
+
+    #[test]
+    fn promotes_rxpipe_to_action_2() {
+        // V1 RLW_RXPIPE with IntrInfo bit 10 set: the "action 2" pattern, which asks for a reset.
+        let intr = 0b100_1100_0010;
+        let d = decode_nvlink5(145, intr, 0x1, Some(Nvlink5Layout::V1));
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].immediate, "RESET_GPU");
+    }
+}

@@ -1,0 +1,229 @@
+//! Finding where the kernel message starts in a saved log line, whatever prefix the tool that
+//! saved it put in front: raw kmsg headers, `dmesg` stamps in all their styles, syslog and journal
+//! prefixes, other agents' re-emission prefixes. One file may mix them, so every line is looked at
+//! on its own.
+//!
+//! Rather than enumerate prefix formats (there is always one more), we look for the first place
+//! where a message we understand begins: an NVIDIA or PCIe tag at a word boundary, followed by the
+//! exact shape that tag always has. A hostname such as `nvidia-node-7` fails that shape check.
+
+use crate::source::kmsg::record::unescape;
+
+/// What the prefix told us.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prefix {
+    /// Kernel timestamp, microseconds since boot: from a kmsg header or a `[ 9512.238711]` stamp.
+    pub ts_usec: Option<u64>,
+    /// kmsg sequence number, for raw kmsg dumps.
+    pub seq: Option<u64>,
+    /// The prefix text, trimmed, for people (at most 80 characters).
+    pub text: Option<String>,
+}
+
+/// A saved line split into its prefix and its message lines. A raw kmsg record or an rsyslog line
+/// with `#012` holds several message lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitLine {
+    pub prefix: Prefix,
+    pub messages: Vec<String>,
+}
+
+/// Splits one saved log line. `None` when no message we understand starts anywhere in it.
+pub fn split(line: &str) -> Option<SplitLine> {
+    if let Some(split) = split_kmsg(line) {
+        return Some(split);
+    }
+    let start = message_start(line)?;
+    let (head, msg) = line.split_at(start);
+    let prefix = parse_prefix(head);
+    let messages = if msg.contains("#012") {
+        msg.split("#012")
+            .map(str::trim_end)
+            .filter(|m| !m.is_empty())
+            .map(str::to_string)
+            .collect()
+    } else {
+        vec![msg.trim_end().to_string()]
+    };
+    Some(SplitLine { prefix, messages })
+}
+
+/// A raw `/dev/kmsg` dump line: `PRIO,SEQ,TS_USEC,FLAGS;MESSAGE` with `\xNN` escapes.
+fn split_kmsg(line: &str) -> Option<SplitLine> {
+    let semi = line.get(..line.len().min(64))?.find(';')?;
+    let mut fields = line[..semi].split(',');
+    let prio = fields.next()?;
+    let seq = fields.next()?;
+    let ts = fields.next()?;
+    fields.next()?;
+    if !(is_digits(prio) && is_digits(seq) && is_digits(ts)) {
+        return None;
+    }
+    let (seq, ts): (u64, u64) = (seq.parse().ok()?, ts.parse().ok()?);
+    let msg = unescape(line[semi + 1..].as_bytes());
+    let messages: Vec<String> = msg
+        .split('\n')
+        .map(str::trim_end)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
+    // Only lines that carry a message we understand are of interest.
+    if !messages.iter().any(|m| message_start(m) == Some(0)) {
+        return None;
+    }
+    Some(SplitLine {
+        prefix: Prefix {
+            ts_usec: Some(ts),
+            seq: Some(seq),
+            text: Some(format!("[{:>5}.{:06}]", ts / 1_000_000, ts % 1_000_000)),
+        },
+        messages,
+    })
+}
+
+fn is_digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Byte offset where a message we understand starts, if any.
+pub fn message_start(line: &str) -> Option<usize> {
+    let b = line.as_bytes();
+    let mut from = 0;
+    while from < b.len() {
+        // The tags all start with "NVRM", "nvidia" or "pcieport"; find the next such spot.
+        let rest = &b[from..];
+        let i = [
+            memchr::memmem::find(rest, b"NVRM:"),
+            memchr::memmem::find(rest, b"nvidia"),
+            memchr::memmem::find(rest, b"pcieport "),
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
+        let at = from + i;
+        let boundary = at == 0 || matches!(b[at - 1], b' ' | b';' | b']' | b':' | b'\t');
+        if boundary && tag_shape_ok(&line[at..]) {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
+}
+
+/// Whether `s` begins with a tag in the exact shape the kernel prints it.
+fn tag_shape_ok(s: &str) -> bool {
+    if s.starts_with("NVRM: ") || s == "NVRM:" {
+        return true;
+    }
+    if let Some(rest) = s.strip_prefix("pcieport ") {
+        return device_then_colon(rest);
+    }
+    let Some(rest) = s.strip_prefix("nvidia") else {
+        return false;
+    };
+    // `nvidia: ...`, `nvidia-nvswitch3: ...`, `nvidia-uvm: ...`, `nvidia_drm: ...`.
+    let name_end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .unwrap_or(rest.len());
+    let after = &rest[name_end..];
+    if after.starts_with(": ") || after == ":" {
+        return true;
+    }
+    // `nvidia 0000:17:00.0: ...` (the PCI driver core naming the device).
+    name_end == 0 && after.strip_prefix(' ').is_some_and(device_then_colon)
+}
+
+fn device_then_colon(s: &str) -> bool {
+    match s.find(": ") {
+        Some(i) => crate::model::PciAddress::parse(&s[..i]).is_ok(),
+        None => false,
+    }
+}
+
+fn parse_prefix(head: &str) -> Prefix {
+    let text = head.trim().trim_end_matches(':').trim();
+    let mut p = Prefix {
+        text: (!text.is_empty()).then(|| text.chars().take(80).collect()),
+        ..Prefix::default()
+    };
+    // An uptime stamp `[ 9512.238711]` anywhere in the prefix (dmesg, syslog with the stamp kept).
+    // A relative `[  +0.000844]` or a `dmesg -T` date is not an uptime and is left as text.
+    let mut rest = head;
+    while let Some(open) = rest.find('[') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(']') else { break };
+        let inner = after[..close].trim();
+        if let Some((s, us)) = inner.split_once('.') {
+            if is_digits(s) && is_digits(us) && us.len() <= 9 {
+                if let (Ok(s), Ok(frac)) = (s.parse::<u64>(), us.parse::<u64>()) {
+                    let usec = frac * 10u64.pow(6u32.saturating_sub(us.len() as u32))
+                        / 10u64.pow((us.len() as u32).saturating_sub(6));
+                    p.ts_usec = s.checked_mul(1_000_000).and_then(|v| v.checked_add(usec));
+                    break;
+                }
+            }
+        }
+        rest = &after[close + 1..];
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MSG: &str = "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.";
+
+    #[test]
+    fn strips_every_common_prefix() {
+        for (line, ts) in [
+            (format!("[ 9512.238711] {MSG}"), Some(9_512_238_711)),
+            (format!("[Sun Nov 29 08:14:03 2026] {MSG}"), None),
+            (format!("2026-11-29T08:14:03,238711+00:00 {MSG}"), None),
+            (format!("kern  :warn  : [ 9512.238711] {MSG}"), Some(9_512_238_711)),
+            (format!("[  +0.000844] {MSG}"), None),
+            (format!("Nov 29 08:14:03 gpu-node-7 kernel: [ 9512.238711] {MSG}"), Some(9_512_238_711)),
+            (format!("Nov 29 08:14:03 gpu-node-7 kernel: {MSG}"), None),
+            (format!("2026-11-29T08:14:03.238711+00:00 gpu-node-7 kernel: {MSG}"), None),
+            (format!("nvidia-node-7 kern: warning: [2026-11-29T08:14:03Z]: {MSG}"), None),
+            (format!("Nov 29 08:14:03 nvidia-dgx-01 kernel: {MSG}"), None),
+            (MSG.to_string(), None),
+        ] {
+            let s = split(&line).unwrap_or_else(|| panic!("no message in {line:?}"));
+            assert_eq!(s.messages, vec![MSG.to_string()], "{line}");
+            assert_eq!(s.prefix.ts_usec, ts, "{line}");
+        }
+    }
+
+    #[test]
+    fn raw_kmsg_lines_are_unescaped() {
+        let s = split("4,1187,9512238711,-;NVRM: The NVIDIA GPU 0000:17:00.0\\x0aNVRM: fallen off the bus.").unwrap();
+        assert_eq!(s.prefix.seq, Some(1187));
+        assert_eq!(s.prefix.ts_usec, Some(9_512_238_711));
+        assert_eq!(s.messages.len(), 2);
+    }
+
+    #[test]
+    fn rsyslog_newlines_are_split() {
+        let s = split("Nov 29 08:14:03 h kernel: NVRM: The NVIDIA GPU 0000:17:00.0#012NVRM: (PCI ID: 10de:2330) installed in this system has#012NVRM: fallen off the bus and is not responding to commands.").unwrap();
+        assert_eq!(s.messages.len(), 3);
+        assert!(s.messages[2].starts_with("NVRM: fallen off"));
+    }
+
+    #[test]
+    fn other_tags_and_non_messages() {
+        assert_eq!(message_start("x nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 1, Fatal"), Some(2));
+        assert_eq!(message_start("[ 1.0] nvidia 0000:17:00.0: AER: x"), Some(7));
+        assert_eq!(message_start("pcieport 0000:16:01.0: AER: x"), Some(0));
+        assert_eq!(message_start("systemd[1]: Started nvidia-persistenced.service."), None);
+        assert_eq!(message_start("nvidia-persistenced[812]: Started (812)"), None);
+        assert_eq!(message_start("python3[22]: my Xid 79 test"), None);
+        assert_eq!(message_start(""), None);
+    }
+
+    #[test]
+    fn fractional_stamps_of_any_width() {
+        assert_eq!(parse_prefix("[   12.5]").ts_usec, Some(12_500_000));
+        assert_eq!(parse_prefix("[12.123456789]").ts_usec, Some(12_123_456));
+    }
+}

@@ -1,0 +1,244 @@
+//! Parsing of one `/dev/kmsg` record (Linux `Documentation/ABI/testing/dev-kmsg`).
+//!
+//! A record is `PRIO,SEQ,TS_USEC,FLAGS[,more];MESSAGE\n` followed by continuation lines that start
+//! with one space and carry `KEY=VALUE` context. Non-printable bytes and `\` are escaped as `\xNN`,
+//! so a multi-line printk arrives as one record with `\x0a` inside. Pure: bytes in, value out.
+
+use std::fmt;
+
+/// One kernel log record, unescaped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KmsgRecord {
+    /// Syslog facility; 0 is the kernel itself. Userspace writers get 1 (user) or higher, which is
+    /// how an injected line is told from a real kernel line.
+    pub facility: u32,
+    /// Syslog level, 0 (emerg) to 7 (debug).
+    pub level: u8,
+    /// Sequence number, +1 per record for the whole boot; a gap means records were lost.
+    pub seq: u64,
+    /// Microseconds since boot (monotonic clock).
+    pub ts_usec: u64,
+    /// The flags field as printed (`-`, `c`, `+`).
+    pub flags: char,
+    /// The message with `\xNN` escapes undone; may hold several lines separated by `\n`.
+    pub message: String,
+    /// Continuation `KEY=VALUE` lines (`SUBSYSTEM=pci`, `DEVICE=+pci:0000:17:00.0`).
+    pub fields: Vec<(String, String)>,
+}
+
+impl KmsgRecord {
+    /// True when the kernel itself wrote the record.
+    pub fn is_kernel(&self) -> bool {
+        self.facility == 0
+    }
+
+    /// The message split into its lines (a multi-line printk has several).
+    pub fn lines(&self) -> impl Iterator<Item = &str> {
+        self.message.split('\n').filter(|l| !l.is_empty())
+    }
+
+    /// A context field such as `DEVICE`.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Why a record was rejected. The reader counts these and goes on with the next record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordError {
+    Empty,
+    /// No `;` between the header and the message.
+    NoMessage,
+    /// The header has fewer than four comma-separated fields.
+    ShortHeader,
+    /// A header field is not what the ABI says it is.
+    BadField { field: &'static str, value: String },
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::Empty => f.write_str("empty record"),
+            RecordError::NoMessage => f.write_str("no ';' between header and message (torn record?)"),
+            RecordError::ShortHeader => {
+                f.write_str("header has fewer than 4 fields (PRIO,SEQ,TS_USEC,FLAGS)")
+            }
+            RecordError::BadField { field, value } => {
+                write!(f, "bad {field} field {value:?}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+/// Headers are short; anything longer is not a kmsg header and is not worth scanning further.
+const MAX_HEADER: usize = 128;
+
+/// Parses one record as returned by one `read()` of `/dev/kmsg`.
+pub fn parse_record(buf: &[u8]) -> Result<KmsgRecord, RecordError> {
+    let buf = buf.strip_suffix(b"\n").unwrap_or(buf);
+    if buf.is_empty() {
+        return Err(RecordError::Empty);
+    }
+    let semi = memchr::memchr(b';', &buf[..buf.len().min(MAX_HEADER)])
+        .ok_or(RecordError::NoMessage)?;
+    let header = &buf[..semi];
+    let rest = &buf[semi + 1..];
+
+    let mut parts = header.split(|&b| b == b',');
+    let prio = parts.next().ok_or(RecordError::ShortHeader)?;
+    let seq = parts.next().ok_or(RecordError::ShortHeader)?;
+    let ts = parts.next().ok_or(RecordError::ShortHeader)?;
+    let flags = parts.next().ok_or(RecordError::ShortHeader)?;
+
+    let prio: u32 = parse_decimal(prio).ok_or_else(|| bad("PRIO", prio))?;
+    let seq = parse_decimal(seq).ok_or_else(|| bad("SEQ", seq))?;
+    let ts_usec = parse_decimal(ts).ok_or_else(|| bad("TS_USEC", ts))?;
+    let flags = match flags {
+        [c] if c.is_ascii_graphic() => *c as char,
+        [] => '-',
+        _ => return Err(bad("FLAGS", flags)),
+    };
+
+    // The message ends at the first raw newline; what follows are ` KEY=VALUE` lines.
+    let (msg, mut tail) = match memchr::memchr(b'\n', rest) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
+    let mut fields = Vec::new();
+    while !tail.is_empty() {
+        let (line, next) = match memchr::memchr(b'\n', tail) {
+            Some(i) => (&tail[..i], &tail[i + 1..]),
+            None => (tail, &[][..]),
+        };
+        tail = next;
+        if let Some(kv) = line.strip_prefix(b" ") {
+            if let Some(eq) = memchr::memchr(b'=', kv) {
+                fields.push((unescape(&kv[..eq]), unescape(&kv[eq + 1..])));
+            }
+        }
+    }
+
+    Ok(KmsgRecord {
+        facility: prio >> 3,
+        level: (prio & 7) as u8,
+        seq,
+        ts_usec,
+        flags,
+        message: unescape(msg),
+        fields,
+    })
+}
+
+fn bad(field: &'static str, value: &[u8]) -> RecordError {
+    RecordError::BadField {
+        field,
+        value: String::from_utf8_lossy(&value[..value.len().min(32)]).into_owned(),
+    }
+}
+
+fn parse_decimal<T: std::str::FromStr>(b: &[u8]) -> Option<T> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// Undoes the kernel's `\xNN` escaping, then decodes UTF-8 lossily. A `\x` not followed by two hex
+/// digits is kept as written: tolerant, since the kernel never produces it but files might.
+pub fn unescape(b: &[u8]) -> String {
+    if memchr::memchr(b'\\', b).is_none() {
+        return String::from_utf8_lossy(b).into_owned();
+    }
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1] == b'x' {
+            if let (Some(h), Some(l)) = (hex(b[i + 2]), hex(b[i + 3])) {
+                out.push(h << 4 | l);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_header_message_and_fields() {
+        let r = parse_record(
+            b"4,1187,9512238711,-;NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:17:00.0\n",
+        )
+        .unwrap();
+        assert_eq!((r.facility, r.level, r.seq, r.ts_usec, r.flags), (0, 4, 1187, 9512238711, '-'));
+        assert!(r.is_kernel());
+        assert!(r.message.starts_with("NVRM: Xid (PCI:0000:17:00): 79"));
+        assert_eq!(r.field("SUBSYSTEM"), Some("pci"));
+        assert_eq!(r.field("DEVICE"), Some("+pci:0000:17:00.0"));
+    }
+
+    #[test]
+    fn unescapes_multi_line_records_and_backslashes() {
+        let r = parse_record(
+            b"3,42,100,-;NVRM: The NVIDIA GPU 0000:17:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands.\\x0a",
+        )
+        .unwrap();
+        let lines: Vec<_> = r.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[2], "NVRM: fallen off the bus and is not responding to commands.");
+        assert_eq!(unescape(b"a\\x5cb"), "a\\b");
+        assert_eq!(unescape(b"bad \\xZZ and \\x4"), "bad \\xZZ and \\x4");
+    }
+
+    #[test]
+    fn userspace_facility_and_extra_header_fields() {
+        let r = parse_record(b"12,7,5,-,caller=T123;hello").unwrap();
+        assert_eq!((r.facility, r.level), (1, 4));
+        assert!(!r.is_kernel());
+        assert_eq!(r.message, "hello");
+    }
+
+    #[test]
+    fn rejects_torn_and_malformed_records() {
+        assert_eq!(parse_record(b""), Err(RecordError::Empty));
+        assert_eq!(parse_record(b"4,1187,9512"), Err(RecordError::NoMessage));
+        assert_eq!(parse_record(b"4,1187;x"), Err(RecordError::ShortHeader));
+        assert!(matches!(
+            parse_record(b"x,1,2,-;m"),
+            Err(RecordError::BadField { field: "PRIO", .. })
+        ));
+        assert!(matches!(
+            parse_record(b"4,-1,2,-;m"),
+            Err(RecordError::BadField { field: "SEQ", .. })
+        ));
+        assert!(matches!(
+            parse_record(b"4,99999999999999999999999,2,-;m"),
+            Err(RecordError::BadField { field: "SEQ", .. })
+        ));
+    }
+
+    #[test]
+    fn invalid_utf8_is_decoded_lossily() {
+        let r = parse_record(b"4,1,2,-;NVRM: \xff\xfe bad").unwrap();
+        assert!(r.message.starts_with("NVRM: "));
+    }
+}
