@@ -7,6 +7,7 @@
 //! GPU for the findings that follow.
 
 pub mod catalog;
+pub mod guidance;
 pub mod overrides;
 pub mod prefix;
 pub mod shapes;
@@ -228,7 +229,9 @@ impl Classifier {
                 fold_raw(finding, msg, line, last_line);
                 None
             }
-            (Pending::Gsp { finding, last_line }, Shape::GspDump { opens: false, .. }) => {
+            (Pending::Gsp { finding, last_line }, Shape::GspDump { text, .. })
+                if !text.contains("_kgspLogXid119") =>
+            {
                 fold_raw(finding, msg, line, last_line);
                 None
             }
@@ -364,12 +367,15 @@ impl Classifier {
                 let fatal = decode
                     .iter()
                     .any(|d| d.severity.starts_with("Fatal") || d.severity.starts_with("Link Fatal"));
+                // The decode table is the authority once a row matches.
                 let ignorable = decode.iter().all(|d| d.immediate == "IGNORE");
-                if fatal {
-                    f.severity = Severity::Critical;
+                f.severity = if fatal {
+                    Severity::Critical
                 } else if ignorable {
-                    f.severity = Severity::Info;
-                }
+                    Severity::Info
+                } else {
+                    Severity::Warning
+                };
             }
             _ => {}
         }

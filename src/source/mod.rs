@@ -1,3 +1,4 @@
 //! Sources: where raw kernel log text and NVML signals come from.
 
 pub mod kmsg;
+pub mod file;

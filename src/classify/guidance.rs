@@ -1,0 +1,143 @@
+//! What a finding means and what to do about it, in words for the on-call. Xids take theirs from
+//! the catalog; the other kinds have theirs here.
+
+use super::catalog;
+use crate::model::{Detail, Finding, FindingKind};
+
+/// Meaning and next step for a finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guidance {
+    pub meaning: String,
+    pub action: String,
+    /// NVIDIA's resolution buckets with what they ask for, for Xids the catalog knows.
+    pub nvidia: Vec<String>,
+}
+
+/// Guidance for one finding.
+pub fn for_finding(f: &Finding) -> Guidance {
+    let mut g = match (f.kind, f.xid.and_then(catalog::lookup)) {
+        (FindingKind::Xid, Some(e)) => Guidance {
+            meaning: e.summary.to_string(),
+            action: e.check.to_string(),
+            nvidia: nvidia_buckets(e),
+        },
+        (FindingKind::Xid, None) => Guidance {
+            meaning: format!(
+                "Xid {} is not in xidwatch's catalog (NVIDIA's copy of October 2025 ends at {}); the driver is newer than the catalog.",
+                f.xid.unwrap_or(0),
+                catalog::XID_CODES_MAX
+            ),
+            action: "Look the code up in NVIDIA's current Xid catalog and read the kernel log around it; treat it as a warning until you know more.".into(),
+            nvidia: Vec::new(),
+        },
+        (kind, _) => kind_guidance(kind),
+    };
+    match &f.detail {
+        Some(Detail::Recovery { to, .. }) => {
+            g.action = format!("The driver asks for: {}. {}", to.describe(), g.action);
+        }
+        Some(Detail::Nvlink5 { decode, .. }) => {
+            for d in decode {
+                g.nvidia.push(format!(
+                    "NVLink5 decode ({} layout): unit {}, {} ({}), immediate {}, investigate {}",
+                    d.layout, d.unit, d.severity, d.origin, d.immediate, d.investigatory
+                ));
+            }
+        }
+        Some(Detail::ApiMismatch { client_version, kernel_version }) => {
+            g.meaning = format!(
+                "User-space driver {} and kernel module {} differ, so no CUDA program or nvidia-smi can talk to the GPUs.",
+                or_unknown(client_version),
+                or_unknown(kernel_version)
+            );
+        }
+        _ => {}
+    }
+    g
+}
+
+fn or_unknown(s: &str) -> &str {
+    if s.is_empty() {
+        "(version not in the log)"
+    } else {
+        s
+    }
+}
+
+fn nvidia_buckets(e: &catalog::XidEntry) -> Vec<String> {
+    let mut out = Vec::new();
+    for (label, cell) in [("immediate", e.immediate), ("investigate", e.investigatory)] {
+        if cell.is_empty() {
+            continue;
+        }
+        let meanings: Vec<String> = catalog::bucket_meanings(cell)
+            .iter()
+            .map(|b| format!("{}: {}", b.name, b.meaning))
+            .collect();
+        if meanings.is_empty() {
+            out.push(format!("{label} {cell}"));
+        } else {
+            out.push(format!("{label} {}", meanings.join(" / ")));
+        }
+    }
+    out
+}
+
+fn kind_guidance(kind: FindingKind) -> Guidance {
+    let (meaning, action) = match kind {
+        FindingKind::FallenOffBus => (
+            "The GPU stopped answering on the PCIe bus: every job on it is lost and the driver cannot reach it until it is reset or the machine power-cycled.",
+            "Before rebooting, save the kernel log and check the link: is the device still in lspci, at what link speed and width, any AER errors on its root port? Then drain the node and have the card, riser and power checked.",
+        ),
+        FindingKind::DriverInitFailure => (
+            "The NVIDIA driver could not bring up a GPU (or any GPU): no job can use it.",
+            "Compare the kernel module and user-space driver versions, check that the firmware files and module match the running kernel (DKMS), and read the kernel log around the failure.",
+        ),
+        FindingKind::ApiMismatch => (
+            "The user-space driver and the kernel module are different versions, so nothing can talk to the GPUs.",
+            "Usually a driver upgrade without a module reload: finish the upgrade (or roll it back) so both match, at a time of your choosing.",
+        ),
+        FindingKind::DriverError => (
+            "The NVIDIA driver reported an error without an Xid: often GSP firmware timeouts or RPC failures that precede an Xid 119/120.",
+            "Read the kernel log around it; if it repeats or an Xid follows, treat the GPU as faulty and drain it.",
+        ),
+        FindingKind::PcieAer => (
+            "PCIe Advanced Error Reporting saw an error on this device's link.",
+            "Corrected errors in small numbers are normal; uncorrected ones, or a steady stream, point at the link: check link speed and width against their maximum and reseat or replace the riser.",
+        ),
+        FindingKind::Sxid => (
+            "An NVSwitch reported an error on the NVLink fabric.",
+            "Fatal SXids take the fabric (and the GPUs behind it) down until the fabric manager recovers it; check the fabric manager log and the link named in the message.",
+        ),
+        FindingKind::GpuIdentity => (
+            "The driver named this GPU's UUID or board serial.",
+            "Nothing to do: later findings for this address carry it.",
+        ),
+        FindingKind::KmsgOverrun => (
+            "Kernel log records were overwritten before xidwatch could read them; faults in them may have been missed.",
+            "Read what is left of the kernel log and the journal for the lost period; if it repeats, the log is flooded: find the source of the flood.",
+        ),
+        FindingKind::EccError => (
+            "NVML reported an ECC error on the GPU's memory.",
+            "Check ECC counters and remapped rows (nvidia-smi -q -d ECC,ROW_REMAPPER); double-bit errors need the GPU drained and reset.",
+        ),
+        FindingKind::GpuLost => (
+            "NVML lost contact with the GPU.",
+            "Treat it as fallen off the bus: check lspci, link state and the kernel log, then drain the node.",
+        ),
+        FindingKind::GpuMissing => (
+            "A GPU that is on the PCI bus cannot be reached by the driver, or a GPU left the bus.",
+            "Compare lspci with nvidia-smi -L and read the kernel log for this address.",
+        ),
+        FindingKind::NvmlUnavailable => (
+            "NVML cannot talk to the NVIDIA driver.",
+            "Check that the driver is loaded (lsmod), that the user-space library matches the kernel module, and the kernel log.",
+        ),
+        FindingKind::Xid => ("", ""),
+    };
+    Guidance {
+        meaning: meaning.into(),
+        action: action.into(),
+        nvidia: Vec::new(),
+    }
+}

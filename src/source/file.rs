@@ -1,0 +1,272 @@
+//! Saved logs (`xidwatch scan`): files, gzip archives, standard input.
+//!
+//! Scanning is a hot path: bug-report archives are hundreds of MB and almost every line is
+//! ordinary kernel chatter. So the reader never looks at a line on its own unless a literal
+//! prefilter (Teddy/Aho-Corasick over the whole buffer, the same technique grep tools use) says it
+//! may be ours; line numbers come from a SIMD newline count over the skipped stretches.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::path::Path;
+
+use aho_corasick::{AhoCorasick, Input, MatchKind};
+
+/// Literals at least one of which every line we classify contains.
+pub const CANDIDATE_LITERALS: &[&str] = &["NVRM", "SXid", "nvidia", "AER:"];
+
+/// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
+const CHUNK: usize = 1 << 20;
+/// Longest line classified in full; a longer one has its first `MAX_LINE` bytes classified and
+/// the rest skipped, with a note.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Something the reader wants the user to know about the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// 1-based line number, when the note is about one line.
+    pub line: Option<u64>,
+    pub text: String,
+}
+
+/// Figures about one scanned input.
+#[derive(Debug, Default)]
+pub struct ScanStats {
+    pub bytes: u64,
+    pub lines: u64,
+    /// Lines the prefilter passed on.
+    pub candidates: u64,
+    pub notes: Vec<Note>,
+    /// A read error that ended the input early (a truncated gzip, an I/O error). What was read
+    /// before it has been processed.
+    pub error: Option<io::Error>,
+}
+
+/// Opens a file (or `-` for standard input), transparently decompressing gzip.
+pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
+    let raw: Box<dyn Read> = if path == Path::new("-") {
+        Box::new(io::stdin().lock())
+    } else {
+        Box::new(File::open(path)?)
+    };
+    let mut r = BufReader::with_capacity(CHUNK, raw);
+    let magic = {
+        use std::io::BufRead;
+        let buf = r.fill_buf()?;
+        buf.len() >= 2 && buf[0] == 0x1f && buf[1] == 0x8b
+    };
+    if magic {
+        Ok(Box::new(flate2::read::MultiGzDecoder::new(r)))
+    } else {
+        Ok(Box::new(r))
+    }
+}
+
+/// The literal prefilter.
+pub struct Prefilter {
+    ac: AhoCorasick,
+}
+
+impl Default for Prefilter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Prefilter {
+    pub fn new() -> Self {
+        // Leftmost-first lets the searcher use its SIMD (Teddy) path; which literal matched does
+        // not matter, only where.
+        let ac = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(CANDIDATE_LITERALS)
+            .expect("built-in literals");
+        Prefilter { ac }
+    }
+
+    /// Whether a line (or any buffer) holds a candidate literal.
+    pub fn is_candidate(&self, hay: &[u8]) -> bool {
+        self.ac.is_match(hay)
+    }
+}
+
+/// Reads `r` to the end, calling `on_line(line_number, bytes)` for every candidate line (without
+/// its newline or trailing `\r`). Never fails: a read error ends the input and is reported in
+/// [`ScanStats::error`].
+pub fn scan_lines<R: Read>(mut r: R, pre: &Prefilter, mut on_line: impl FnMut(u64, &[u8])) -> ScanStats {
+    let mut st = ScanStats::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK * 2);
+    // Newlines before buf[0].
+    let mut base_line: u64 = 0;
+    let mut skipping_long_line = false;
+    let mut saw_nul = false;
+    let mut eof = false;
+    while !eof {
+        let old = buf.len();
+        buf.resize(old + CHUNK, 0);
+        let n = loop {
+            match r.read(&mut buf[old..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    st.error = Some(e);
+                    break 0;
+                }
+            }
+        };
+        buf.truncate(old + n);
+        st.bytes += n as u64;
+        if n == 0 {
+            eof = true;
+        }
+        if !saw_nul && memchr::memchr(0, &buf[old..]).is_some() {
+            saw_nul = true;
+            st.notes.push(Note {
+                line: Some(base_line + bytecount::count(&buf[..old], b'\n') as u64 + 1),
+                text: "binary data (NUL bytes) in the input from about here; lines may be garbled".into(),
+            });
+        }
+        if skipping_long_line {
+            match memchr::memchr(b'\n', &buf) {
+                // Keep the newline: it ends the long line and is counted below.
+                Some(i) => {
+                    buf.drain(..i);
+                    skipping_long_line = false;
+                }
+                None => {
+                    buf.clear();
+                    continue;
+                }
+            }
+        }
+        // Process whole lines only; the tail waits for the next read (or EOF).
+        let end = if eof {
+            buf.len()
+        } else {
+            match memchr::memrchr(b'\n', &buf) {
+                Some(i) => i + 1,
+                None if buf.len() >= MAX_LINE => {
+                    let line = base_line + 1;
+                    st.notes.push(Note {
+                        line: Some(line),
+                        text: format!(
+                            "line longer than {} KiB: its first {} KiB were classified, the rest skipped",
+                            MAX_LINE / 1024,
+                            MAX_LINE / 1024
+                        ),
+                    });
+                    let head = &buf[..MAX_LINE];
+                    if pre.is_candidate(head) {
+                        st.candidates += 1;
+                        on_line(line, trim_cr(head));
+                    }
+                    buf.clear();
+                    skipping_long_line = true;
+                    continue;
+                }
+                None => continue,
+            }
+        };
+        let region = &buf[..end];
+        base_line += scan_region(region, base_line, pre, &mut st, &mut on_line);
+        buf.drain(..end);
+    }
+    // A final line without a newline still counts as a line.
+    st.lines = base_line;
+    st
+}
+
+/// Scans complete lines in `region`; returns how many newlines it holds.
+fn scan_region(
+    region: &[u8],
+    base_line: u64,
+    pre: &Prefilter,
+    st: &mut ScanStats,
+    on_line: &mut impl FnMut(u64, &[u8]),
+) -> u64 {
+    let mut counted: u64 = 0;
+    let mut pos = 0;
+    while pos < region.len() {
+        let Some(m) = pre.ac.find(Input::new(region).span(pos..region.len())) else {
+            break;
+        };
+        let ls = memchr::memrchr(b'\n', &region[pos..m.start()]).map_or(pos, |i| pos + i + 1);
+        let le = memchr::memchr(b'\n', &region[m.start()..]).map_or(region.len(), |i| m.start() + i);
+        counted += bytecount::count(&region[pos..ls], b'\n') as u64;
+        st.candidates += 1;
+        on_line(base_line + counted + 1, trim_cr(&region[ls..le]));
+        pos = le;
+    }
+    counted += bytecount::count(&region[pos.min(region.len())..], b'\n') as u64;
+    // A last line without a newline (at EOF) is a line too.
+    if !region.is_empty() && region[region.len() - 1] != b'\n' {
+        counted += 1;
+    }
+    counted
+}
+
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(input: &[u8]) -> (Vec<(u64, String)>, ScanStats) {
+        let mut out = Vec::new();
+        let st = scan_lines(input, &Prefilter::new(), |n, l| {
+            out.push((n, String::from_utf8_lossy(l).into_owned()))
+        });
+        (out, st)
+    }
+
+    #[test]
+    fn finds_candidates_with_exact_line_numbers() {
+        let (lines, st) = collect(b"a\nb NVRM: x\r\nc\n\nd nvidia: y\nlast SXid");
+        assert_eq!(
+            lines,
+            vec![(2, "b NVRM: x".into()), (5, "d nvidia: y".into()), (6, "last SXid".into())]
+        );
+        assert_eq!(st.lines, 6);
+        assert_eq!(st.candidates, 3);
+    }
+
+    #[test]
+    fn line_numbers_survive_chunk_boundaries() {
+        let mut input = Vec::new();
+        let filler = "x".repeat(99) + "\n";
+        for i in 0..30_000u32 {
+            if i % 1000 == 7 {
+                input.extend_from_slice(format!("NVRM: line {}\n", i + 1).as_bytes());
+            } else {
+                input.extend_from_slice(filler.as_bytes());
+            }
+        }
+        let (lines, st) = collect(&input);
+        assert_eq!(st.lines, 30_000);
+        assert_eq!(lines.len(), 30);
+        for (n, l) in lines {
+            assert_eq!(l, format!("NVRM: line {n}"));
+        }
+    }
+
+    #[test]
+    fn long_lines_are_cut_with_a_note() {
+        let mut input = b"NVRM: ".to_vec();
+        input.extend(std::iter::repeat_n(b'y', 3 * MAX_LINE));
+        input.extend_from_slice(b"\nNVRM: after\n");
+        let (lines, st) = collect(&input);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].1.len(), MAX_LINE);
+        assert_eq!(lines[1], (2, "NVRM: after".into()));
+        assert_eq!(st.notes.len(), 1);
+        assert_eq!(st.lines, 2);
+    }
+
+    #[test]
+    fn nul_bytes_are_noted() {
+        let (lines, st) = collect(b"\0\0\x01garbage\nNVRM: ok\n");
+        assert_eq!(lines, vec![(2, "NVRM: ok".into())]);
+        assert!(st.notes[0].text.contains("binary"));
+    }
+}
