@@ -202,7 +202,13 @@ fn generate() -> String {
              applies_to: &[{}],\n        immediate: {},\n        investigatory: {},\n        \
              xid154: {},\n        category: Category::{category},\n        severity: Severity::{severity},\n        \
              summary: {},\n        causes: {},\n        check: {},\n    }},",
-            lit(&s.get(row, c_mn).split('\n').map(str::trim).collect::<Vec<_>>().join(" / ")),
+            lit(&s
+                .get(row, c_mn)
+                .split('\n')
+                .map(|p| p.trim().trim_end_matches('/').trim())
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join(" / ")),
             !s.get(row, c_desc).eq_ignore_ascii_case("unused"),
             applies.join(", "),
             lit(&clean(s.get(row, c_imm))),

@@ -182,7 +182,7 @@ pub(super) static XIDS: &[XidEntry] = &[
     },
     XidEntry {
         code: 13,
-        mnemonic: "ROBUST_CHANNEL_GR_EXCEPTION / / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY",
+        mnemonic: "ROBUST_CHANNEL_GR_EXCEPTION / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY",
         in_use: true,
         applies_to: &["A100", "H100", "B100", "GB200"],
         immediate: "RESTART_APP",
