@@ -1,1 +1,3 @@
 //! Sources: where raw kernel log text and NVML signals come from.
+
+pub mod nvml;
