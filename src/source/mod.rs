@@ -1,4 +1,5 @@
 //! Sources: where raw kernel log text and NVML signals come from.
 
-pub mod kmsg;
 pub mod file;
+pub mod kmsg;
+pub mod nvml;
