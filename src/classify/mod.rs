@@ -218,7 +218,8 @@ impl Classifier {
             }
             (Pending::Aer { finding, reporter, last_line }, Shape::Aer(a))
                 if a.source.is_none()
-                    && (a.reporter == *reporter || Some(a.reporter) == finding.pci) =>
+                    && (a.reporter == *reporter || Some(a.reporter) == finding.pci)
+                    && (a.class.is_none() || a.class.as_deref() == Some(class_of(finding))) =>
             {
                 if a.nvidia_device || a.driver == "nvidia" {
                     if let Some(p) = finding.pci {
@@ -548,9 +549,11 @@ fn hex_u32(s: &str) -> Option<u32> {
 fn xid_detail(xid: u32, rest: &str, driver: Option<&str>) -> Option<Detail> {
     match xid {
         13 => {
-            let gpc = parse_num_after(rest, "GPC ")?;
-            let tpc = parse_num_after(rest, "TPC ")?;
-            let sm = parse_num_after(rest, "SM ")?;
+            let at = rest.find("GPC ")?;
+            let loc = &rest[at..];
+            let gpc = parse_num_after(loc, "GPC ")?;
+            let tpc = parse_num_after(loc, "TPC ")?;
+            let sm = parse_num_after(loc, "SM ")?;
             Some(Detail::GraphicsException { gpc, tpc, sm })
         }
         74 => {

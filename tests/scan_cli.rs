@@ -1,0 +1,175 @@
+//! `xidwatch scan` and `xidwatch explain` as a user runs them: exit codes, JSON Lines contract,
+//! gzip archives, and bad input that must never panic or go silent.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs").join(name)
+}
+
+fn scan(args: &[&str], files: &[&Path]) -> Output {
+    bin().arg("scan").args(args).args(files).output().expect("running xidwatch")
+}
+
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
+        .collect()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+#[test]
+fn mixed_sample_shows_every_kind_with_the_contract_fields() {
+    let out = scan(&["--json"], &[&fixture("mixed.log")]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_lines(&out);
+    for kind in [
+        "xid", "sxid", "fallen_off_bus", "driver_init_failure", "api_mismatch", "driver_error", "pcie_aer", "gpu_identity",
+    ] {
+        assert!(v.iter().any(|f| f["kind"] == kind), "no {kind} finding");
+    }
+    for f in &v {
+        for key in ["kind", "xid", "pci", "pid", "process", "severity", "line", "lines", "message"] {
+            assert!(f.get(key).is_some(), "{key} missing in {f}");
+        }
+    }
+    let x79 = v.iter().find(|f| f["xid"] == 79).unwrap();
+    assert_eq!(x79["pci"], "0000:17:00.0");
+    assert_eq!(x79["pid"], 2207);
+    assert_eq!(x79["process"], "python3");
+    assert_eq!(x79["severity"], "critical");
+    assert_eq!(x79["line"], 19);
+    assert_eq!(x79["lines"], 1);
+    assert_eq!(x79["gpu"]["uuid"], "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f");
+    let api = v.iter().find(|f| f["kind"] == "api_mismatch").unwrap();
+    assert_eq!((api["lines"].as_u64(), api["xid"].is_null()), (Some(4), true));
+    let sxid = v.iter().find(|f| f["kind"] == "sxid").unwrap();
+    assert_eq!(sxid["lines"], 3);
+    // Ordinary lines and the userspace "my Xid 79 test" line produce nothing.
+    assert!(v.iter().all(|f| f["line"].as_u64().unwrap() >= 12));
+}
+
+#[test]
+fn human_output_has_blocks_and_a_per_gpu_summary() {
+    let out = scan(&[], &[&fixture("mixed.log")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("CRITICAL Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"), "{text}");
+    assert!(text.contains("  meaning  "));
+    assert!(text.contains("  action   "));
+    assert!(text.contains("Summary: "));
+    assert!(text.contains("  GPU 0000:17:00.0 GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f serial 1650923011234:"));
+}
+
+#[test]
+fn exit_status_follows_the_worst_severity() {
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = dir.path().join("quiet.log");
+    std::fs::write(&quiet, "[ 1.0] nvidia-uvm: Loaded the UVM driver, major device number 508.\n[ 2.0] eth0: link up\n").unwrap();
+    let out = scan(&[], &[&quiet]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("No GPU faults found"));
+
+    let info = dir.path().join("info.log");
+    std::fs::write(&info, "NVRM: GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+    assert_eq!(scan(&[], &[&info]).status.code(), Some(0));
+
+    let missing = dir.path().join("missing.log");
+    let out = scan(&[], &[&quiet, &missing]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing.log") && err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn reads_standard_input() {
+    let mut child = bin()
+        .args(["scan", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"NVRM: Xid (PCI:0000:17:00): 48, pid=1, name=x, DBE\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v = json_lines(&out);
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0]["file"], "<stdin>");
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn gzip_archives_and_truncated_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::read(fixture("mixed.log")).unwrap();
+    let gz = dir.path().join("nvidia-bug-report.log.gz");
+    let packed = gzip(&log);
+    std::fs::write(&gz, &packed).unwrap();
+    let plain = json_lines(&scan(&["--json"], &[&fixture("mixed.log")]));
+    let out = scan(&["--json"], &[&gz]);
+    assert_eq!(out.status.code(), Some(1));
+    let unpacked = json_lines(&out);
+    assert_eq!(plain.len(), unpacked.len());
+
+    // Cut the archive in half: the readable part is reported, then a note and exit 2.
+    let cut = dir.path().join("cut.log.gz");
+    std::fs::write(&cut, &packed[..packed.len() / 2]).unwrap();
+    let out = scan(&["--json"], &[&cut]);
+    assert_eq!(out.status.code(), Some(2));
+    let partial = json_lines(&out);
+    assert!(!partial.is_empty() && partial.len() < plain.len(), "{} of {}", partial.len(), plain.len());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cut.log.gz") && err.contains("read stopped"), "{err}");
+}
+
+#[test]
+fn bad_input_is_survived_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = Vec::new();
+    data.extend_from_slice(b"\x00\x01\x02\xff\xfe binary garbage \x00\n");
+    data.extend_from_slice(b"NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=\xff\xfe, GPU has fallen off the bus.\n");
+    data.extend_from_slice(b"NVRM: ");
+    data.extend(std::iter::repeat_n(b'A', 3 << 20));
+    data.extend_from_slice(b"\n");
+    data.extend_from_slice(b"NVRM: Xid (PCI:0000:2a:00): 48, pid=2, name=y, DBE\n");
+    let bad = dir.path().join("bad.log");
+    std::fs::write(&bad, &data).unwrap();
+    let out = scan(&["--json"], &[&bad]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_lines(&out);
+    let xids: Vec<_> = v.iter().map(|f| (f["xid"].as_u64(), f["line"].as_u64())).collect();
+    assert_eq!(xids, vec![(Some(79), Some(2)), (Some(48), Some(4))]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("binary data"), "{err}");
+    assert!(err.contains("bad.log:3: note: line longer than"), "{err}");
+    assert!(err.contains("invalid UTF-8"), "{err}");
+}
+
+#[test]
+fn explain_prints_the_entry_and_the_list() {
+    let out = bin().args(["explain", "79"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    for want in ["Xid 79", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "severity", "critical", "meaning", "check", "RESTART_BM", "runbook"] {
+        assert!(text.contains(want), "{want} not in {text}");
+    }
+    let out = bin().args(["explain", "999"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unknown to this catalog"));
+    let out = bin().args(["explain", "--list"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 172);
+}
