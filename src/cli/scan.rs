@@ -206,17 +206,10 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     } else {
         path.display().to_string()
     };
-    let reader = match file::open(path) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("xidwatch: {name}: cannot read: {e}");
-            return false;
-        }
-    };
     let mut classifier = Classifier::new();
     let mut findings = Vec::new();
     let mut invalid_utf8 = 0u64;
-    let stats = file::scan_lines(reader, pre, |line_no, bytes| {
+    let mut on_line = |line_no: u64, bytes: &[u8]| {
         let text = match std::str::from_utf8(bytes) {
             Ok(t) => std::borrow::Cow::Borrowed(t),
             Err(_) => {
@@ -239,7 +232,22 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
         for f in findings.drain(..) {
             out.emit(&name, &f);
         }
-    });
+    };
+    let mapped = if path == Path::new("-") {
+        None
+    } else {
+        file::scan_mapped(path, pre, &mut on_line)
+    };
+    let stats = match mapped {
+        Some(st) => st,
+        None => match file::open(path) {
+            Ok(reader) => file::scan_lines(reader, pre, &mut on_line),
+            Err(e) => {
+                eprintln!("xidwatch: {name}: cannot read: {e}");
+                return false;
+            }
+        },
+    };
     classifier.flush(&mut findings);
     for f in findings.drain(..) {
         out.emit(&name, &f);

@@ -20,6 +20,10 @@ const CHUNK: usize = 1 << 20;
 /// the rest skipped, with a note.
 pub const MAX_LINE: usize = 1 << 20;
 
+/// Binary input is sniffed in its first bytes (as grep tools do) and in every candidate line, not
+/// in every byte: a full pass just for NUL bytes would cost a fifth of the scan.
+const BINARY_SNIFF: usize = 64 * 1024;
+
 /// Something the reader wants the user to know about the input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
@@ -61,6 +65,33 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     }
 }
 
+/// Scans a regular, uncompressed file through a read-only memory map: no copy into a buffer,
+/// which is most of the gap to a grep tool on large archives. `None` when the file is not a
+/// regular file, is compressed, or cannot be mapped; the caller then reads it with [`open`].
+///
+/// A file truncated by someone else while it is mapped would fault; saved logs are not
+/// truncated while an on-call scans them, and the live kernel log never goes through here.
+pub fn scan_mapped(path: &Path, pre: &Prefilter, mut on_line: impl FnMut(u64, &[u8])) -> Option<ScanStats> {
+    let file = File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() < 2 || meta.len() > isize::MAX as u64 {
+        return None;
+    }
+    // SAFETY: the map is read-only and private to this function; see the note above about
+    // concurrent truncation.
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.ok()?;
+    if map[0] == 0x1f && map[1] == 0x8b {
+        return None;
+    }
+    let mut st = ScanStats::default();
+    st.bytes = map.len() as u64;
+    if let Some(i) = memchr::memchr(0, &map[..map.len().min(BINARY_SNIFF)]) {
+        st.notes.push(binary_note(bytecount::count(&map[..i], b'\n') as u64 + 1));
+    }
+    st.lines = scan_region(&map, 0, pre, &mut st, &mut on_line);
+    Some(st)
+}
+
 /// The literal prefilter.
 pub struct Prefilter {
     ac: AhoCorasick,
@@ -94,15 +125,17 @@ impl Prefilter {
 /// [`ScanStats::error`].
 pub fn scan_lines<R: Read>(mut r: R, pre: &Prefilter, mut on_line: impl FnMut(u64, &[u8])) -> ScanStats {
     let mut st = ScanStats::default();
-    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK * 2);
+    // One fixed buffer, initialised once: reads land after the carried-over partial line, so no
+    // per-read zeroing and no reallocation on the hot path.
+    let mut buf: Vec<u8> = vec![0; CHUNK + MAX_LINE];
+    let mut filled = 0usize;
     // Newlines before buf[0].
     let mut base_line: u64 = 0;
     let mut skipping_long_line = false;
     let mut saw_nul = false;
     let mut eof = false;
     while !eof {
-        let old = buf.len();
-        buf.resize(old + CHUNK, 0);
+        let old = filled;
         let n = loop {
             match r.read(&mut buf[old..]) {
                 Ok(n) => break n,
@@ -113,66 +146,80 @@ pub fn scan_lines<R: Read>(mut r: R, pre: &Prefilter, mut on_line: impl FnMut(u6
                 }
             }
         };
-        buf.truncate(old + n);
+        filled = old + n;
         st.bytes += n as u64;
         if n == 0 {
             eof = true;
         }
-        if !saw_nul && memchr::memchr(0, &buf[old..]).is_some() {
-            saw_nul = true;
-            st.notes.push(Note {
-                line: Some(base_line + bytecount::count(&buf[..old], b'\n') as u64 + 1),
-                text: "binary data (NUL bytes) in the input from about here; lines may be garbled".into(),
-            });
+        if !saw_nul && st.bytes <= BINARY_SNIFF as u64 {
+            if let Some(i) = memchr::memchr(0, &buf[old..filled]) {
+                saw_nul = true;
+                st.notes.push(binary_note(base_line + bytecount::count(&buf[..old + i], b'\n') as u64 + 1));
+            }
         }
+        let mut start = 0;
         if skipping_long_line {
-            match memchr::memchr(b'\n', &buf) {
+            match memchr::memchr(b'\n', &buf[..filled]) {
                 // Keep the newline: it ends the long line and is counted below.
                 Some(i) => {
-                    buf.drain(..i);
+                    start = i;
                     skipping_long_line = false;
                 }
                 None => {
-                    buf.clear();
+                    filled = 0;
                     continue;
                 }
             }
         }
         // Process whole lines only; the tail waits for the next read (or EOF).
         let end = if eof {
-            buf.len()
+            filled
         } else {
-            match memchr::memrchr(b'\n', &buf) {
-                Some(i) => i + 1,
-                None if buf.len() >= MAX_LINE => {
+            match memchr::memrchr(b'\n', &buf[start..filled]) {
+                Some(i) => start + i + 1,
+                None if filled - start >= MAX_LINE => {
                     let line = base_line + 1;
-                    st.notes.push(Note {
-                        line: Some(line),
-                        text: format!(
-                            "line longer than {} KiB: its first {} KiB were classified, the rest skipped",
-                            MAX_LINE / 1024,
-                            MAX_LINE / 1024
-                        ),
-                    });
-                    let head = &buf[..MAX_LINE];
+                    st.notes.push(long_line_note(line));
+                    let head = &buf[start..start + MAX_LINE];
                     if pre.is_candidate(head) {
                         st.candidates += 1;
                         on_line(line, trim_cr(head));
                     }
-                    buf.clear();
+                    filled = 0;
                     skipping_long_line = true;
                     continue;
                 }
-                None => continue,
+                None => {
+                    buf.copy_within(start..filled, 0);
+                    filled -= start;
+                    continue;
+                }
             }
         };
-        let region = &buf[..end];
-        base_line += scan_region(region, base_line, pre, &mut st, &mut on_line);
-        buf.drain(..end);
+        base_line += scan_region(&buf[start..end], base_line, pre, &mut st, &mut on_line);
+        buf.copy_within(end..filled, 0);
+        filled -= end;
     }
-    // A final line without a newline still counts as a line.
     st.lines = base_line;
     st
+}
+
+fn binary_note(line: u64) -> Note {
+    Note {
+        line: Some(line),
+        text: "binary data (NUL bytes) in the input from about here; lines may be garbled".into(),
+    }
+}
+
+fn long_line_note(line: u64) -> Note {
+    Note {
+        line: Some(line),
+        text: format!(
+            "line longer than {} KiB: its first {} KiB were classified, the rest skipped",
+            MAX_LINE / 1024,
+            MAX_LINE / 1024
+        ),
+    }
 }
 
 /// Scans complete lines in `region`; returns how many newlines it holds.
@@ -193,7 +240,16 @@ fn scan_region(
         let le = memchr::memchr(b'\n', &region[m.start()..]).map_or(region.len(), |i| m.start() + i);
         counted += bytecount::count(&region[pos..ls], b'\n') as u64;
         st.candidates += 1;
-        on_line(base_line + counted + 1, trim_cr(&region[ls..le]));
+        let line = base_line + counted + 1;
+        if memchr::memchr(0, &region[ls..le]).is_some() && !st.notes.iter().any(|n| n.text.starts_with("binary")) {
+            st.notes.push(binary_note(line));
+        }
+        if le - ls > MAX_LINE {
+            st.notes.push(long_line_note(line));
+            on_line(line, &region[ls..ls + MAX_LINE]);
+        } else {
+            on_line(line, trim_cr(&region[ls..le]));
+        }
         pos = le;
     }
     counted += bytecount::count(&region[pos.min(region.len())..], b'\n') as u64;
