@@ -6,7 +6,10 @@
 //! `source` (kmsg, NVML, files) -> `classify` (catalog + line shapes) -> `incident` -> `runbook`
 //! -> `alert`. `model` holds the typed values that travel between them.
 
+pub mod classify;
+pub mod config;
+pub mod incident;
 pub mod model;
 pub mod source;
-pub mod classify;
+pub mod state;
 pub mod cli;

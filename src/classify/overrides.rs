@@ -28,6 +28,11 @@ pub struct XidOverride {
     pub ignore: bool,
     /// Run this runbook instead of the one the matching rules pick.
     pub runbook: Option<String>,
+    /// Open an incident only once this many occurrences fall within `window_secs` (e.g. alert on
+    /// Xid 13 only when it repeats). Default 1: the first occurrence opens it.
+    pub min_count: Option<u64>,
+    /// The correlation window for this Xid, replacing `[incidents] window_secs`.
+    pub window_secs: Option<u64>,
 }
 
 /// All overrides, keyed by Xid.
@@ -49,6 +54,12 @@ impl XidOverrides {
             let code: u32 = key
                 .parse()
                 .map_err(|_| format!("xid.{key}: expected an Xid number such as [xid.79]"))?;
+            if value.min_count == Some(0) {
+                return Err(format!("xid.{key}.min_count: expected at least 1"));
+            }
+            if value.window_secs == Some(0) {
+                return Err(format!("xid.{key}.window_secs: expected a number of seconds above 0"));
+            }
             map.insert(code, value);
         }
         Ok(XidOverrides(map))

@@ -1,5 +1,6 @@
 //! The kernel ring buffer, `/dev/kmsg`.
 
+pub mod follow;
 pub mod record;
 
 pub use record::{parse_record, KmsgRecord, RecordError};

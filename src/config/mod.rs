@@ -1,0 +1,262 @@
+//! Configuration: TOML file -> defaults -> validated [`Config`], built in one step that either
+//! succeeds or says exactly what is wrong (file, key, what was expected). Unknown keys are errors:
+//! a typo must never silently fall back to a default on a machine that pages people.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::classify::{XidOverride, XidOverrides};
+
+/// Where the packaged install keeps the config.
+pub const DEFAULT_PATH: &str = "/etc/xidwatch/xidwatch.toml";
+
+/// `[kmsg]`
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KmsgConfig {
+    /// The kernel log device (a regular file of records works too: tests and drills use that).
+    pub path: PathBuf,
+    /// Accept records written by userspace (facility != kernel). Off in production, so nobody can
+    /// page the on-call by writing to /dev/kmsg; tests and fire drills turn it on.
+    pub accept_userspace: bool,
+}
+
+impl Default for KmsgConfig {
+    fn default() -> Self {
+        KmsgConfig {
+            path: PathBuf::from("/dev/kmsg"),
+            accept_userspace: false,
+        }
+    }
+}
+
+/// `[nvml]`
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlConfig {
+    pub enabled: bool,
+    /// Path of `libnvidia-ml.so`; the dynamic loader's search when unset.
+    pub library: Option<PathBuf>,
+    /// How often the lost-GPU probe compares the PCI bus with what NVML reaches.
+    pub probe_interval_secs: u64,
+    /// Root of sysfs for the probe (tests point it at a fixture tree).
+    pub sysfs_root: PathBuf,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig {
+            enabled: true,
+            library: None,
+            probe_interval_secs: 30,
+            sysfs_root: PathBuf::from("/sys"),
+        }
+    }
+}
+
+/// `[state]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    /// Where the kmsg position, open incidents and the alert outbox live. Default:
+    /// `$STATE_DIRECTORY` (systemd), else `/var/lib/xidwatch` as root, else the user's state dir.
+    pub dir: Option<PathBuf>,
+}
+
+/// `[runbooks]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunbooksConfig {
+    /// Directories of runbooks; later ones override earlier ones by name. Default: the shipped set.
+    pub dirs: Vec<PathBuf>,
+    /// Runbooks running at once, across incidents.
+    pub max_concurrent: Option<usize>,
+    /// Programs runbooks may run, replacing the built-in allowlist.
+    pub allow: Option<Vec<String>>,
+}
+
+/// `[incidents]`
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IncidentsConfig {
+    /// How long repeats and echoes of a fault fold into its incident before a digest closes it.
+    pub window_secs: u64,
+    /// Bound on incidents open at once; the oldest is closed early (with its digest) when full.
+    pub max_open: usize,
+    /// How long an NVML Xid event waits for the same Xid in the kernel log before it is reported
+    /// on its own.
+    pub nvml_match_ms: u64,
+    /// Hostname for alerts; the machine's when unset.
+    pub host: Option<String>,
+}
+
+impl Default for IncidentsConfig {
+    fn default() -> Self {
+        IncidentsConfig {
+            window_secs: 300,
+            max_open: 4096,
+            nvml_match_ms: 2000,
+            host: None,
+        }
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub kmsg: KmsgConfig,
+    pub nvml: NvmlConfig,
+    pub state: StateConfig,
+    pub runbooks: RunbooksConfig,
+    pub incidents: IncidentsConfig,
+    /// Per-Xid overrides: `[xid.79] severity = "critical"`.
+    pub xid: BTreeMap<String, XidOverride>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (None: built-in defaults).
+    pub source: Option<PathBuf>,
+    pub kmsg: KmsgConfig,
+    pub nvml: NvmlConfig,
+    pub state_dir: PathBuf,
+    pub runbooks: RunbooksConfig,
+    pub incidents: IncidentsConfig,
+    pub overrides: XidOverrides,
+}
+
+/// A config error, always naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Config {
+    /// Loads `path`; with `None`, the default path if it exists, else built-in defaults.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let path = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None if Path::new(DEFAULT_PATH).exists() => Some(PathBuf::from(DEFAULT_PATH)),
+            None => None,
+        };
+        match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+                    path: p.clone(),
+                    source,
+                })?;
+                Config::from_toml(&text, Some(&p))
+            }
+            None => Config::from_raw(RawConfig::default(), None),
+        }
+    }
+
+    /// Parses and validates config text; `path` is only used in messages.
+    pub fn from_toml(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
+        let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: shown.clone(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        Config::from_raw(raw, path)
+    }
+
+    fn from_raw(raw: RawConfig, path: Option<&Path>) -> Result<Config, ConfigError> {
+        let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
+        let invalid = |message: String| ConfigError::Invalid {
+            path: shown.clone(),
+            message,
+        };
+        let overrides = XidOverrides::from_table(raw.xid).map_err(invalid)?;
+        if raw.incidents.window_secs == 0 {
+            return Err(invalid("incidents.window_secs: expected a number of seconds above 0".into()));
+        }
+        if raw.incidents.max_open == 0 {
+            return Err(invalid("incidents.max_open: expected at least 1".into()));
+        }
+        if raw.nvml.probe_interval_secs == 0 {
+            return Err(invalid("nvml.probe_interval_secs: expected a number of seconds above 0".into()));
+        }
+        if raw.kmsg.path.as_os_str().is_empty() {
+            return Err(invalid("kmsg.path: expected a path such as \"/dev/kmsg\"".into()));
+        }
+        Ok(Config {
+            source: path.map(Path::to_path_buf),
+            state_dir: raw.state.dir.clone().unwrap_or_else(default_state_dir),
+            kmsg: raw.kmsg,
+            nvml: raw.nvml,
+            runbooks: raw.runbooks,
+            incidents: raw.incidents,
+            overrides,
+        })
+    }
+}
+
+/// `$STATE_DIRECTORY` under systemd; `/var/lib/xidwatch` as root; the user's state directory
+/// otherwise, so a non-root run never needs root to keep its position.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("STATE_DIRECTORY") {
+        // systemd may pass several, colon-separated; the first is ours.
+        if let Some(first) = d.to_string_lossy().split(':').next() {
+            return PathBuf::from(first);
+        }
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/lib/xidwatch");
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(d).join("xidwatch");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".local/state/xidwatch");
+    }
+    PathBuf::from(".xidwatch-state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_required_names() {
+        let c = Config::from_toml(
+            "[kmsg]\npath = \"/tmp/k\"\naccept_userspace = true\n[nvml]\nenabled = false\nlibrary = \"/x/libnvidia-ml.so\"\n[state]\ndir = \"/tmp/s\"\n[runbooks]\ndirs = [\"/a\", \"/b\"]\n[xid.13]\nseverity = \"info\"\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.kmsg.path, PathBuf::from("/tmp/k"));
+        assert!(c.kmsg.accept_userspace);
+        assert!(!c.nvml.enabled);
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/s"));
+        assert_eq!(c.runbooks.dirs.len(), 2);
+        assert!(c.overrides.get(13).is_some());
+    }
+
+    #[test]
+    fn typos_and_bad_values_name_file_and_key() {
+        let p = Path::new("/etc/xidwatch/xidwatch.toml");
+        let e = Config::from_toml("[kmsg]\npaht = \"/dev/kmsg\"\n", Some(p)).unwrap_err().to_string();
+        assert!(e.contains("/etc/xidwatch/xidwatch.toml") && e.contains("paht") && e.contains("line 2"), "{e}");
+        let e = Config::from_toml("[kmsg]\naccept_userspace = \"yes\"\n", Some(p)).unwrap_err().to_string();
+        assert!(e.contains("accept_userspace") || e.contains("line 2"), "{e}");
+        assert!(e.contains("bool"), "{e}");
+        let e = Config::from_toml("[xid.abc]\nignore = true\n", Some(p)).unwrap_err().to_string();
+        assert!(e.contains("xid.abc"), "{e}");
+        let e = Config::from_toml("[incidents]\nwindow_secs = 0\n", Some(p)).unwrap_err().to_string();
+        assert!(e.contains("incidents.window_secs"), "{e}");
+        let e = Config::from_toml("[bogus]\n", Some(p)).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

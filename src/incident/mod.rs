@@ -1,0 +1,682 @@
+//! Incidents: findings grouped per GPU into one incident per real problem.
+//!
+//! Pure: findings and the current time go in, incidents come out. Rules, in order, for a finding
+//! on a GPU that already has an open incident:
+//! - the same (GPU, kind, Xid): a repeat, counted exactly;
+//! - "caused by previous Xid N", Xid 45 (cleanup after another error) or Xid 154 (recovery action
+//!   for the error before it): an echo of the open incident;
+//! - the same family (bus: Xid 79, fallen off the bus, AER, GPU lost/missing; memory: 48, 63, 64,
+//!   92, 94, 95, 140, ECC events; GSP: 119, 120, GSP errors): an echo, unless it ranks higher
+//!   than the incident's cause, in which case it opens a new incident that absorbs the old one
+//!   (an AER warning followed by Xid 79 becomes one critical Xid 79 incident).
+//! The first occurrence opens an incident at once; when its window closes, a digest with exact
+//! counts follows if anything was folded in after the first alert.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::classify::XidOverrides;
+use crate::model::{
+    Category, EchoCount, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, PciAddress,
+    Severity,
+};
+
+/// Where a finding came from, for the rules that treat sources differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Kmsg,
+    Nvml,
+    Probe,
+}
+
+/// Findings kept in an incident as samples; the rest are counted.
+const MAX_SAMPLES: usize = 10;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub window_ms: u64,
+    pub max_open: usize,
+    pub nvml_match_ms: u64,
+    pub host: String,
+    /// Hex boot id, part of every incident id.
+    pub boot_id: String,
+    pub overrides: XidOverrides,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+enum Family {
+    Bus,
+    Memory,
+    Gsp,
+    None,
+}
+
+fn family_rank(f: &Finding) -> (Family, u8) {
+    use FindingKind as K;
+    match (f.kind, f.xid) {
+        (K::Xid, Some(79)) | (K::FallenOffBus, _) => (Family::Bus, 3),
+        (K::GpuLost, _) | (K::GpuMissing, _) => (Family::Bus, 2),
+        (K::PcieAer, _) => (Family::Bus, 1),
+        (K::Xid, Some(48 | 95 | 140)) => (Family::Memory, 3),
+        (K::Xid, Some(64 | 94)) => (Family::Memory, 2),
+        (K::EccError, _) if f.severity == Severity::Critical => (Family::Memory, 2),
+        (K::Xid, Some(63 | 92)) | (K::EccError, _) => (Family::Memory, 1),
+        (K::Xid, Some(119 | 120)) => (Family::Gsp, 3),
+        (K::DriverError, _) if f.category == Category::Gsp => (Family::Gsp, 1),
+        _ => (Family::None, 0),
+    }
+}
+
+/// An open incident and its bookkeeping.
+#[derive(Debug, Clone)]
+struct Open {
+    inc: Incident,
+    key: Key,
+    family: Family,
+    rank: u8,
+    deadline_ms: u64,
+    /// Occurrences needed before the first alert (per-Xid threshold).
+    min_count: u64,
+    emitted: bool,
+    /// What the last alert already told, so a digest goes out only when there is news.
+    told_count: u64,
+    told_echoes: u64,
+    echo_total: u64,
+}
+
+type Key = (Option<PciAddress>, FindingKind, Option<u32>);
+
+/// A finding from NVML that waits to see whether the kernel log reports the same Xid.
+#[derive(Debug, Clone)]
+struct Waiting {
+    finding: Finding,
+    deadline_ms: u64,
+}
+
+/// What the engine counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStats {
+    pub findings: u64,
+    pub ignored: u64,
+    pub opened: u64,
+    pub digests: u64,
+    /// Incidents whose per-Xid threshold was not reached within the window.
+    pub below_threshold: u64,
+    /// Incidents closed early because the table was full.
+    pub evicted: u64,
+    pub nvml_folded: u64,
+}
+
+/// The correlation engine.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    open: Vec<Open>,
+    waiting: Vec<Waiting>,
+    pub stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        Engine {
+            cfg,
+            open: Vec::new(),
+            waiting: Vec::new(),
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// Number of open incidents.
+    pub fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Open incidents, for `status`.
+    pub fn open_incidents(&self) -> impl Iterator<Item = &Incident> {
+        self.open.iter().map(|o| &o.inc)
+    }
+
+    /// The earliest time `tick` has work to do.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.open
+            .iter()
+            .map(|o| o.deadline_ms)
+            .chain(self.waiting.iter().map(|w| w.deadline_ms))
+            .min()
+    }
+
+    /// Feeds one finding.
+    pub fn push(&mut self, mut f: Finding, origin: Origin, now_ms: u64, at_startup: bool, out: &mut Vec<Incident>) {
+        self.stats.findings += 1;
+        if f.kind == FindingKind::GpuIdentity {
+            return;
+        }
+        let runbook = match self.cfg.overrides.apply(&mut f) {
+            crate::classify::overrides::Verdict::Ignore => {
+                self.stats.ignored += 1;
+                return;
+            }
+            crate::classify::overrides::Verdict::Keep { runbook } => runbook,
+        };
+        // The kernel log is the source of truth for Xids: an NVML Xid waits for its twin.
+        if origin == Origin::Nvml && f.kind == FindingKind::Xid {
+            if self.fold_nvml(&f) {
+                return;
+            }
+            self.waiting.push(Waiting {
+                finding: f,
+                deadline_ms: now_ms + self.cfg.nvml_match_ms,
+            });
+            return;
+        }
+        if origin == Origin::Kmsg && f.kind == FindingKind::Xid {
+            // The twin of a waiting NVML event: drop the NVML copy.
+            let (pci, xid) = (f.pci, f.xid);
+            let before = self.waiting.len();
+            self.waiting.retain(|w| !(w.finding.pci == pci && w.finding.xid == xid));
+            self.stats.nvml_folded += (before - self.waiting.len()) as u64;
+        }
+        self.place(f, now_ms, at_startup, runbook, out);
+    }
+
+    fn fold_nvml(&mut self, f: &Finding) -> bool {
+        for o in &mut self.open {
+            if o.key == (f.pci, FindingKind::Xid, f.xid) {
+                self.stats.nvml_folded += 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    fn place(&mut self, f: Finding, now_ms: u64, at_startup: bool, runbook: Option<String>, out: &mut Vec<Incident>) {
+        let key: Key = (f.pci, f.kind, f.xid);
+        let (family, rank) = family_rank(&f);
+        // 1. A repeat of an open incident.
+        if let Some(i) = self.open.iter().position(|o| o.key == key) {
+            let o = &mut self.open[i];
+            o.inc.count += 1;
+            o.inc.last_seen_ms = o.inc.last_seen_ms.max(now_ms);
+            push_sample(&mut o.inc, f);
+            if !o.emitted && o.inc.count >= o.min_count {
+                o.emitted = true;
+                o.told_count = o.inc.count;
+                self.stats.opened += 1;
+                out.push(o.inc.clone());
+            }
+            return;
+        }
+        // 2. An echo (or a higher-ranked cause) on the same GPU.
+        if f.pci.is_some() {
+            let is_echo_kind = f.caused_by.is_some()
+                || (f.kind == FindingKind::Xid && matches!(f.xid, Some(45 | 154)));
+            let target = self
+                .open
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.key.0 == f.pci)
+                .filter(|(_, o)| {
+                    (f.caused_by.is_some() && f.caused_by == o.key.2)
+                        || (is_echo_kind && f.caused_by.is_none())
+                        || (family != Family::None && o.family == family)
+                })
+                .max_by_key(|(_, o)| (f.caused_by.is_some() && f.caused_by == o.key.2, o.inc.last_seen_ms))
+                .map(|(i, _)| i);
+            if let Some(i) = target {
+                if family != Family::None && self.open[i].family == family && rank > self.open[i].rank {
+                    // Supersede: the new cause opens the incident; the old one becomes its echo.
+                    let old = self.open.remove(i);
+                    self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
+                    if let Some(n) = self.open.last_mut() {
+                        absorb(n, old);
+                    }
+                    return;
+                }
+                let o = &mut self.open[i];
+                o.echo_total += 1;
+                o.inc.last_seen_ms = o.inc.last_seen_ms.max(now_ms);
+                bump_echo(&mut o.inc, &f);
+                if f.severity > o.inc.severity && o.emitted {
+                    // Never hide a worse signal inside a digest: raise it now.
+                    o.inc.severity = f.severity;
+                    push_sample(&mut o.inc, f);
+                    let mut inc = o.inc.clone();
+                    inc.phase = IncidentPhase::Digest;
+                    o.told_count = o.inc.count;
+                    o.told_echoes = o.echo_total;
+                    self.stats.digests += 1;
+                    out.push(inc);
+                    return;
+                }
+                push_sample(&mut o.inc, f);
+                return;
+            }
+        }
+        self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_new(
+        &mut self,
+        f: Finding,
+        key: Key,
+        family: Family,
+        rank: u8,
+        now_ms: u64,
+        at_startup: bool,
+        runbook: Option<String>,
+        out: &mut Vec<Incident>,
+    ) {
+        if self.open.len() >= self.cfg.max_open {
+            // Full: close the oldest now, with its digest, rather than grow.
+            let oldest = self
+                .open
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, o)| o.inc.first_seen_ms)
+                .map(|(i, _)| i);
+            if let Some(i) = oldest {
+                let o = self.open.remove(i);
+                self.stats.evicted += 1;
+                self.close(o, out);
+            }
+        }
+        let ov = f.xid.and_then(|x| if f.kind == FindingKind::Xid { self.cfg.overrides.get(x) } else { None });
+        let min_count = ov.and_then(|o| o.min_count).unwrap_or(1);
+        let window_ms = ov.and_then(|o| o.window_secs).map_or(self.cfg.window_ms, |s| s * 1000);
+        let first_mark = f.origin.seq.unwrap_or(now_ms);
+        let id = incident_id(&self.cfg.boot_id, &key, first_mark);
+        let inc = Incident {
+            id,
+            phase: IncidentPhase::Opened,
+            host: self.cfg.host.clone(),
+            boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
+            kind: f.kind,
+            xid: f.xid,
+            pci: f.pci,
+            gpu: f.gpu.clone(),
+            severity: f.severity,
+            category: f.category,
+            title: title(&f),
+            first_seen_ms: now_ms,
+            last_seen_ms: now_ms,
+            count: 1,
+            findings: vec![f],
+            echoes: Vec::new(),
+            found_at_startup: at_startup,
+            runbook_override: runbook,
+            dropped_alerts_before: 0,
+            test: false,
+        };
+        let emitted = min_count <= 1;
+        if emitted {
+            self.stats.opened += 1;
+            out.push(inc.clone());
+        }
+        self.open.push(Open {
+            inc,
+            key,
+            family,
+            rank,
+            deadline_ms: now_ms + window_ms,
+            min_count,
+            emitted,
+            told_count: 1,
+            told_echoes: 0,
+            echo_total: 0,
+        });
+    }
+
+    /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
+    /// the kernel log.
+    pub fn tick(&mut self, now_ms: u64, out: &mut Vec<Incident>) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].deadline_ms <= now_ms {
+                let w = self.waiting.swap_remove(i);
+                self.place(w.finding, now_ms, false, None, out);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.open.len() {
+            if self.open[i].deadline_ms <= now_ms {
+                let o = self.open.swap_remove(i);
+                self.close(o, out);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn close(&mut self, o: Open, out: &mut Vec<Incident>) {
+        if !o.emitted {
+            self.stats.below_threshold += 1;
+            return;
+        }
+        if o.inc.count > o.told_count || o.echo_total > o.told_echoes {
+            let mut inc = o.inc;
+            inc.phase = IncidentPhase::Digest;
+            self.stats.digests += 1;
+            out.push(inc);
+        }
+    }
+
+    /// Closes every open incident now (digests included), e.g. for `scan`.
+    pub fn close_all(&mut self, out: &mut Vec<Incident>) {
+        for o in std::mem::take(&mut self.open) {
+            self.close(o, out);
+        }
+        for w in std::mem::take(&mut self.waiting) {
+            self.place(w.finding, 0, false, None, out);
+        }
+        for o in std::mem::take(&mut self.open) {
+            self.close(o, out);
+        }
+    }
+
+    /// What survives a restart: open incidents with their exact counts.
+    pub fn snapshot(&self) -> Vec<Persisted> {
+        self.open
+            .iter()
+            .map(|o| Persisted {
+                id: o.inc.id.clone(),
+                pci: o.key.0,
+                kind: o.key.1.as_str().to_string(),
+                xid: o.key.2,
+                severity: o.inc.severity,
+                category: o.inc.category,
+                title: o.inc.title.clone(),
+                gpu_uuid: o.inc.gpu.uuid.clone(),
+                gpu_serial: o.inc.gpu.serial.clone(),
+                first_seen_ms: o.inc.first_seen_ms,
+                last_seen_ms: o.inc.last_seen_ms,
+                count: o.inc.count,
+                echoes: o.inc.echoes.iter().map(|e| (e.kind.as_str().to_string(), e.xid, e.count)).collect(),
+                sample: o.inc.findings.first().map(|f| f.origin.raw.clone()).unwrap_or_default(),
+                family: o.family,
+                rank: o.rank,
+                deadline_ms: o.deadline_ms,
+                min_count: o.min_count,
+                emitted: o.emitted,
+                told_count: o.told_count,
+                told_echoes: o.told_echoes,
+                echo_total: o.echo_total,
+                found_at_startup: o.inc.found_at_startup,
+            })
+            .collect()
+    }
+
+    /// Restores open incidents saved by [`Engine::snapshot`]; entries that do not make sense are
+    /// skipped.
+    pub fn restore(&mut self, saved: Vec<Persisted>) {
+        for p in saved.into_iter().take(self.cfg.max_open) {
+            let Some(kind) = FindingKind::parse(&p.kind) else { continue };
+            let mut f = Finding::new(kind, p.severity, p.category, p.title.clone());
+            f.xid = p.xid;
+            f.pci = p.pci;
+            f.origin.raw = p.sample;
+            f.origin.lines = f.origin.raw.len() as u32;
+            let gpu = GpuIdentity { uuid: p.gpu_uuid, serial: p.gpu_serial, ..GpuIdentity::default() };
+            f.gpu = gpu.clone();
+            let echoes = p
+                .echoes
+                .into_iter()
+                .filter_map(|(k, xid, count)| FindingKind::parse(&k).map(|kind| EchoCount { kind, xid, count }))
+                .collect();
+            self.open.push(Open {
+                inc: Incident {
+                    id: p.id,
+                    phase: IncidentPhase::Opened,
+                    host: self.cfg.host.clone(),
+                    boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
+                    kind,
+                    xid: p.xid,
+                    pci: p.pci,
+                    gpu,
+                    severity: p.severity,
+                    category: p.category,
+                    title: p.title,
+                    first_seen_ms: p.first_seen_ms,
+                    last_seen_ms: p.last_seen_ms,
+                    count: p.count,
+                    findings: vec![f],
+                    echoes,
+                    found_at_startup: p.found_at_startup,
+                    runbook_override: None,
+                    dropped_alerts_before: 0,
+                    test: false,
+                },
+                key: (p.pci, kind, p.xid),
+                family: p.family,
+                rank: p.rank,
+                deadline_ms: p.deadline_ms,
+                min_count: p.min_count,
+                emitted: p.emitted,
+                told_count: p.told_count,
+                told_echoes: p.told_echoes,
+                echo_total: p.echo_total,
+            });
+        }
+    }
+}
+
+/// An open incident as saved in the state directory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Persisted {
+    id: String,
+    pci: Option<PciAddress>,
+    kind: String,
+    xid: Option<u32>,
+    severity: Severity,
+    category: Category,
+    title: String,
+    gpu_uuid: Option<String>,
+    gpu_serial: Option<String>,
+    first_seen_ms: u64,
+    last_seen_ms: u64,
+    count: u64,
+    echoes: Vec<(String, Option<u32>, u64)>,
+    sample: Vec<String>,
+    family: Family,
+    rank: u8,
+    deadline_ms: u64,
+    min_count: u64,
+    emitted: bool,
+    told_count: u64,
+    told_echoes: u64,
+    echo_total: u64,
+    found_at_startup: bool,
+}
+
+fn push_sample(inc: &mut Incident, f: Finding) {
+    if inc.findings.len() < MAX_SAMPLES {
+        inc.findings.push(f);
+    }
+}
+
+fn bump_echo(inc: &mut Incident, f: &Finding) {
+    match inc.echoes.iter_mut().find(|e| e.kind == f.kind && e.xid == f.xid) {
+        Some(e) => e.count += 1,
+        None => inc.echoes.push(EchoCount {
+            kind: f.kind,
+            xid: f.xid,
+            count: 1,
+        }),
+    }
+}
+
+/// Folds a superseded incident into its successor: its cause and counts become echoes.
+fn absorb(n: &mut Open, old: Open) {
+    let mut merged: BTreeMap<(FindingKind, Option<u32>), u64> = BTreeMap::new();
+    for e in n.inc.echoes.drain(..) {
+        *merged.entry((e.kind, e.xid)).or_default() += e.count;
+    }
+    *merged.entry((old.inc.kind, old.inc.xid)).or_default() += old.inc.count;
+    for e in &old.inc.echoes {
+        *merged.entry((e.kind, e.xid)).or_default() += e.count;
+    }
+    n.echo_total += old.inc.count + old.echo_total;
+    n.inc.echoes = merged.into_iter().map(|((kind, xid), count)| EchoCount { kind, xid, count }).collect();
+    n.inc.first_seen_ms = n.inc.first_seen_ms.min(old.inc.first_seen_ms);
+    n.inc.found_at_startup |= old.inc.found_at_startup;
+    for f in old.inc.findings {
+        push_sample(&mut n.inc, f);
+    }
+    if n.inc.gpu.is_empty() {
+        n.inc.gpu = old.inc.gpu;
+    }
+}
+
+/// "GPU 3 (0000:17:00.0): Xid 79 ..." or the finding's own title when no GPU is named.
+fn title(f: &Finding) -> String {
+    match (f.pci, f.gpu.index) {
+        (Some(p), Some(i)) => format!("GPU {i} ({p}): {}", f.title),
+        (Some(p), None) => format!("GPU {p}: {}", f.title),
+        _ => f.title.clone(),
+    }
+}
+
+/// A stable id from what the incident is: FNV-1a over (boot, GPU, kind, Xid, first sequence).
+/// Not `DefaultHasher`: its output may change between Rust releases, and ids must not.
+pub fn incident_id(boot: &str, key: &Key, first: u64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    eat(boot.as_bytes());
+    eat(key.0.map(|p| p.to_string()).unwrap_or_default().as_bytes());
+    eat(key.1.as_str().as_bytes());
+    eat(&key.2.unwrap_or(u32::MAX).to_le_bytes());
+    eat(&first.to_le_bytes());
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        Engine::new(EngineConfig {
+            window_ms: 60_000,
+            max_open: 8,
+            nvml_match_ms: 2_000,
+            host: "h".into(),
+            boot_id: "b".into(),
+            overrides: XidOverrides::default(),
+        })
+    }
+
+    fn xid(pci: &str, x: u32, sev: Severity, seq: u64) -> Finding {
+        let mut f = Finding::new(FindingKind::Xid, sev, Category::Driver, format!("Xid {x}"));
+        f.xid = Some(x);
+        f.pci = Some(PciAddress::parse(pci).unwrap());
+        f.origin.seq = Some(seq);
+        f
+    }
+
+    #[test]
+    fn storm_is_one_incident_and_one_digest_with_exact_counts() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        for i in 0..5000 {
+            e.push(xid("0000:17:00.0", 13, Severity::Warning, i), Origin::Kmsg, 1000 + i, false, &mut out);
+        }
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].phase, IncidentPhase::Opened);
+        e.tick(1000 + 60_000 + 5000, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!((out[1].phase, out[1].count), (IncidentPhase::Digest, 5000));
+        assert_eq!(out[0].id, out[1].id);
+        assert_eq!(out[1].findings.len(), MAX_SAMPLES);
+    }
+
+    #[test]
+    fn echoes_fold_into_their_cause() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        e.push(xid("0000:17:00.0", 79, Severity::Critical, 1), Origin::Kmsg, 0, false, &mut out);
+        let mut fob = Finding::new(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "f".into());
+        fob.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
+        e.push(fob, Origin::Kmsg, 1, false, &mut out);
+        let mut x45 = xid("0000:17:00.0", 45, Severity::Warning, 3);
+        x45.caused_by = Some(79);
+        e.push(x45, Origin::Kmsg, 2, false, &mut out);
+        e.push(xid("0000:17:00.0", 79, Severity::Critical, 4), Origin::Nvml, 3, false, &mut out);
+        e.push(xid("0000:2a:00.0", 48, Severity::Critical, 5), Origin::Kmsg, 4, false, &mut out);
+        e.push(xid("0000:2a:00.0", 63, Severity::Warning, 6), Origin::Kmsg, 5, false, &mut out);
+        e.push(xid("0000:2a:00.0", 154, Severity::Critical, 7), Origin::Kmsg, 6, false, &mut out);
+        assert_eq!(out.len(), 2, "{out:#?}");
+        e.tick(100_000, &mut out);
+        let digests: Vec<_> = out.iter().filter(|i| i.phase == IncidentPhase::Digest).collect();
+        assert_eq!(digests.len(), 2);
+        assert_eq!(digests.iter().map(|d| d.echoes.len()).sum::<usize>(), 4);
+        assert_eq!(e.stats.nvml_folded, 1);
+    }
+
+    #[test]
+    fn a_higher_ranked_cause_supersedes() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        let mut aer = Finding::new(FindingKind::PcieAer, Severity::Warning, Category::Pcie, "aer".into());
+        aer.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
+        e.push(aer, Origin::Kmsg, 0, false, &mut out);
+        e.push(xid("0000:17:00.0", 79, Severity::Critical, 2), Origin::Kmsg, 1, false, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!((out[1].xid, out[1].severity), (Some(79), Severity::Critical));
+        assert_eq!(out[1].echoes.len(), 0, "the first alert of the new incident is about its cause");
+        assert_eq!(e.open_count(), 1);
+        e.tick(100_000, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].echoes[0].kind, FindingKind::PcieAer);
+    }
+
+    #[test]
+    fn thresholds_ignore_and_restore() {
+        let t: std::collections::BTreeMap<String, crate::classify::XidOverride> =
+            toml::from_str("[13]\nmin_count = 3\nwindow_secs = 10\n[43]\nignore = true\n").unwrap();
+        let mut e = Engine::new(EngineConfig { overrides: XidOverrides::from_table(t).unwrap(), ..engine().cfg });
+        let mut out = Vec::new();
+        e.push(xid("0000:17:00.0", 43, Severity::Warning, 1), Origin::Kmsg, 0, false, &mut out);
+        e.push(xid("0000:17:00.0", 13, Severity::Warning, 2), Origin::Kmsg, 0, false, &mut out);
+        e.push(xid("0000:17:00.0", 13, Severity::Warning, 3), Origin::Kmsg, 1, false, &mut out);
+        assert!(out.is_empty());
+        e.push(xid("0000:17:00.0", 13, Severity::Warning, 4), Origin::Kmsg, 2, false, &mut out);
+        assert_eq!((out.len(), out[0].count), (1, 3));
+        // Persist, restore into a fresh engine: the same incident goes on counting.
+        let saved = serde_json::to_string(&e.snapshot()).unwrap();
+        let mut e2 = Engine::new(e.cfg.clone());
+        e2.restore(serde_json::from_str(&saved).unwrap());
+        e2.push(xid("0000:17:00.0", 13, Severity::Warning, 5), Origin::Kmsg, 3, false, &mut out);
+        e2.tick(20_000, &mut out);
+        assert_eq!((out.len(), out[1].id == out[0].id, out[1].count), (2, true, 4));
+        assert_eq!(e.stats.ignored, 1);
+    }
+
+    #[test]
+    fn ids_are_stable() {
+        let k: Key = (Some(PciAddress::parse("0000:17:00.0").unwrap()), FindingKind::Xid, Some(79));
+        assert_eq!(incident_id("b", &k, 7), incident_id("b", &k, 7));
+        assert_ne!(incident_id("b", &k, 7), incident_id("b", &k, 8));
+        assert_eq!(incident_id("b", &k, 7).len(), 16);
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        for bus in 0..50u32 {
+            e.push(xid(&format!("0000:{bus:02x}:00.0"), 13, Severity::Warning, bus as u64), Origin::Kmsg, bus as u64, false, &mut out);
+        }
+        assert_eq!(e.open_count(), 8);
+        assert_eq!(e.stats.evicted, 42);
+    }
+}
