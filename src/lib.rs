@@ -7,9 +7,10 @@
 //! -> `alert`. `model` holds the typed values that travel between them.
 
 pub mod classify;
+pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod incident;
 pub mod model;
 pub mod source;
 pub mod state;
-pub mod cli;

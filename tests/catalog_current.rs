@@ -137,8 +137,10 @@ fn generate() -> String {
     writeln!(
         out,
         "/// Where the facts came from.\npub const SOURCE: &str = {};\n",
-        lit("NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), \
-             four sheets exported as CSV, copy dated about October 2025")
+        lit(
+            "NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), \
+             four sheets exported as CSV, copy dated about October 2025"
+        )
     )
     .unwrap();
 
@@ -166,7 +168,11 @@ fn generate() -> String {
         (1..=max).collect::<Vec<_>>(),
         "Xids.csv must list every code from 1"
     );
-    writeln!(out, "/// The highest code the catalog knows.\npub const XID_CODES_MAX: u32 = {max};\n").unwrap();
+    writeln!(
+        out,
+        "/// The highest code the catalog knows.\npub const XID_CODES_MAX: u32 = {max};\n"
+    )
+    .unwrap();
     out.push_str("pub(super) static XIDS: &[XidEntry] = &[\n");
     for (code, row) in &entries {
         let w = xids_words
@@ -248,7 +254,13 @@ fn generate() -> String {
             .and_then(|v| v.get("meaning"))
             .and_then(|v| v.as_str())
             .unwrap_or_else(|| panic!("xidwatch.toml has no [bucket.{name}] meaning"));
-        writeln!(out, "    Bucket {{ name: {}, meaning: {} }},", lit(&name), lit(meaning)).unwrap();
+        writeln!(
+            out,
+            "    Bucket {{ name: {}, meaning: {} }},",
+            lit(&name),
+            lit(meaning)
+        )
+        .unwrap();
         seen.push(name);
     }
     out.push_str("];\n\n");
@@ -256,10 +268,16 @@ fn generate() -> String {
     // NVLink5 decode.
     let d = Sheet::load("Xid_144-150_Decode.csv");
     let (c_x, c_sub) = (d.col("Xid"), d.col("Subcode"));
-    let (c_v1, c_v2) = (d.col("(V1(<R575)) IntrInfo"), d.col("(V2(>=R575)) IntrInfo"));
+    let (c_v1, c_v2) = (
+        d.col("(V1(<R575)) IntrInfo"),
+        d.col("(V2(>=R575)) IntrInfo"),
+    );
     let c_es = d.col("Error Status");
     let c_imm = d.col("Resolution Bucket (Data Center");
-    let (c_a2v1, c_a2v2) = (d.col("(V1(<R575)) Decode for action 2"), d.col("(V2(>=R575)) Decode for action 2"));
+    let (c_a2v1, c_a2v2) = (
+        d.col("(V1(<R575)) Decode for action 2"),
+        d.col("(V2(>=R575)) Decode for action 2"),
+    );
     let c_a2 = d.col("Action 2");
     let c_inv = d.col("Resolution Bucket (Investigatory");
     let c_sev = d.col("Severity");

@@ -11,7 +11,9 @@ fn classify(text: &str) -> Vec<Finding> {
     let mut c = Classifier::new();
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let Some(split) = prefix::split(line) else { continue };
+        let Some(split) = prefix::split(line) else {
+            continue;
+        };
         let at = LineOrigin {
             line: i as u64 + 1,
             seq: split.prefix.seq,
@@ -77,11 +79,17 @@ fn catalog_severity_and_unknown_codes() {
     let f = one("NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics Exception");
     assert_eq!(f.severity, Severity::Warning);
     for code in [173, 250, 4000] {
-        let f = one(&format!("NVRM: Xid (PCI:0000:17:00): {code}, pid=1, name=x, something new"));
+        let f = one(&format!(
+            "NVRM: Xid (PCI:0000:17:00): {code}, pid=1, name=x, something new"
+        ));
         assert_eq!(f.kind, FindingKind::Xid);
         assert_eq!(f.xid, Some(code));
         assert_eq!(f.severity, Severity::Warning);
-        assert!(f.title.contains(&format!("unknown Xid {code}")), "{}", f.title);
+        assert!(
+            f.title.contains(&format!("unknown Xid {code}")),
+            "{}",
+            f.title
+        );
         assert!(f.title.contains("catalog may be older than the driver"));
     }
 }
@@ -94,19 +102,42 @@ fn secondary_xids_name_their_cause() {
     ] {
         assert_eq!(one(line).caused_by, Some(cause));
     }
-    assert_eq!(one("NVRM: Xid (PCI:0000:17:00): 45, pid=1, name=x, Ch 00000001").caused_by, None);
+    assert_eq!(
+        one("NVRM: Xid (PCI:0000:17:00): 45, pid=1, name=x, Ch 00000001").caused_by,
+        None
+    );
 }
 
 #[test]
 fn xid_13_location_and_74_link() {
     let f = one("NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Out Of Range Address");
-    assert_eq!(f.detail, Some(Detail::GraphicsException { gpc: 2, tpc: 1, sm: 0 }));
-    let f = one("NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics Exception: ESR 0x514730=0x201000e");
+    assert_eq!(
+        f.detail,
+        Some(Detail::GraphicsException {
+            gpc: 2,
+            tpc: 1,
+            sm: 0
+        })
+    );
+    let f = one(
+        "NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics Exception: ESR 0x514730=0x201000e",
+    );
     assert_eq!(f.detail, None);
     let f = one("NVRM: Xid (PCI:0000:c1:00): 74, pid=1, name=x, NVLink: fatal error detected on link 6(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)");
-    assert_eq!(f.detail, Some(Detail::NvlinkError { link: 6, registers: vec![0, 0, 0x10000, 0, 0, 0, 0] }));
-    let f = one("NVRM: Xid (PCI:0000:c1:00): 74, NVLink: fatal error detected on link 11(0x10000, 0x0)");
-    assert!(matches!(f.detail, Some(Detail::NvlinkError { link: 11, .. })));
+    assert_eq!(
+        f.detail,
+        Some(Detail::NvlinkError {
+            link: 6,
+            registers: vec![0, 0, 0x10000, 0, 0, 0, 0]
+        })
+    );
+    let f = one(
+        "NVRM: Xid (PCI:0000:c1:00): 74, NVLink: fatal error detected on link 11(0x10000, 0x0)",
+    );
+    assert!(matches!(
+        f.detail,
+        Some(Detail::NvlinkError { link: 11, .. })
+    ));
 }
 
 #[test]
@@ -114,47 +145,119 @@ fn nvlink5_decodes_by_driver_version() {
     let line = "NVRM: Xid (PCI:0000:c1:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (0x00000007 0x00000001 0x00000000 0x00000000)";
     // No driver version known: both layouts are tried; IntrInfo 0x7 only fits V2's SRC_TRACK.
     let f = one(line);
-    let Some(Detail::Nvlink5 { unit, link, intr_info, error_status, decode }) = &f.detail else { panic!("{f:?}") };
-    assert_eq!((unit.as_str(), *link, *intr_info, *error_status), ("RLW_SRC_TRACK", Some(12), 7, 1));
+    let Some(Detail::Nvlink5 {
+        unit,
+        link,
+        intr_info,
+        error_status,
+        decode,
+    }) = &f.detail
+    else {
+        panic!("{f:?}")
+    };
+    assert_eq!(
+        (unit.as_str(), *link, *intr_info, *error_status),
+        ("RLW_SRC_TRACK", Some(12), 7, 1)
+    );
     assert_eq!(decode.len(), 1);
-    assert_eq!((decode[0].layout, decode[0].unit, decode[0].immediate), ("V2", "RLW_SRC_TRACK", "RESET_GPU"));
+    assert_eq!(
+        (decode[0].layout, decode[0].unit, decode[0].immediate),
+        ("V2", "RLW_SRC_TRACK", "RESET_GPU")
+    );
     assert_eq!(f.severity, Severity::Critical);
 
     // With an R550 banner first, the V1 layout applies and 0x7 decodes to nothing.
-    let text = format!("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 2024\n{line}");
+    let text = format!(
+        "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 2024\n{line}"
+    );
     let f = classify(&text).pop().unwrap();
-    let Some(Detail::Nvlink5 { decode, .. }) = &f.detail else { panic!() };
+    let Some(Detail::Nvlink5 { decode, .. }) = &f.detail else {
+        panic!()
+    };
     assert!(decode.is_empty());
 
     // V1 SRC_TRACK (IntrInfo[9:0] = 0011100010) with a non-fatal status: follow Xid 154.
     let text = "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.86.15  x\nNVRM: Xid (PCI:0000:c1:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (0x040000e2 0x00000004 0x0)";
     let f = classify(text).pop().unwrap();
-    let Some(Detail::Nvlink5 { decode, .. }) = &f.detail else { panic!() };
+    let Some(Detail::Nvlink5 { decode, .. }) = &f.detail else {
+        panic!()
+    };
     assert_eq!(decode.len(), 1);
-    assert_eq!((decode[0].layout, decode[0].immediate), ("V1", "XID_154_EVAL"));
+    assert_eq!(
+        (decode[0].layout, decode[0].immediate),
+        ("V1", "XID_154_EVAL")
+    );
     assert_eq!(f.severity, Severity::Warning);
 
     // 149 link-down rows carry no error status: any value matches.
     let f = one("NVRM: Xid (PCI:0000:c1:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04 (0x00000011 0x12345678 0x0)");
-    let Some(Detail::Nvlink5 { decode, .. }) = &f.detail else { panic!() };
-    assert!(decode.iter().any(|d| d.unit == "NETIR_LINK_DOWN" && d.immediate == "RESET_GPU"), "{decode:?}");
+    let Some(Detail::Nvlink5 { decode, .. }) = &f.detail else {
+        panic!()
+    };
+    assert!(
+        decode
+            .iter()
+            .any(|d| d.unit == "NETIR_LINK_DOWN" && d.immediate == "RESET_GPU"),
+        "{decode:?}"
+    );
 }
 
 #[test]
 fn xid_154_recovery_actions() {
     for (to, want, sev) in [
-        ("0x1 (GPU Reset Required)", RecoveryAction::GpuReset, Severity::Critical),
-        ("0x2 (Node Reboot Required)", RecoveryAction::NodeReboot, Severity::Critical),
-        ("0x3 (Drain P2P)", RecoveryAction::DrainP2p, Severity::Warning),
-        ("0x4 (Drain and Reset)", RecoveryAction::DrainAndReset, Severity::Critical),
+        (
+            "0x1 (GPU Reset Required)",
+            RecoveryAction::GpuReset,
+            Severity::Critical,
+        ),
+        (
+            "0x2 (Node Reboot Required)",
+            RecoveryAction::NodeReboot,
+            Severity::Critical,
+        ),
+        (
+            "0x3 (Drain P2P)",
+            RecoveryAction::DrainP2p,
+            Severity::Warning,
+        ),
+        (
+            "0x4 (Drain and Reset)",
+            RecoveryAction::DrainAndReset,
+            Severity::Critical,
+        ),
         ("0x0 (None)", RecoveryAction::None, Severity::Info),
-        ("0x5 (OS Reboot Required)", RecoveryAction::OsReboot, Severity::Critical),
-        ("0x6 (PF FLR Required)", RecoveryAction::PfFlr, Severity::Critical),
-        ("0x9 (Call The Shaman)", RecoveryAction::Other("Call The Shaman".into()), Severity::Critical),
-        ("0x9", RecoveryAction::Other("0x9".into()), Severity::Critical),
+        (
+            "0x5 (OS Reboot Required)",
+            RecoveryAction::OsReboot,
+            Severity::Critical,
+        ),
+        (
+            "0x6 (PF FLR Required)",
+            RecoveryAction::PfFlr,
+            Severity::Critical,
+        ),
+        (
+            "0x9 (Call The Shaman)",
+            RecoveryAction::Other("Call The Shaman".into()),
+            Severity::Critical,
+        ),
+        (
+            "0x9",
+            RecoveryAction::Other("0x9".into()),
+            Severity::Critical,
+        ),
     ] {
-        let f = one(&format!("NVRM: Xid (PCI:0000:17:00): 154, GPU recovery action changed from 0x0 (None) to {to}"));
-        assert_eq!(f.detail, Some(Detail::Recovery { from: RecoveryAction::None, to: want }), "{to}");
+        let f = one(&format!(
+            "NVRM: Xid (PCI:0000:17:00): 154, GPU recovery action changed from 0x0 (None) to {to}"
+        ));
+        assert_eq!(
+            f.detail,
+            Some(Detail::Recovery {
+                from: RecoveryAction::None,
+                to: want
+            }),
+            "{to}"
+        );
         assert_eq!(f.severity, sev, "{to}");
     }
 }
@@ -170,10 +273,18 @@ fn sxid_continuations_fold_into_one_finding() {
 ";
     let f = classify(text);
     assert_eq!(f.len(), 2, "{f:#?}");
-    assert_eq!((f[0].kind, f[0].xid, f[0].severity), (FindingKind::Sxid, Some(20034), Severity::Critical));
+    assert_eq!(
+        (f[0].kind, f[0].xid, f[0].severity),
+        (FindingKind::Sxid, Some(20034), Severity::Critical)
+    );
     assert_eq!((f[0].origin.line, f[0].origin.lines), (1, 3));
-    assert!(matches!(&f[0].detail, Some(Detail::Sxid { fatal: true, link: Some(30), continuation }) if continuation.len() == 2));
-    assert_eq!((f[1].xid, f[1].severity, f[1].origin.lines), (Some(12028), Severity::Warning, 2));
+    assert!(
+        matches!(&f[0].detail, Some(Detail::Sxid { fatal: true, link: Some(30), continuation }) if continuation.len() == 2)
+    );
+    assert_eq!(
+        (f[1].xid, f[1].severity, f[1].origin.lines),
+        (Some(12028), Severity::Warning, 2)
+    );
 }
 
 #[test]
@@ -186,10 +297,19 @@ NVRM: Xid (PCI:0000:2a:00): 79, pid=1, name=x, GPU has fallen off the bus.
 ";
     let f = classify(text);
     assert_eq!(f.len(), 4);
-    assert_eq!((f[0].kind, f[0].severity), (FindingKind::GpuIdentity, Severity::Info));
-    assert_eq!(f[2].gpu.uuid.as_deref(), Some("GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f"));
+    assert_eq!(
+        (f[0].kind, f[0].severity),
+        (FindingKind::GpuIdentity, Severity::Info)
+    );
+    assert_eq!(
+        f[2].gpu.uuid.as_deref(),
+        Some("GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f")
+    );
     assert_eq!(f[2].gpu.serial.as_deref(), Some("1650923011234"));
-    assert!(f[3].gpu.is_empty(), "another GPU must not borrow the identity");
+    assert!(
+        f[3].gpu.is_empty(),
+        "another GPU must not borrow the identity"
+    );
 }
 
 #[test]
@@ -200,7 +320,11 @@ fn fallen_off_the_bus_without_an_xid() {
         "NVRM: GPU at PCI:0000:17:00 has fallen off the bus.",
     ] {
         let f = one(text);
-        assert_eq!((f.kind, f.pci.unwrap().to_string().as_str()), (FindingKind::FallenOffBus, "0000:17:00.0"), "{text}");
+        assert_eq!(
+            (f.kind, f.pci.unwrap().to_string().as_str()),
+            (FindingKind::FallenOffBus, "0000:17:00.0"),
+            "{text}"
+        );
         assert_eq!(f.severity, Severity::Critical);
     }
     // Three lines, as three dmesg lines, one kmsg record and one rsyslog line.
@@ -274,11 +398,16 @@ fn api_mismatch_is_one_finding_with_both_versions() {
     assert_eq!((f[0].origin.line, f[0].origin.lines), (1, 4));
     assert_eq!(
         f[0].detail,
-        Some(Detail::ApiMismatch { client_version: "550.90.07".into(), kernel_version: "550.54.14".into() })
+        Some(Detail::ApiMismatch {
+            client_version: "550.90.07".into(),
+            kernel_version: "550.54.14".into()
+        })
     );
     // Cut short (the log ends after two lines): still one finding with both versions.
     let f = one("NVRM: API mismatch: the client has the version 535.1, but\nNVRM: this kernel module has the version 550.2.  Please");
-    assert!(matches!(&f.detail, Some(Detail::ApiMismatch { client_version, kernel_version }) if client_version == "535.1" && kernel_version == "550.2"));
+    assert!(
+        matches!(&f.detail, Some(Detail::ApiMismatch { client_version, kernel_version }) if client_version == "535.1" && kernel_version == "550.2")
+    );
 }
 
 #[test]
@@ -294,7 +423,9 @@ nvidia 0000:17:00.0: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type
 ";
     let f = classify(text);
     assert_eq!(f.len(), 3, "{f:#?}");
-    assert!(f.iter().all(|f| f.kind == FindingKind::PcieAer && f.pci.unwrap().to_string() == "0000:17:00.0"));
+    assert!(f
+        .iter()
+        .all(|f| f.kind == FindingKind::PcieAer && f.pci.unwrap().to_string() == "0000:17:00.0"));
     assert_eq!((f[0].severity, f[0].origin.lines), (Severity::Critical, 2));
     assert_eq!((f[1].severity, f[1].origin.lines), (Severity::Info, 4));
     assert_eq!(f[2].severity, Severity::Warning);
@@ -332,7 +463,12 @@ fn kmsg_records_round_trip_through_the_classifier() {
     let r = parse_record(b"3,1187,9512238711,-;NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:17:00.0\n").unwrap();
     let mut c = Classifier::new();
     let mut out = Vec::new();
-    let at = LineOrigin { line: 0, seq: Some(r.seq), ts_usec: Some(r.ts_usec), timestamp: None };
+    let at = LineOrigin {
+        line: 0,
+        seq: Some(r.seq),
+        ts_usec: Some(r.ts_usec),
+        timestamp: None,
+    };
     for l in r.lines() {
         c.push(l, &at, &mut out);
     }

@@ -10,11 +10,18 @@ fn bin() -> Command {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/logs")
+        .join(name)
 }
 
 fn scan(args: &[&str], files: &[&Path]) -> Output {
-    bin().arg("scan").args(args).args(files).output().expect("running xidwatch")
+    bin()
+        .arg("scan")
+        .args(args)
+        .args(files)
+        .output()
+        .expect("running xidwatch")
 }
 
 fn json_lines(out: &Output) -> Vec<serde_json::Value> {
@@ -33,15 +40,29 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 #[test]
 fn mixed_sample_shows_every_kind_with_the_contract_fields() {
     let out = scan(&["--json"], &[&fixture("mixed.log")]);
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json_lines(&out);
     for kind in [
-        "xid", "sxid", "fallen_off_bus", "driver_init_failure", "api_mismatch", "driver_error", "pcie_aer", "gpu_identity",
+        "xid",
+        "sxid",
+        "fallen_off_bus",
+        "driver_init_failure",
+        "api_mismatch",
+        "driver_error",
+        "pcie_aer",
+        "gpu_identity",
     ] {
         assert!(v.iter().any(|f| f["kind"] == kind), "no {kind} finding");
     }
     for f in &v {
-        for key in ["kind", "xid", "pci", "pid", "process", "severity", "line", "lines", "message"] {
+        for key in [
+            "kind", "xid", "pci", "pid", "process", "severity", "line", "lines", "message",
+        ] {
             assert!(f.get(key).is_some(), "{key} missing in {f}");
         }
     }
@@ -52,9 +73,15 @@ fn mixed_sample_shows_every_kind_with_the_contract_fields() {
     assert_eq!(x79["severity"], "critical");
     assert_eq!(x79["line"], 19);
     assert_eq!(x79["lines"], 1);
-    assert_eq!(x79["gpu"]["uuid"], "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f");
+    assert_eq!(
+        x79["gpu"]["uuid"],
+        "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f"
+    );
     let api = v.iter().find(|f| f["kind"] == "api_mismatch").unwrap();
-    assert_eq!((api["lines"].as_u64(), api["xid"].is_null()), (Some(4), true));
+    assert_eq!(
+        (api["lines"].as_u64(), api["xid"].is_null()),
+        (Some(4), true)
+    );
     let sxid = v.iter().find(|f| f["kind"] == "sxid").unwrap();
     assert_eq!(sxid["lines"], 3);
     // Ordinary lines and the userspace "my Xid 79 test" line produce nothing.
@@ -65,11 +92,16 @@ fn mixed_sample_shows_every_kind_with_the_contract_fields() {
 fn human_output_has_blocks_and_a_per_gpu_summary() {
     let out = scan(&[], &[&fixture("mixed.log")]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("CRITICAL Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"), "{text}");
+    assert!(
+        text.contains("CRITICAL Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"),
+        "{text}"
+    );
     assert!(text.contains("  meaning  "));
     assert!(text.contains("  action   "));
     assert!(text.contains("Summary: "));
-    assert!(text.contains("  GPU 0000:17:00.0 GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f serial 1650923011234:"));
+    assert!(text.contains(
+        "  GPU 0000:17:00.0 GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f serial 1650923011234:"
+    ));
 }
 
 #[test]
@@ -82,14 +114,21 @@ fn exit_status_follows_the_worst_severity() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("No GPU faults found"));
 
     let info = dir.path().join("info.log");
-    std::fs::write(&info, "NVRM: GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+    std::fs::write(
+        &info,
+        "NVRM: GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n",
+    )
+    .unwrap();
     assert_eq!(scan(&[], &[&info]).status.code(), Some(0));
 
     let missing = dir.path().join("missing.log");
     let out = scan(&[], &[&quiet, &missing]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("missing.log") && err.contains("cannot read"), "{err}");
+    assert!(
+        err.contains("missing.log") && err.contains("cannot read"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -132,9 +171,17 @@ fn gzip_archives_and_truncated_ones() {
     let out = scan(&["--json"], &[&cut]);
     assert_eq!(out.status.code(), Some(2));
     let partial = json_lines(&out);
-    assert!(!partial.is_empty() && partial.len() < plain.len(), "{} of {}", partial.len(), plain.len());
+    assert!(
+        !partial.is_empty() && partial.len() < plain.len(),
+        "{} of {}",
+        partial.len(),
+        plain.len()
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cut.log.gz") && err.contains("read stopped"), "{err}");
+    assert!(
+        err.contains("cut.log.gz") && err.contains("read stopped"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -142,7 +189,9 @@ fn bad_input_is_survived_and_said() {
     let dir = tempfile::tempdir().unwrap();
     let mut data = Vec::new();
     data.extend_from_slice(b"\x00\x01\x02\xff\xfe binary garbage \x00\n");
-    data.extend_from_slice(b"NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=\xff\xfe, GPU has fallen off the bus.\n");
+    data.extend_from_slice(
+        b"NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=\xff\xfe, GPU has fallen off the bus.\n",
+    );
     data.extend_from_slice(b"NVRM: ");
     data.extend(std::iter::repeat_n(b'A', 3 << 20));
     data.extend_from_slice(b"\n");
@@ -150,9 +199,17 @@ fn bad_input_is_survived_and_said() {
     let bad = dir.path().join("bad.log");
     std::fs::write(&bad, &data).unwrap();
     let out = scan(&["--json"], &[&bad]);
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json_lines(&out);
-    let xids: Vec<_> = v.iter().map(|f| (f["xid"].as_u64(), f["line"].as_u64())).collect();
+    let xids: Vec<_> = v
+        .iter()
+        .map(|f| (f["xid"].as_u64(), f["line"].as_u64()))
+        .collect();
     assert_eq!(xids, vec![(Some(79), Some(2)), (Some(48), Some(4))]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("binary data"), "{err}");
@@ -165,7 +222,16 @@ fn explain_prints_the_entry_and_the_list() {
     let out = bin().args(["explain", "79"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
-    for want in ["Xid 79", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "severity", "critical", "meaning", "check", "RESTART_BM", "runbook"] {
+    for want in [
+        "Xid 79",
+        "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        "severity",
+        "critical",
+        "meaning",
+        "check",
+        "RESTART_BM",
+        "runbook",
+    ] {
         assert!(text.contains(want), "{want} not in {text}");
     }
     let out = bin().args(["explain", "999"]).output().unwrap();

@@ -44,7 +44,10 @@ pub fn for_finding(f: &Finding) -> Guidance {
                 ));
             }
         }
-        Some(Detail::ApiMismatch { client_version, kernel_version }) => {
+        Some(Detail::ApiMismatch {
+            client_version,
+            kernel_version,
+        }) => {
             g.meaning = format!(
                 "User-space driver {} and kernel module {} differ, so no CUDA program or nvidia-smi can talk to the GPUs.",
                 or_unknown(client_version),

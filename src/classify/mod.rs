@@ -45,16 +45,30 @@ const MAX_GPUS: usize = 1024;
 #[derive(Debug)]
 enum Pending {
     /// `The NVIDIA GPU <addr>` seen; the next lines decide.
-    TheNvidiaGpu { finding: Finding, last_line: u64 },
+    TheNvidiaGpu {
+        finding: Finding,
+        last_line: u64,
+    },
     ApiMismatch {
         finding: Finding,
         client: String,
         kernel: Option<String>,
         last_line: u64,
     },
-    Sxid { finding: Finding, switch: String, last_line: u64 },
-    Aer { finding: Finding, reporter: PciAddress, last_line: u64 },
-    Gsp { finding: Finding, last_line: u64 },
+    Sxid {
+        finding: Finding,
+        switch: String,
+        last_line: u64,
+    },
+    Aer {
+        finding: Finding,
+        reporter: PciAddress,
+        last_line: u64,
+    },
+    Gsp {
+        finding: Finding,
+        last_line: u64,
+    },
 }
 
 impl Pending {
@@ -145,9 +159,9 @@ impl Classifier {
                 });
                 out.push(finding);
             }
-            Pending::Sxid { finding, .. } | Pending::Aer { finding, .. } | Pending::Gsp { finding, .. } => {
-                out.push(self.enrich(finding))
-            }
+            Pending::Sxid { finding, .. }
+            | Pending::Aer { finding, .. }
+            | Pending::Gsp { finding, .. } => out.push(self.enrich(finding)),
         }
     }
 
@@ -190,23 +204,42 @@ impl Classifier {
                 }
                 Some(shape)
             }
-            (Pending::ApiMismatch { finding, kernel, last_line, .. }, Shape::ApiMismatchKernel { kernel: k }) => {
+            (
+                Pending::ApiMismatch {
+                    finding,
+                    kernel,
+                    last_line,
+                    ..
+                },
+                Shape::ApiMismatchKernel { kernel: k },
+            ) => {
                 *kernel = Some(k.clone());
                 fold_raw(finding, msg, line, last_line);
                 None
             }
-            (Pending::ApiMismatch { finding, last_line, .. }, Shape::ApiMismatchTail) => {
+            (
+                Pending::ApiMismatch {
+                    finding, last_line, ..
+                },
+                Shape::ApiMismatchTail,
+            ) => {
                 fold_raw(finding, msg, line, last_line);
                 if msg.contains("components have the same version") {
                     self.flush(out);
                 }
                 None
             }
-            (Pending::Sxid { finding, switch, last_line }, Shape::Sxid(s))
-                if s.fatal.is_none()
-                    && s.switch == *switch
-                    && Some(s.pci) == finding.pci
-                    && Some(s.sxid) == finding.xid =>
+            (
+                Pending::Sxid {
+                    finding,
+                    switch,
+                    last_line,
+                },
+                Shape::Sxid(s),
+            ) if s.fatal.is_none()
+                && s.switch == *switch
+                && Some(s.pci) == finding.pci
+                && Some(s.sxid) == finding.xid =>
             {
                 if let Some(Detail::Sxid { continuation, .. }) = finding.detail.as_mut() {
                     if continuation.len() < MAX_FOLDED_LINES {
@@ -216,10 +249,16 @@ impl Classifier {
                 fold_raw(finding, msg, line, last_line);
                 None
             }
-            (Pending::Aer { finding, reporter, last_line }, Shape::Aer(a))
-                if a.source.is_none()
-                    && (a.reporter == *reporter || Some(a.reporter) == finding.pci)
-                    && (a.class.is_none() || a.class.as_deref() == Some(class_of(finding))) =>
+            (
+                Pending::Aer {
+                    finding,
+                    reporter,
+                    last_line,
+                },
+                Shape::Aer(a),
+            ) if a.source.is_none()
+                && (a.reporter == *reporter || Some(a.reporter) == finding.pci)
+                && (a.class.is_none() || a.class.as_deref() == Some(class_of(finding))) =>
             {
                 if a.nvidia_device || a.driver == "nvidia" {
                     if let Some(p) = finding.pci {
@@ -258,12 +297,26 @@ impl Classifier {
                         ..GpuIdentity::default()
                     },
                 );
-                let mut f = base(FindingKind::GpuIdentity, Severity::Info, Category::Informational, "GPU identity", msg, at);
+                let mut f = base(
+                    FindingKind::GpuIdentity,
+                    Severity::Info,
+                    Category::Informational,
+                    "GPU identity",
+                    msg,
+                    at,
+                );
                 f.pci = Some(pci);
                 out.push(self.enrich(f));
             }
             Shape::BoardSerial(serial) => {
-                let mut f = base(FindingKind::GpuIdentity, Severity::Info, Category::Informational, "GPU board serial", msg, at);
+                let mut f = base(
+                    FindingKind::GpuIdentity,
+                    Severity::Info,
+                    Category::Informational,
+                    "GPU board serial",
+                    msg,
+                    at,
+                );
                 if let Some(pci) = self.last_identity {
                     self.learn_gpu(
                         pci,
@@ -279,58 +332,154 @@ impl Classifier {
                 out.push(self.enrich(f));
             }
             Shape::FallenOffBus { pci } => {
-                let mut f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus", msg, at);
+                let mut f = base(
+                    FindingKind::FallenOffBus,
+                    Severity::Critical,
+                    Category::Pcie,
+                    "GPU has fallen off the bus",
+                    msg,
+                    at,
+                );
                 f.pci = pci;
                 f.xid = None;
                 out.push(self.enrich(f));
             }
             Shape::RcAllChannels { code } => {
                 if code == 79 {
-                    let f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus (all channels reset for critical error 79)", msg, at);
+                    let f = base(
+                        FindingKind::FallenOffBus,
+                        Severity::Critical,
+                        Category::Pcie,
+                        "GPU has fallen off the bus (all channels reset for critical error 79)",
+                        msg,
+                        at,
+                    );
                     out.push(f);
                 } else {
-                    let (sev, cat) = catalog::lookup(code).map_or((Severity::Warning, Category::Driver), |e| (e.severity, e.category));
-                    let mut f = base(FindingKind::DriverError, sev, cat, &format!("all channels reset for critical error {code}"), msg, at);
+                    let (sev, cat) = catalog::lookup(code)
+                        .map_or((Severity::Warning, Category::Driver), |e| {
+                            (e.severity, e.category)
+                        });
+                    let mut f = base(
+                        FindingKind::DriverError,
+                        sev,
+                        cat,
+                        &format!("all channels reset for critical error {code}"),
+                        msg,
+                        at,
+                    );
                     f.caused_by = Some(code);
                     out.push(f);
                 }
             }
             Shape::TheNvidiaGpu { pci, .. } => {
-                let mut f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus and is not responding to commands", msg, at);
+                let mut f = base(
+                    FindingKind::FallenOffBus,
+                    Severity::Critical,
+                    Category::Pcie,
+                    "GPU has fallen off the bus and is not responding to commands",
+                    msg,
+                    at,
+                );
                 f.pci = Some(pci);
-                self.pending = Some(Pending::TheNvidiaGpu { finding: f, last_line: at.line });
+                self.pending = Some(Pending::TheNvidiaGpu {
+                    finding: f,
+                    last_line: at.line,
+                });
             }
             Shape::FallenOffBusTail => {
                 // The tail without its head (the head was lost or cut off): still a fall.
-                let f = base(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "GPU has fallen off the bus (address not in the log)", msg, at);
+                let f = base(
+                    FindingKind::FallenOffBus,
+                    Severity::Critical,
+                    Category::Pcie,
+                    "GPU has fallen off the bus (address not in the log)",
+                    msg,
+                    at,
+                );
                 out.push(f);
             }
             Shape::InitFailure { pci, what, code } => {
-                let mut f = base(FindingKind::DriverInitFailure, Severity::Critical, Category::Driver, &format!("driver initialisation failure: {what}"), msg, at);
+                let mut f = base(
+                    FindingKind::DriverInitFailure,
+                    Severity::Critical,
+                    Category::Driver,
+                    &format!("driver initialisation failure: {what}"),
+                    msg,
+                    at,
+                );
                 f.pci = pci;
                 f.detail = Some(Detail::InitFailure { code });
                 out.push(self.enrich(f));
             }
             Shape::ApiMismatchHead { client } => {
-                let f = base(FindingKind::ApiMismatch, Severity::Critical, Category::Driver, "driver API mismatch: user-space driver and kernel module versions differ", msg, at);
-                self.pending = Some(Pending::ApiMismatch { finding: f, client, kernel: None, last_line: at.line });
+                let f = base(
+                    FindingKind::ApiMismatch,
+                    Severity::Critical,
+                    Category::Driver,
+                    "driver API mismatch: user-space driver and kernel module versions differ",
+                    msg,
+                    at,
+                );
+                self.pending = Some(Pending::ApiMismatch {
+                    finding: f,
+                    client,
+                    kernel: None,
+                    last_line: at.line,
+                });
             }
             Shape::ApiMismatchKernel { kernel } => {
                 // The head was lost: report what we have.
-                let mut f = base(FindingKind::ApiMismatch, Severity::Critical, Category::Driver, "driver API mismatch: user-space driver and kernel module versions differ", msg, at);
-                f.detail = Some(Detail::ApiMismatch { client_version: String::new(), kernel_version: kernel });
+                let mut f = base(
+                    FindingKind::ApiMismatch,
+                    Severity::Critical,
+                    Category::Driver,
+                    "driver API mismatch: user-space driver and kernel module versions differ",
+                    msg,
+                    at,
+                );
+                f.detail = Some(Detail::ApiMismatch {
+                    client_version: String::new(),
+                    kernel_version: kernel,
+                });
                 out.push(f);
             }
             Shape::ApiMismatchTail => {}
             Shape::GspDump { text, .. } => {
-                let mut f = base(FindingKind::DriverError, Severity::Critical, Category::Gsp, "GSP firmware timeout or RPC failure", msg, at);
+                let mut f = base(
+                    FindingKind::DriverError,
+                    Severity::Critical,
+                    Category::Gsp,
+                    "GSP firmware timeout or RPC failure",
+                    msg,
+                    at,
+                );
                 f.message = text;
-                self.pending = Some(Pending::Gsp { finding: f, last_line: at.line });
+                self.pending = Some(Pending::Gsp {
+                    finding: f,
+                    last_line: at.line,
+                });
             }
-            Shape::DriverError { pci, text, critical } => {
-                let cat = if text.contains("GSP") || text.contains("RPC") { Category::Gsp } else { Category::Driver };
-                let sev = if critical { Severity::Critical } else { Severity::Warning };
-                let title = if critical { "fatal driver error" } else { "NVIDIA driver error" };
+            Shape::DriverError {
+                pci,
+                text,
+                critical,
+            } => {
+                let cat = if text.contains("GSP") || text.contains("RPC") {
+                    Category::Gsp
+                } else {
+                    Category::Driver
+                };
+                let sev = if critical {
+                    Severity::Critical
+                } else {
+                    Severity::Warning
+                };
+                let title = if critical {
+                    "fatal driver error"
+                } else {
+                    "NVIDIA driver error"
+                };
                 let mut f = base(FindingKind::DriverError, sev, cat, title, msg, at);
                 f.pci = pci;
                 f.message = text;
@@ -348,11 +497,18 @@ impl Classifier {
         self.nvidia_devices.insert(x.pci);
         let entry = catalog::lookup(x.xid);
         let (severity, category, title) = match entry {
-            Some(e) => (e.severity, e.category, format!("Xid {} {}", x.xid, e.mnemonic)),
+            Some(e) => (
+                e.severity,
+                e.category,
+                format!("Xid {} {}", x.xid, e.mnemonic),
+            ),
             None => (
                 Severity::Warning,
                 Category::Driver,
-                format!("unknown Xid {} (the catalog may be older than the driver)", x.xid),
+                format!(
+                    "unknown Xid {} (the catalog may be older than the driver)",
+                    x.xid
+                ),
             ),
         };
         let mut f = base(FindingKind::Xid, severity, category, &title, msg, at);
@@ -365,9 +521,9 @@ impl Classifier {
         match &f.detail {
             Some(Detail::Recovery { to, .. }) => f.severity = to.severity(),
             Some(Detail::Nvlink5 { decode, .. }) if !decode.is_empty() => {
-                let fatal = decode
-                    .iter()
-                    .any(|d| d.severity.starts_with("Fatal") || d.severity.starts_with("Link Fatal"));
+                let fatal = decode.iter().any(|d| {
+                    d.severity.starts_with("Fatal") || d.severity.starts_with("Link Fatal")
+                });
                 // The decode table is the authority once a row matches.
                 let ignorable = decode.iter().all(|d| d.immediate == "IGNORE");
                 f.severity = if fatal {
@@ -386,7 +542,11 @@ impl Classifier {
 
     fn sxid(&mut self, s: SxidLine, msg: &str, at: &LineOrigin) {
         let fatal = s.fatal.unwrap_or(false);
-        let severity = if fatal { Severity::Critical } else { Severity::Warning };
+        let severity = if fatal {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
         let title = format!(
             "NVSwitch SXid {} ({})",
             s.sxid,
@@ -396,7 +556,14 @@ impl Classifier {
                 None => "severity not in the log",
             }
         );
-        let mut f = base(FindingKind::Sxid, severity, Category::Nvlink, &title, msg, at);
+        let mut f = base(
+            FindingKind::Sxid,
+            severity,
+            Category::Nvlink,
+            &title,
+            msg,
+            at,
+        );
         f.xid = Some(s.sxid);
         f.pci = Some(s.pci);
         f.detail = Some(Detail::Sxid {
@@ -427,7 +594,11 @@ impl Classifier {
             FindingKind::PcieAer,
             aer_severity(&class, nvidia),
             Category::Pcie,
-            &format!("PCIe AER: {} error on {}", class.to_ascii_lowercase(), device),
+            &format!(
+                "PCIe AER: {} error on {}",
+                class.to_ascii_lowercase(),
+                device
+            ),
             msg,
             at,
         );
@@ -472,7 +643,14 @@ fn merge_identity(into: &mut GpuIdentity, from: &GpuIdentity) {
     }
 }
 
-fn base(kind: FindingKind, sev: Severity, cat: Category, title: &str, msg: &str, at: &LineOrigin) -> Finding {
+fn base(
+    kind: FindingKind,
+    sev: Severity,
+    cat: Category,
+    title: &str,
+    msg: &str,
+    at: &LineOrigin,
+) -> Finding {
     let mut f = Finding::new(kind, sev, cat, title.to_string());
     f.message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
     f.origin = Origin {
@@ -541,7 +719,10 @@ fn parse_num_after(hay: &str, key: &str) -> Option<u32> {
 
 fn hex_u32(s: &str) -> Option<u32> {
     let t = s.trim().trim_end_matches(',');
-    let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    let t = t
+        .strip_prefix("0x")
+        .or_else(|| t.strip_prefix("0X"))
+        .unwrap_or(t);
     u32::from_str_radix(t, 16).ok()
 }
 
@@ -559,7 +740,9 @@ fn xid_detail(xid: u32, rest: &str, driver: Option<&str>) -> Option<Detail> {
         74 => {
             let i = rest.find("on link ")?;
             let after = &rest[i + "on link ".len()..];
-            let end = after.find(|c: char| !c.is_ascii_digit()).unwrap_or(after.len());
+            let end = after
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(after.len());
             let link = after[..end].parse().ok()?;
             let registers = after[end..]
                 .strip_prefix('(')
@@ -571,7 +754,8 @@ fn xid_detail(xid: u32, rest: &str, driver: Option<&str>) -> Option<Detail> {
         144..=150 => {
             let unit = rest.split_whitespace().next()?.to_string();
             let open = rest.find('(')?;
-            let mut regs = rest[open + 1..].split(|c: char| c.is_whitespace() || c == ')' || c == ',');
+            let mut regs =
+                rest[open + 1..].split(|c: char| c.is_whitespace() || c == ')' || c == ',');
             let mut next_hex = || regs.by_ref().find(|s| !s.is_empty()).and_then(hex_u32);
             let intr_info = next_hex()?;
             let error_status = next_hex()?;

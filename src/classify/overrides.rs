@@ -58,7 +58,9 @@ impl XidOverrides {
                 return Err(format!("xid.{key}.min_count: expected at least 1"));
             }
             if value.window_secs == Some(0) {
-                return Err(format!("xid.{key}.window_secs: expected a number of seconds above 0"));
+                return Err(format!(
+                    "xid.{key}.window_secs: expected a number of seconds above 0"
+                ));
             }
             map.insert(code, value);
         }
@@ -106,14 +108,24 @@ mod tests {
         )
         .unwrap();
         let o = XidOverrides::from_table(t).unwrap();
-        let mut f = Finding::new(FindingKind::Xid, Severity::Warning, Category::Application, "x".into());
+        let mut f = Finding::new(
+            FindingKind::Xid,
+            Severity::Warning,
+            Category::Application,
+            "x".into(),
+        );
         f.xid = Some(13);
         assert_eq!(o.apply(&mut f), Verdict::Keep { runbook: None });
         assert_eq!(f.severity, Severity::Info);
         f.xid = Some(45);
         assert_eq!(o.apply(&mut f), Verdict::Ignore);
         f.xid = Some(79);
-        assert_eq!(o.apply(&mut f), Verdict::Keep { runbook: Some("deep".into()) });
+        assert_eq!(
+            o.apply(&mut f),
+            Verdict::Keep {
+                runbook: Some("deep".into())
+            }
+        );
         f.kind = FindingKind::Sxid;
         f.xid = Some(45);
         assert_eq!(o.apply(&mut f), Verdict::Keep { runbook: None });
@@ -122,8 +134,14 @@ mod tests {
     #[test]
     fn rejects_bad_keys_and_values() {
         let bad: BTreeMap<String, XidOverride> = toml::from_str("[abc]\nignore = true\n").unwrap();
-        assert!(XidOverrides::from_table(bad).unwrap_err().contains("xid.abc"));
-        assert!(toml::from_str::<BTreeMap<String, XidOverride>>("[13]\nsevrity = \"info\"\n").is_err());
-        assert!(toml::from_str::<BTreeMap<String, XidOverride>>("[13]\nseverity = \"loud\"\n").is_err());
+        assert!(XidOverrides::from_table(bad)
+            .unwrap_err()
+            .contains("xid.abc"));
+        assert!(
+            toml::from_str::<BTreeMap<String, XidOverride>>("[13]\nsevrity = \"info\"\n").is_err()
+        );
+        assert!(
+            toml::from_str::<BTreeMap<String, XidOverride>>("[13]\nseverity = \"loud\"\n").is_err()
+        );
     }
 }

@@ -172,7 +172,8 @@ fn parse_prefix(head: &str) -> Prefix {
 mod tests {
     use super::*;
 
-    const MSG: &str = "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.";
+    const MSG: &str =
+        "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.";
 
     #[test]
     fn strips_every_common_prefix() {
@@ -180,12 +181,24 @@ mod tests {
             (format!("[ 9512.238711] {MSG}"), Some(9_512_238_711)),
             (format!("[Sun Nov 29 08:14:03 2026] {MSG}"), None),
             (format!("2026-11-29T08:14:03,238711+00:00 {MSG}"), None),
-            (format!("kern  :warn  : [ 9512.238711] {MSG}"), Some(9_512_238_711)),
+            (
+                format!("kern  :warn  : [ 9512.238711] {MSG}"),
+                Some(9_512_238_711),
+            ),
             (format!("[  +0.000844] {MSG}"), None),
-            (format!("Nov 29 08:14:03 gpu-node-7 kernel: [ 9512.238711] {MSG}"), Some(9_512_238_711)),
+            (
+                format!("Nov 29 08:14:03 gpu-node-7 kernel: [ 9512.238711] {MSG}"),
+                Some(9_512_238_711),
+            ),
             (format!("Nov 29 08:14:03 gpu-node-7 kernel: {MSG}"), None),
-            (format!("2026-11-29T08:14:03.238711+00:00 gpu-node-7 kernel: {MSG}"), None),
-            (format!("nvidia-node-7 kern: warning: [2026-11-29T08:14:03Z]: {MSG}"), None),
+            (
+                format!("2026-11-29T08:14:03.238711+00:00 gpu-node-7 kernel: {MSG}"),
+                None,
+            ),
+            (
+                format!("nvidia-node-7 kern: warning: [2026-11-29T08:14:03Z]: {MSG}"),
+                None,
+            ),
             (format!("Nov 29 08:14:03 nvidia-dgx-01 kernel: {MSG}"), None),
             (MSG.to_string(), None),
         ] {
@@ -197,7 +210,10 @@ mod tests {
 
     #[test]
     fn raw_kmsg_lines_are_unescaped() {
-        let s = split("4,1187,9512238711,-;NVRM: The NVIDIA GPU 0000:17:00.0\\x0aNVRM: fallen off the bus.").unwrap();
+        let s = split(
+            "4,1187,9512238711,-;NVRM: The NVIDIA GPU 0000:17:00.0\\x0aNVRM: fallen off the bus.",
+        )
+        .unwrap();
         assert_eq!(s.prefix.seq, Some(1187));
         assert_eq!(s.prefix.ts_usec, Some(9_512_238_711));
         assert_eq!(s.messages.len(), 2);
@@ -212,11 +228,20 @@ mod tests {
 
     #[test]
     fn other_tags_and_non_messages() {
-        assert_eq!(message_start("x nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 1, Fatal"), Some(2));
+        assert_eq!(
+            message_start("x nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 1, Fatal"),
+            Some(2)
+        );
         assert_eq!(message_start("[ 1.0] nvidia 0000:17:00.0: AER: x"), Some(7));
         assert_eq!(message_start("pcieport 0000:16:01.0: AER: x"), Some(0));
-        assert_eq!(message_start("systemd[1]: Started nvidia-persistenced.service."), None);
-        assert_eq!(message_start("nvidia-persistenced[812]: Started (812)"), None);
+        assert_eq!(
+            message_start("systemd[1]: Started nvidia-persistenced.service."),
+            None
+        );
+        assert_eq!(
+            message_start("nvidia-persistenced[812]: Started (812)"),
+            None
+        );
         assert_eq!(message_start("python3[22]: my Xid 79 test"), None);
         assert_eq!(message_start(""), None);
     }

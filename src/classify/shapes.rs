@@ -15,33 +15,60 @@ use crate::model::PciAddress;
 pub enum Shape {
     Xid(XidLine),
     /// `NVRM: GPU at PCI:0000:17:00: GPU-...`
-    GpuUuid { pci: PciAddress, uuid: String },
+    GpuUuid {
+        pci: PciAddress,
+        uuid: String,
+    },
     /// `NVRM: GPU Board Serial Number: ...` (applies to the GPU named just before).
     BoardSerial(String),
     /// A one-line fallen-off-the-bus message.
-    FallenOffBus { pci: Option<PciAddress> },
+    FallenOffBus {
+        pci: Option<PciAddress>,
+    },
     /// `NVRM: RC all channels for critical error N.`
-    RcAllChannels { code: u32 },
+    RcAllChannels {
+        code: u32,
+    },
     /// First line of the three-line message, `NVRM: The NVIDIA GPU 0000:17:00.0`; what follows
     /// decides whether it is a fall off the bus or a harmless "not supported" notice.
-    TheNvidiaGpu { pci: PciAddress, rest: String },
+    TheNvidiaGpu {
+        pci: PciAddress,
+        rest: String,
+    },
     /// A line that ends a pending `TheNvidiaGpu` as a fall off the bus.
     FallenOffBusTail,
-    InitFailure { pci: Option<PciAddress>, what: String, code: Option<String> },
+    InitFailure {
+        pci: Option<PciAddress>,
+        what: String,
+        code: Option<String>,
+    },
     /// `NVRM: API mismatch: the client has the version X, but`
-    ApiMismatchHead { client: String },
+    ApiMismatchHead {
+        client: String,
+    },
     /// `NVRM: this kernel module has the version Y.  Please`
-    ApiMismatchKernel { kernel: String },
+    ApiMismatchKernel {
+        kernel: String,
+    },
     /// The last two lines of the API mismatch message.
     ApiMismatchTail,
     /// A GSP / RPC diagnostic line: opens or continues a GSP dump.
-    GspDump { opens: bool, text: String },
+    GspDump {
+        opens: bool,
+        text: String,
+    },
     /// Other NVRM errors without an Xid.
-    DriverError { pci: Option<PciAddress>, text: String, critical: bool },
+    DriverError {
+        pci: Option<PciAddress>,
+        text: String,
+        critical: bool,
+    },
     Sxid(SxidLine),
     Aer(AerLine),
     /// The driver's load banner; carries the version (it decides the NVLink5 register layout).
-    DriverLoaded { version: String },
+    DriverLoaded {
+        version: String,
+    },
     /// Known harmless lines.
     Harmless,
     /// An NVIDIA-tagged line we do not classify.
@@ -315,9 +342,16 @@ fn parse_nvrm(m: &str) -> Shape {
         return Shape::Harmless;
     }
     let lower = body.to_ascii_lowercase();
-    if ["error", "failed", "failure", "timeout", "timed out", "fatal"]
-        .iter()
-        .any(|w| lower.contains(w))
+    if [
+        "error",
+        "failed",
+        "failure",
+        "timeout",
+        "timed out",
+        "fatal",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
     {
         return Shape::DriverError {
             pci: addr,
@@ -333,7 +367,10 @@ fn is_gsp_dump_line(body: &str) -> bool {
     let t = body.trim_start();
     let after_gpu = t
         .strip_prefix("GPU")
-        .map(|s| s.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start())
+        .map(|s| {
+            s.trim_start_matches(|c: char| c.is_ascii_digit())
+                .trim_start()
+        })
         .unwrap_or(t);
     after_gpu.starts_with("GSP RPC buffer")
         || after_gpu.starts_with("RPC history")
@@ -464,12 +501,19 @@ mod tests {
 
     #[test]
     fn xid_variants() {
-        let x = xid("NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.");
-        assert_eq!((x.pci.to_string(), x.xid, x.pid), ("0000:17:00.0".into(), 79, Some(2207)));
+        let x = xid(
+            "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.",
+        );
+        assert_eq!(
+            (x.pci.to_string(), x.xid, x.pid),
+            ("0000:17:00.0".into(), 79, Some(2207))
+        );
         assert_eq!(x.process.as_deref(), Some("python3"));
         assert_eq!(x.rest, "GPU has fallen off the bus.");
 
-        let x = xid("NVRM: Xid (PCI:0000:17:00): 62, pid='<unknown>', name=<unknown>, 1a2b3c4d 0000 0000");
+        let x = xid(
+            "NVRM: Xid (PCI:0000:17:00): 62, pid='<unknown>', name=<unknown>, 1a2b3c4d 0000 0000",
+        );
         assert_eq!((x.pid, x.process.as_deref()), (None, None));
         assert_eq!(x.rest, "1a2b3c4d 0000 0000");
 
@@ -477,44 +521,97 @@ mod tests {
         assert_eq!((x.xid, x.pid), (31, None));
         assert_eq!(x.rest, "Ch 0000000b, engmask 00000120, intr 10000000");
 
-        let x = xid("NVRM: Xid (PCI:4a7f1:00:00): 48, pid=1, name=x, An uncorrectable double bit error");
+        let x = xid(
+            "NVRM: Xid (PCI:4a7f1:00:00): 48, pid=1, name=x, An uncorrectable double bit error",
+        );
         assert_eq!(x.pci.to_string(), "4a7f1:00:00.0");
         let x = xid("NVRM: Xid (PCI:0008:01:00): 13, pid=5, name=a b, Graphics Exception");
         assert_eq!(x.process.as_deref(), Some("a b"));
         let x = xid("NVRM: Xid (PCI:0000:3b:00): 43, pid=25442, Ch 00000008");
-        assert_eq!((x.pid, x.process.as_deref(), x.rest.as_str()), (Some(25442), None, "Ch 00000008"));
+        assert_eq!(
+            (x.pid, x.process.as_deref(), x.rest.as_str()),
+            (Some(25442), None, "Ch 00000008")
+        );
         let x = xid("NVRM: Xid (PCI:0000:17:00): 119");
         assert_eq!((x.xid, x.rest.as_str()), (119, ""));
     }
 
     #[test]
     fn not_xids() {
-        assert_eq!(parse("NVRM: Xid (PCI:0000:17:00) 79 no colon"), Shape::Other);
+        assert_eq!(
+            parse("NVRM: Xid (PCI:0000:17:00) 79 no colon"),
+            Shape::Other
+        );
         assert_eq!(parse("NVRM: Xid (garbage): 79, x"), Shape::Other);
-        assert_eq!(parse("NVRM: Xid (PCI:0000:17:00): 99999999999, x"), Shape::Other);
+        assert_eq!(
+            parse("NVRM: Xid (PCI:0000:17:00): 99999999999, x"),
+            Shape::Other
+        );
     }
 
     #[test]
     fn fallen_off_the_bus_shapes() {
-        assert!(matches!(parse("NVRM: GPU 0000:17:00.0: GPU has fallen off the bus."), Shape::FallenOffBus { pci: Some(_) }));
-        assert!(matches!(parse("NVRM: GPU at 0000:17:00.0 has fallen off the bus."), Shape::FallenOffBus { pci: Some(_) }));
-        assert!(matches!(parse("NVRM: The NVIDIA GPU 0000:17:00.0"), Shape::TheNvidiaGpu { .. }));
-        assert_eq!(parse("NVRM: fallen off the bus and is not responding to commands."), Shape::FallenOffBusTail);
-        assert_eq!(parse("NVRM: RC all channels for critical error 79."), Shape::RcAllChannels { code: 79 });
+        assert!(matches!(
+            parse("NVRM: GPU 0000:17:00.0: GPU has fallen off the bus."),
+            Shape::FallenOffBus { pci: Some(_) }
+        ));
+        assert!(matches!(
+            parse("NVRM: GPU at 0000:17:00.0 has fallen off the bus."),
+            Shape::FallenOffBus { pci: Some(_) }
+        ));
+        assert!(matches!(
+            parse("NVRM: The NVIDIA GPU 0000:17:00.0"),
+            Shape::TheNvidiaGpu { .. }
+        ));
+        assert_eq!(
+            parse("NVRM: fallen off the bus and is not responding to commands."),
+            Shape::FallenOffBusTail
+        );
+        assert_eq!(
+            parse("NVRM: RC all channels for critical error 79."),
+            Shape::RcAllChannels { code: 79 }
+        );
     }
 
     #[test]
     fn driver_failures() {
-        assert!(matches!(parse("NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x62:0xffff:1863)"),
-            Shape::InitFailure { pci: Some(_), code: Some(ref c), .. } if c == "0x62:0xffff:1863"));
-        assert!(matches!(parse("NVRM: RmInitAdapter failed! (0x27:0x38:1193)"), Shape::InitFailure { pci: None, .. }));
-        assert!(matches!(parse("NVRM: GPU 0000:17:00.0: rm_init_adapter failed, device minor number 0"), Shape::InitFailure { pci: Some(_), .. }));
-        assert!(matches!(parse("NVRM: rm_init_adapter(0) failed"), Shape::InitFailure { .. }));
+        assert!(
+            matches!(parse("NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x62:0xffff:1863)"),
+            Shape::InitFailure { pci: Some(_), code: Some(ref c), .. } if c == "0x62:0xffff:1863")
+        );
+        assert!(matches!(
+            parse("NVRM: RmInitAdapter failed! (0x27:0x38:1193)"),
+            Shape::InitFailure { pci: None, .. }
+        ));
+        assert!(matches!(
+            parse("NVRM: GPU 0000:17:00.0: rm_init_adapter failed, device minor number 0"),
+            Shape::InitFailure { pci: Some(_), .. }
+        ));
+        assert!(matches!(
+            parse("NVRM: rm_init_adapter(0) failed"),
+            Shape::InitFailure { .. }
+        ));
         assert!(matches!(parse("nvidia 0000:17:00.0: loading /lib/firmware/nvidia/550.54.14/gsp_ga10x.bin failed with error -4"), Shape::InitFailure { pci: Some(_), .. }));
-        assert!(matches!(parse("nvidia: Unknown symbol nvUvmInterfaceDeRegisterUvmOps (err -2)"), Shape::InitFailure { .. }));
-        assert!(matches!(parse("nvidia: disagrees about version of symbol module_layout"), Shape::InitFailure { .. }));
-        assert_eq!(parse("NVRM: API mismatch: the client has the version 550.90.07, but"), Shape::ApiMismatchHead { client: "550.90.07".into() });
-        assert_eq!(parse("NVRM: this kernel module has the version 550.54.14.  Please"), Shape::ApiMismatchKernel { kernel: "550.54.14".into() });
+        assert!(matches!(
+            parse("nvidia: Unknown symbol nvUvmInterfaceDeRegisterUvmOps (err -2)"),
+            Shape::InitFailure { .. }
+        ));
+        assert!(matches!(
+            parse("nvidia: disagrees about version of symbol module_layout"),
+            Shape::InitFailure { .. }
+        ));
+        assert_eq!(
+            parse("NVRM: API mismatch: the client has the version 550.90.07, but"),
+            Shape::ApiMismatchHead {
+                client: "550.90.07".into()
+            }
+        );
+        assert_eq!(
+            parse("NVRM: this kernel module has the version 550.54.14.  Please"),
+            Shape::ApiMismatchKernel {
+                kernel: "550.54.14".into()
+            }
+        );
     }
 
     #[test]
@@ -531,7 +628,9 @@ mod tests {
         }
         assert_eq!(
             parse("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  575.51.03  Wed May 21 2025"),
-            Shape::DriverLoaded { version: "575.51.03".into() }
+            Shape::DriverLoaded {
+                version: "575.51.03".into()
+            }
         );
     }
 }

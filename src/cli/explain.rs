@@ -58,20 +58,35 @@ pub fn explain_text(code: u32) -> String {
             continue;
         }
         let meanings = catalog::bucket_meanings(cell);
-        row(&mut s, label, &format!("{cell} (NVIDIA's resolution bucket)"));
+        row(
+            &mut s,
+            label,
+            &format!("{cell} (NVIDIA's resolution bucket)"),
+        );
         for b in meanings {
             row(&mut s, "", &format!("{}: {}", b.name, b.meaning));
         }
     }
     if !e.in_use {
-        row(&mut s, "note", "NVIDIA lists this code as unused on current data-centre GPUs.");
+        row(
+            &mut s,
+            "note",
+            "NVIDIA lists this code as unused on current data-centre GPUs.",
+        );
     }
     row(&mut s, "applies to", &e.applies_to.join(", "));
     if !e.xid154.is_empty() {
-        row(&mut s, "xid 154", &format!("also raises Xid 154 ({})", e.xid154));
+        row(
+            &mut s,
+            "xid 154",
+            &format!("also raises Xid 154 ({})", e.xid154),
+        );
     }
     if (144..=150).contains(&code) {
-        let rows = catalog::nvlink5_rows().iter().filter(|r| r.xid == code).count();
+        let rows = catalog::nvlink5_rows()
+            .iter()
+            .filter(|r| r.xid == code)
+            .count();
         row(&mut s, "decode", &format!("{rows} rows of NVIDIA's NVLink5 decode table apply; xidwatch decodes IntrInfo and Error Status from the log line"));
     }
     row(&mut s, "runbook", &crate::cli::explain::runbook_for(e));
@@ -80,5 +95,8 @@ pub fn explain_text(code: u32) -> String {
 
 /// Which runbook xidwatch runs for this Xid.
 pub fn runbook_for(e: &catalog::XidEntry) -> String {
-    format!("chosen by category {} (see `xidwatch runbook list`)", e.category.as_str())
+    format!(
+        "chosen by category {} (see `xidwatch runbook list`)",
+        e.category.as_str()
+    )
 }

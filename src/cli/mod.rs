@@ -4,7 +4,9 @@
 //! are printed once, with their whole chain, by `main`.
 
 pub mod explain;
+pub mod logging;
 pub mod render;
+pub mod run;
 pub mod scan;
 
 use std::path::PathBuf;
@@ -23,6 +25,9 @@ pub const EXIT_ERROR: u8 = 2;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log format on standard error: `text` (no timestamps under journald) or `json`.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -31,7 +36,32 @@ pub enum Command {
     Scan(ScanArgs),
     /// Explain an Xid: meaning, causes, what to check, NVIDIA's resolution buckets.
     Explain(ExplainArgs),
+    /// Run the watcher: follow the kernel log and NVML, report incidents.
+    Run(RunArgs),
+    /// Validate a config (and its runbooks and alert channels) without starting anything.
+    Check(CheckArgs),
 }
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Config file (default: /etc/xidwatch/xidwatch.toml if it exists, else built-in defaults).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print incidents on standard output as JSON Lines instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Config file to check.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// Exit status for a configuration error (sysexits' EX_CONFIG); the systemd unit does not restart
+/// on it, since a restart cannot fix a typo.
+pub const EXIT_CONFIG: u8 = 78;
 
 #[derive(Debug, clap::Args)]
 pub struct ScanArgs {
@@ -54,8 +84,11 @@ pub struct ExplainArgs {
 
 /// Runs a parsed command line; returns the process exit status.
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
+    logging::init(&cli.log_format);
     match cli.command {
         Command::Scan(args) => scan::run(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Check(args) => run::check(&args),
     }
 }

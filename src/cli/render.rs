@@ -75,24 +75,53 @@ fn detail_line(f: &Finding) -> Option<String> {
         Detail::GraphicsException { gpc, tpc, sm } => format!("GPC {gpc}, TPC {tpc}, SM {sm}"),
         Detail::NvlinkError { link, registers } => format!(
             "NVLink {link}, registers {}",
-            registers.iter().map(|r| format!("{r:#010x}")).collect::<Vec<_>>().join(" ")
+            registers
+                .iter()
+                .map(|r| format!("{r:#010x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
-        Detail::Nvlink5 { unit, link, intr_info, error_status, decode } => format!(
+        Detail::Nvlink5 {
+            unit,
+            link,
+            intr_info,
+            error_status,
+            decode,
+        } => format!(
             "unit {unit}{}, IntrInfo {intr_info:#010x}, Error Status {error_status:#010x}{}",
             link.map_or(String::new(), |l| format!(", link {l}")),
-            if decode.is_empty() { " (no row of the decode table matches)" } else { "" }
+            if decode.is_empty() {
+                " (no row of the decode table matches)"
+            } else {
+                ""
+            }
         ),
         Detail::Recovery { from, to } => {
-            format!("recovery action changed from {} to {}", from.describe(), to.describe())
+            format!(
+                "recovery action changed from {} to {}",
+                from.describe(),
+                to.describe()
+            )
         }
-        Detail::ApiMismatch { client_version, kernel_version } => {
+        Detail::ApiMismatch {
+            client_version,
+            kernel_version,
+        } => {
             format!("client {client_version}, kernel module {kernel_version}")
         }
-        Detail::Sxid { fatal, link, continuation } => format!(
+        Detail::Sxid {
+            fatal,
+            link,
+            continuation,
+        } => format!(
             "{}{}{}",
             if *fatal { "fatal" } else { "non-fatal" },
             link.map_or(String::new(), |l| format!(", link {l}")),
-            if continuation.is_empty() { String::new() } else { format!("; {}", continuation.join("; ")) }
+            if continuation.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", continuation.join("; "))
+            }
         ),
         Detail::InitFailure { code } => code.as_ref().map(|c| format!("status {c}"))?,
         Detail::Aer { reporter, class } => format!(

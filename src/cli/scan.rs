@@ -134,7 +134,10 @@ impl<W: Write> Output<W> {
                 .iter()
                 .filter_map(|sev| self.counts.get(sev).map(|n| format!("{n} {sev}")))
                 .collect();
-            s.push_str(&format!("Summary: {total} findings ({})\n", parts.join(", ")));
+            s.push_str(&format!(
+                "Summary: {total} findings ({})\n",
+                parts.join(", ")
+            ));
             for (pci, t) in &self.per_gpu {
                 let who = match pci {
                     Some(p) => {
@@ -149,7 +152,8 @@ impl<W: Write> Output<W> {
                     }
                     None => "no GPU named".to_string(),
                 };
-                let what: Vec<String> = t.by_what.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+                let what: Vec<String> =
+                    t.by_what.iter().map(|(k, n)| format!("{k} x{n}")).collect();
                 s.push_str(&format!(
                     "  {who}: {} finding{}, worst {}: {}\n",
                     t.findings,

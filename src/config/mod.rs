@@ -180,16 +180,22 @@ impl Config {
         };
         let overrides = XidOverrides::from_table(raw.xid).map_err(invalid)?;
         if raw.incidents.window_secs == 0 {
-            return Err(invalid("incidents.window_secs: expected a number of seconds above 0".into()));
+            return Err(invalid(
+                "incidents.window_secs: expected a number of seconds above 0".into(),
+            ));
         }
         if raw.incidents.max_open == 0 {
             return Err(invalid("incidents.max_open: expected at least 1".into()));
         }
         if raw.nvml.probe_interval_secs == 0 {
-            return Err(invalid("nvml.probe_interval_secs: expected a number of seconds above 0".into()));
+            return Err(invalid(
+                "nvml.probe_interval_secs: expected a number of seconds above 0".into(),
+            ));
         }
         if raw.kmsg.path.as_os_str().is_empty() {
-            return Err(invalid("kmsg.path: expected a path such as \"/dev/kmsg\"".into()));
+            return Err(invalid(
+                "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
+            ));
         }
         Ok(Config {
             source: path.map(Path::to_path_buf),
@@ -247,16 +253,32 @@ mod tests {
     #[test]
     fn typos_and_bad_values_name_file_and_key() {
         let p = Path::new("/etc/xidwatch/xidwatch.toml");
-        let e = Config::from_toml("[kmsg]\npaht = \"/dev/kmsg\"\n", Some(p)).unwrap_err().to_string();
-        assert!(e.contains("/etc/xidwatch/xidwatch.toml") && e.contains("paht") && e.contains("line 2"), "{e}");
-        let e = Config::from_toml("[kmsg]\naccept_userspace = \"yes\"\n", Some(p)).unwrap_err().to_string();
-        assert!(e.contains("accept_userspace") || e.contains("line 2"), "{e}");
+        let e = Config::from_toml("[kmsg]\npaht = \"/dev/kmsg\"\n", Some(p))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/etc/xidwatch/xidwatch.toml") && e.contains("paht") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = Config::from_toml("[kmsg]\naccept_userspace = \"yes\"\n", Some(p))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("accept_userspace") || e.contains("line 2"),
+            "{e}"
+        );
         assert!(e.contains("bool"), "{e}");
-        let e = Config::from_toml("[xid.abc]\nignore = true\n", Some(p)).unwrap_err().to_string();
+        let e = Config::from_toml("[xid.abc]\nignore = true\n", Some(p))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("xid.abc"), "{e}");
-        let e = Config::from_toml("[incidents]\nwindow_secs = 0\n", Some(p)).unwrap_err().to_string();
+        let e = Config::from_toml("[incidents]\nwindow_secs = 0\n", Some(p))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("incidents.window_secs"), "{e}");
-        let e = Config::from_toml("[bogus]\n", Some(p)).unwrap_err().to_string();
+        let e = Config::from_toml("[bogus]\n", Some(p))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bogus"), "{e}");
     }
 }

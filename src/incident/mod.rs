@@ -148,7 +148,14 @@ impl Engine {
     }
 
     /// Feeds one finding.
-    pub fn push(&mut self, mut f: Finding, origin: Origin, now_ms: u64, at_startup: bool, out: &mut Vec<Incident>) {
+    pub fn push(
+        &mut self,
+        mut f: Finding,
+        origin: Origin,
+        now_ms: u64,
+        at_startup: bool,
+        out: &mut Vec<Incident>,
+    ) {
         self.stats.findings += 1;
         if f.kind == FindingKind::GpuIdentity {
             return;
@@ -175,7 +182,8 @@ impl Engine {
             // The twin of a waiting NVML event: drop the NVML copy.
             let (pci, xid) = (f.pci, f.xid);
             let before = self.waiting.len();
-            self.waiting.retain(|w| !(w.finding.pci == pci && w.finding.xid == xid));
+            self.waiting
+                .retain(|w| !(w.finding.pci == pci && w.finding.xid == xid));
             self.stats.nvml_folded += (before - self.waiting.len()) as u64;
         }
         self.place(f, now_ms, at_startup, runbook, out);
@@ -191,7 +199,14 @@ impl Engine {
         false
     }
 
-    fn place(&mut self, f: Finding, now_ms: u64, at_startup: bool, runbook: Option<String>, out: &mut Vec<Incident>) {
+    fn place(
+        &mut self,
+        f: Finding,
+        now_ms: u64,
+        at_startup: bool,
+        runbook: Option<String>,
+        out: &mut Vec<Incident>,
+    ) {
         let key: Key = (f.pci, f.kind, f.xid);
         let (family, rank) = family_rank(&f);
         // 1. A repeat of an open incident.
@@ -222,10 +237,18 @@ impl Engine {
                         || (is_echo_kind && f.caused_by.is_none())
                         || (family != Family::None && o.family == family)
                 })
-                .max_by_key(|(_, o)| (f.caused_by.is_some() && f.caused_by == o.key.2, o.inc.last_seen_ms))
+                .max_by_key(|(_, o)| {
+                    (
+                        f.caused_by.is_some() && f.caused_by == o.key.2,
+                        o.inc.last_seen_ms,
+                    )
+                })
                 .map(|(i, _)| i);
             if let Some(i) = target {
-                if family != Family::None && self.open[i].family == family && rank > self.open[i].rank {
+                if family != Family::None
+                    && self.open[i].family == family
+                    && rank > self.open[i].rank
+                {
                     // Supersede: the new cause opens the incident; the old one becomes its echo.
                     let old = self.open.remove(i);
                     self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
@@ -283,9 +306,17 @@ impl Engine {
                 self.close(o, out);
             }
         }
-        let ov = f.xid.and_then(|x| if f.kind == FindingKind::Xid { self.cfg.overrides.get(x) } else { None });
+        let ov = f.xid.and_then(|x| {
+            if f.kind == FindingKind::Xid {
+                self.cfg.overrides.get(x)
+            } else {
+                None
+            }
+        });
         let min_count = ov.and_then(|o| o.min_count).unwrap_or(1);
-        let window_ms = ov.and_then(|o| o.window_secs).map_or(self.cfg.window_ms, |s| s * 1000);
+        let window_ms = ov
+            .and_then(|o| o.window_secs)
+            .map_or(self.cfg.window_ms, |s| s * 1000);
         let first_mark = f.origin.seq.unwrap_or(now_ms);
         let id = incident_id(&self.cfg.boot_id, &key, first_mark);
         let inc = Incident {
@@ -395,8 +426,18 @@ impl Engine {
                 first_seen_ms: o.inc.first_seen_ms,
                 last_seen_ms: o.inc.last_seen_ms,
                 count: o.inc.count,
-                echoes: o.inc.echoes.iter().map(|e| (e.kind.as_str().to_string(), e.xid, e.count)).collect(),
-                sample: o.inc.findings.first().map(|f| f.origin.raw.clone()).unwrap_or_default(),
+                echoes: o
+                    .inc
+                    .echoes
+                    .iter()
+                    .map(|e| (e.kind.as_str().to_string(), e.xid, e.count))
+                    .collect(),
+                sample: o
+                    .inc
+                    .findings
+                    .first()
+                    .map(|f| f.origin.raw.clone())
+                    .unwrap_or_default(),
                 family: o.family,
                 rank: o.rank,
                 deadline_ms: o.deadline_ms,
@@ -414,18 +455,26 @@ impl Engine {
     /// skipped.
     pub fn restore(&mut self, saved: Vec<Persisted>) {
         for p in saved.into_iter().take(self.cfg.max_open) {
-            let Some(kind) = FindingKind::parse(&p.kind) else { continue };
+            let Some(kind) = FindingKind::parse(&p.kind) else {
+                continue;
+            };
             let mut f = Finding::new(kind, p.severity, p.category, p.title.clone());
             f.xid = p.xid;
             f.pci = p.pci;
             f.origin.raw = p.sample;
             f.origin.lines = f.origin.raw.len() as u32;
-            let gpu = GpuIdentity { uuid: p.gpu_uuid, serial: p.gpu_serial, ..GpuIdentity::default() };
+            let gpu = GpuIdentity {
+                uuid: p.gpu_uuid,
+                serial: p.gpu_serial,
+                ..GpuIdentity::default()
+            };
             f.gpu = gpu.clone();
             let echoes = p
                 .echoes
                 .into_iter()
-                .filter_map(|(k, xid, count)| FindingKind::parse(&k).map(|kind| EchoCount { kind, xid, count }))
+                .filter_map(|(k, xid, count)| {
+                    FindingKind::parse(&k).map(|kind| EchoCount { kind, xid, count })
+                })
                 .collect();
             self.open.push(Open {
                 inc: Incident {
@@ -499,7 +548,11 @@ fn push_sample(inc: &mut Incident, f: Finding) {
 }
 
 fn bump_echo(inc: &mut Incident, f: &Finding) {
-    match inc.echoes.iter_mut().find(|e| e.kind == f.kind && e.xid == f.xid) {
+    match inc
+        .echoes
+        .iter_mut()
+        .find(|e| e.kind == f.kind && e.xid == f.xid)
+    {
         Some(e) => e.count += 1,
         None => inc.echoes.push(EchoCount {
             kind: f.kind,
@@ -520,7 +573,10 @@ fn absorb(n: &mut Open, old: Open) {
         *merged.entry((e.kind, e.xid)).or_default() += e.count;
     }
     n.echo_total += old.inc.count + old.echo_total;
-    n.inc.echoes = merged.into_iter().map(|((kind, xid), count)| EchoCount { kind, xid, count }).collect();
+    n.inc.echoes = merged
+        .into_iter()
+        .map(|((kind, xid), count)| EchoCount { kind, xid, count })
+        .collect();
     n.inc.first_seen_ms = n.inc.first_seen_ms.min(old.inc.first_seen_ms);
     n.inc.found_at_startup |= old.inc.found_at_startup;
     for f in old.inc.findings {
@@ -588,7 +644,13 @@ mod tests {
         let mut e = engine();
         let mut out = Vec::new();
         for i in 0..5000 {
-            e.push(xid("0000:17:00.0", 13, Severity::Warning, i), Origin::Kmsg, 1000 + i, false, &mut out);
+            e.push(
+                xid("0000:17:00.0", 13, Severity::Warning, i),
+                Origin::Kmsg,
+                1000 + i,
+                false,
+                &mut out,
+            );
         }
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].phase, IncidentPhase::Opened);
@@ -603,20 +665,58 @@ mod tests {
     fn echoes_fold_into_their_cause() {
         let mut e = engine();
         let mut out = Vec::new();
-        e.push(xid("0000:17:00.0", 79, Severity::Critical, 1), Origin::Kmsg, 0, false, &mut out);
-        let mut fob = Finding::new(FindingKind::FallenOffBus, Severity::Critical, Category::Pcie, "f".into());
+        e.push(
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            Origin::Kmsg,
+            0,
+            false,
+            &mut out,
+        );
+        let mut fob = Finding::new(
+            FindingKind::FallenOffBus,
+            Severity::Critical,
+            Category::Pcie,
+            "f".into(),
+        );
         fob.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
         e.push(fob, Origin::Kmsg, 1, false, &mut out);
         let mut x45 = xid("0000:17:00.0", 45, Severity::Warning, 3);
         x45.caused_by = Some(79);
         e.push(x45, Origin::Kmsg, 2, false, &mut out);
-        e.push(xid("0000:17:00.0", 79, Severity::Critical, 4), Origin::Nvml, 3, false, &mut out);
-        e.push(xid("0000:2a:00.0", 48, Severity::Critical, 5), Origin::Kmsg, 4, false, &mut out);
-        e.push(xid("0000:2a:00.0", 63, Severity::Warning, 6), Origin::Kmsg, 5, false, &mut out);
-        e.push(xid("0000:2a:00.0", 154, Severity::Critical, 7), Origin::Kmsg, 6, false, &mut out);
+        e.push(
+            xid("0000:17:00.0", 79, Severity::Critical, 4),
+            Origin::Nvml,
+            3,
+            false,
+            &mut out,
+        );
+        e.push(
+            xid("0000:2a:00.0", 48, Severity::Critical, 5),
+            Origin::Kmsg,
+            4,
+            false,
+            &mut out,
+        );
+        e.push(
+            xid("0000:2a:00.0", 63, Severity::Warning, 6),
+            Origin::Kmsg,
+            5,
+            false,
+            &mut out,
+        );
+        e.push(
+            xid("0000:2a:00.0", 154, Severity::Critical, 7),
+            Origin::Kmsg,
+            6,
+            false,
+            &mut out,
+        );
         assert_eq!(out.len(), 2, "{out:#?}");
         e.tick(100_000, &mut out);
-        let digests: Vec<_> = out.iter().filter(|i| i.phase == IncidentPhase::Digest).collect();
+        let digests: Vec<_> = out
+            .iter()
+            .filter(|i| i.phase == IncidentPhase::Digest)
+            .collect();
         assert_eq!(digests.len(), 2);
         assert_eq!(digests.iter().map(|d| d.echoes.len()).sum::<usize>(), 4);
         assert_eq!(e.stats.nvml_folded, 1);
@@ -626,13 +726,31 @@ mod tests {
     fn a_higher_ranked_cause_supersedes() {
         let mut e = engine();
         let mut out = Vec::new();
-        let mut aer = Finding::new(FindingKind::PcieAer, Severity::Warning, Category::Pcie, "aer".into());
+        let mut aer = Finding::new(
+            FindingKind::PcieAer,
+            Severity::Warning,
+            Category::Pcie,
+            "aer".into(),
+        );
         aer.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
         e.push(aer, Origin::Kmsg, 0, false, &mut out);
-        e.push(xid("0000:17:00.0", 79, Severity::Critical, 2), Origin::Kmsg, 1, false, &mut out);
+        e.push(
+            xid("0000:17:00.0", 79, Severity::Critical, 2),
+            Origin::Kmsg,
+            1,
+            false,
+            &mut out,
+        );
         assert_eq!(out.len(), 2);
-        assert_eq!((out[1].xid, out[1].severity), (Some(79), Severity::Critical));
-        assert_eq!(out[1].echoes.len(), 0, "the first alert of the new incident is about its cause");
+        assert_eq!(
+            (out[1].xid, out[1].severity),
+            (Some(79), Severity::Critical)
+        );
+        assert_eq!(
+            out[1].echoes.len(),
+            0,
+            "the first alert of the new incident is about its cause"
+        );
         assert_eq!(e.open_count(), 1);
         e.tick(100_000, &mut out);
         assert_eq!(out.len(), 3);
@@ -643,27 +761,67 @@ mod tests {
     fn thresholds_ignore_and_restore() {
         let t: std::collections::BTreeMap<String, crate::classify::XidOverride> =
             toml::from_str("[13]\nmin_count = 3\nwindow_secs = 10\n[43]\nignore = true\n").unwrap();
-        let mut e = Engine::new(EngineConfig { overrides: XidOverrides::from_table(t).unwrap(), ..engine().cfg });
+        let mut e = Engine::new(EngineConfig {
+            overrides: XidOverrides::from_table(t).unwrap(),
+            ..engine().cfg
+        });
         let mut out = Vec::new();
-        e.push(xid("0000:17:00.0", 43, Severity::Warning, 1), Origin::Kmsg, 0, false, &mut out);
-        e.push(xid("0000:17:00.0", 13, Severity::Warning, 2), Origin::Kmsg, 0, false, &mut out);
-        e.push(xid("0000:17:00.0", 13, Severity::Warning, 3), Origin::Kmsg, 1, false, &mut out);
+        e.push(
+            xid("0000:17:00.0", 43, Severity::Warning, 1),
+            Origin::Kmsg,
+            0,
+            false,
+            &mut out,
+        );
+        e.push(
+            xid("0000:17:00.0", 13, Severity::Warning, 2),
+            Origin::Kmsg,
+            0,
+            false,
+            &mut out,
+        );
+        e.push(
+            xid("0000:17:00.0", 13, Severity::Warning, 3),
+            Origin::Kmsg,
+            1,
+            false,
+            &mut out,
+        );
         assert!(out.is_empty());
-        e.push(xid("0000:17:00.0", 13, Severity::Warning, 4), Origin::Kmsg, 2, false, &mut out);
+        e.push(
+            xid("0000:17:00.0", 13, Severity::Warning, 4),
+            Origin::Kmsg,
+            2,
+            false,
+            &mut out,
+        );
         assert_eq!((out.len(), out[0].count), (1, 3));
         // Persist, restore into a fresh engine: the same incident goes on counting.
         let saved = serde_json::to_string(&e.snapshot()).unwrap();
         let mut e2 = Engine::new(e.cfg.clone());
         e2.restore(serde_json::from_str(&saved).unwrap());
-        e2.push(xid("0000:17:00.0", 13, Severity::Warning, 5), Origin::Kmsg, 3, false, &mut out);
+        e2.push(
+            xid("0000:17:00.0", 13, Severity::Warning, 5),
+            Origin::Kmsg,
+            3,
+            false,
+            &mut out,
+        );
         e2.tick(20_000, &mut out);
-        assert_eq!((out.len(), out[1].id == out[0].id, out[1].count), (2, true, 4));
+        assert_eq!(
+            (out.len(), out[1].id == out[0].id, out[1].count),
+            (2, true, 4)
+        );
         assert_eq!(e.stats.ignored, 1);
     }
 
     #[test]
     fn ids_are_stable() {
-        let k: Key = (Some(PciAddress::parse("0000:17:00.0").unwrap()), FindingKind::Xid, Some(79));
+        let k: Key = (
+            Some(PciAddress::parse("0000:17:00.0").unwrap()),
+            FindingKind::Xid,
+            Some(79),
+        );
         assert_eq!(incident_id("b", &k, 7), incident_id("b", &k, 7));
         assert_ne!(incident_id("b", &k, 7), incident_id("b", &k, 8));
         assert_eq!(incident_id("b", &k, 7).len(), 16);
@@ -674,7 +832,18 @@ mod tests {
         let mut e = engine();
         let mut out = Vec::new();
         for bus in 0..50u32 {
-            e.push(xid(&format!("0000:{bus:02x}:00.0"), 13, Severity::Warning, bus as u64), Origin::Kmsg, bus as u64, false, &mut out);
+            e.push(
+                xid(
+                    &format!("0000:{bus:02x}:00.0"),
+                    13,
+                    Severity::Warning,
+                    bus as u64,
+                ),
+                Origin::Kmsg,
+                bus as u64,
+                false,
+                &mut out,
+            );
         }
         assert_eq!(e.open_count(), 8);
         assert_eq!(e.stats.evicted, 42);

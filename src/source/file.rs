@@ -71,7 +71,11 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
 ///
 /// A file truncated by someone else while it is mapped would fault; saved logs are not
 /// truncated while an on-call scans them, and the live kernel log never goes through here.
-pub fn scan_mapped(path: &Path, pre: &Prefilter, mut on_line: impl FnMut(u64, &[u8])) -> Option<ScanStats> {
+pub fn scan_mapped(
+    path: &Path,
+    pre: &Prefilter,
+    mut on_line: impl FnMut(u64, &[u8]),
+) -> Option<ScanStats> {
     let file = File::open(path).ok()?;
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() < 2 || meta.len() > isize::MAX as u64 {
@@ -86,7 +90,8 @@ pub fn scan_mapped(path: &Path, pre: &Prefilter, mut on_line: impl FnMut(u64, &[
     let mut st = ScanStats::default();
     st.bytes = map.len() as u64;
     if let Some(i) = memchr::memchr(0, &map[..map.len().min(BINARY_SNIFF)]) {
-        st.notes.push(binary_note(bytecount::count(&map[..i], b'\n') as u64 + 1));
+        st.notes
+            .push(binary_note(bytecount::count(&map[..i], b'\n') as u64 + 1));
     }
     st.lines = scan_region(&map, 0, pre, &mut st, &mut on_line);
     Some(st)
@@ -123,7 +128,11 @@ impl Prefilter {
 /// Reads `r` to the end, calling `on_line(line_number, bytes)` for every candidate line (without
 /// its newline or trailing `\r`). Never fails: a read error ends the input and is reported in
 /// [`ScanStats::error`].
-pub fn scan_lines<R: Read>(mut r: R, pre: &Prefilter, mut on_line: impl FnMut(u64, &[u8])) -> ScanStats {
+pub fn scan_lines<R: Read>(
+    mut r: R,
+    pre: &Prefilter,
+    mut on_line: impl FnMut(u64, &[u8]),
+) -> ScanStats {
     let mut st = ScanStats::default();
     // One fixed buffer, initialised once: reads land after the carried-over partial line, so no
     // per-read zeroing and no reallocation on the hot path.
@@ -154,7 +163,9 @@ pub fn scan_lines<R: Read>(mut r: R, pre: &Prefilter, mut on_line: impl FnMut(u6
         if !saw_nul && st.bytes <= BINARY_SNIFF as u64 {
             if let Some(i) = memchr::memchr(0, &buf[old..filled]) {
                 saw_nul = true;
-                st.notes.push(binary_note(base_line + bytecount::count(&buf[..old + i], b'\n') as u64 + 1));
+                st.notes.push(binary_note(
+                    base_line + bytecount::count(&buf[..old + i], b'\n') as u64 + 1,
+                ));
             }
         }
         let mut start = 0;
@@ -237,11 +248,14 @@ fn scan_region(
             break;
         };
         let ls = memchr::memrchr(b'\n', &region[pos..m.start()]).map_or(pos, |i| pos + i + 1);
-        let le = memchr::memchr(b'\n', &region[m.start()..]).map_or(region.len(), |i| m.start() + i);
+        let le =
+            memchr::memchr(b'\n', &region[m.start()..]).map_or(region.len(), |i| m.start() + i);
         counted += bytecount::count(&region[pos..ls], b'\n') as u64;
         st.candidates += 1;
         let line = base_line + counted + 1;
-        if memchr::memchr(0, &region[ls..le]).is_some() && !st.notes.iter().any(|n| n.text.starts_with("binary")) {
+        if memchr::memchr(0, &region[ls..le]).is_some()
+            && !st.notes.iter().any(|n| n.text.starts_with("binary"))
+        {
             st.notes.push(binary_note(line));
         }
         if le - ls > MAX_LINE {
@@ -281,7 +295,11 @@ mod tests {
         let (lines, st) = collect(b"a\nb NVRM: x\r\nc\n\nd nvidia: y\nlast SXid");
         assert_eq!(
             lines,
-            vec![(2, "b NVRM: x".into()), (5, "d nvidia: y".into()), (6, "last SXid".into())]
+            vec![
+                (2, "b NVRM: x".into()),
+                (5, "d nvidia: y".into()),
+                (6, "last SXid".into())
+            ]
         );
         assert_eq!(st.lines, 6);
         assert_eq!(st.candidates, 3);

@@ -66,13 +66,16 @@ const MAX_STATE_FILE: u64 = 64 << 20;
 impl StateDir {
     /// Opens (creating, mode 0700) the state directory.
     pub fn open(dir: &Path) -> anyhow::Result<StateDir> {
-        fs::create_dir_all(dir).with_context(|| format!("creating state directory {}", dir.display()))?;
+        fs::create_dir_all(dir)
+            .with_context(|| format!("creating state directory {}", dir.display()))?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
         }
-        Ok(StateDir { dir: dir.to_path_buf() })
+        Ok(StateDir {
+            dir: dir.to_path_buf(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -97,7 +100,10 @@ impl StateDir {
         };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         if len > MAX_STATE_FILE {
-            anyhow::bail!("{}: {len} bytes is too large for a state file", path.display());
+            anyhow::bail!(
+                "{}: {len} bytes is too large for a state file",
+                path.display()
+            );
         }
         let v = serde_json::from_reader(std::io::BufReader::new(f))
             .with_context(|| format!("{}: corrupt state file", path.display()))?;
@@ -117,10 +123,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("syncing {}", tmp.display()))?;
     }
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }

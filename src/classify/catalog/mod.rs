@@ -86,7 +86,9 @@ pub fn entries() -> &'static [XidEntry] {
 
 /// The entry for a code, or `None` for a code newer than the catalog.
 pub fn lookup(code: u32) -> Option<&'static XidEntry> {
-    let i = generated::XIDS.binary_search_by_key(&code, |e| e.code).ok()?;
+    let i = generated::XIDS
+        .binary_search_by_key(&code, |e| e.code)
+        .ok()?;
     generated::XIDS.get(i)
 }
 
@@ -153,8 +155,20 @@ pub fn decode_nvlink5(
             continue;
         }
         for (lay, pat, a2, unit, name) in [
-            (Nvlink5Layout::V1, row.intr_v1, row.action2_v1, row.unit_v1, "V1"),
-            (Nvlink5Layout::V2, row.intr_v2, row.action2_v2, row.unit_v2, "V2"),
+            (
+                Nvlink5Layout::V1,
+                row.intr_v1,
+                row.action2_v1,
+                row.unit_v1,
+                "V1",
+            ),
+            (
+                Nvlink5Layout::V2,
+                row.intr_v2,
+                row.action2_v2,
+                row.unit_v2,
+                "V2",
+            ),
         ] {
             if layout.is_some_and(|l| l != lay) {
                 continue;
@@ -213,14 +227,23 @@ mod tests {
         let v1 = 0b00_1110_0010;
         let d = decode_nvlink5(145, v1, 0x1, Some(Nvlink5Layout::V1));
         assert_eq!(d.len(), 1);
-        assert_eq!((d[0].unit, d[0].immediate, d[0].severity), ("RLW_SRC_TRACK", "RESET_GPU", "Fatal"));
+        assert_eq!(
+            (d[0].unit, d[0].immediate, d[0].severity),
+            ("RLW_SRC_TRACK", "RESET_GPU", "Fatal")
+        );
         // V2 RLW_SRC_TRACK: IntrInfo[6:0] = 0000111.
         let d = decode_nvlink5(145, 0b000_0111, 0x1, Some(Nvlink5Layout::V2));
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].layout, "V2");
         assert!(decode_nvlink5(145, v1, 0x1, Some(Nvlink5Layout::V2)).is_empty());
-        assert_eq!(Nvlink5Layout::for_driver("575.51.03"), Some(Nvlink5Layout::V2));
-        assert_eq!(Nvlink5Layout::for_driver("570.124.06"), Some(Nvlink5Layout::V1));
+        assert_eq!(
+            Nvlink5Layout::for_driver("575.51.03"),
+            Some(Nvlink5Layout::V2)
+        );
+        assert_eq!(
+            Nvlink5Layout::for_driver("570.124.06"),
+            Some(Nvlink5Layout::V1)
+        );
         assert_eq!(Nvlink5Layout::for_driver("x"), None);
     }
 

@@ -28,7 +28,11 @@ pub enum KmsgEvent {
     /// A record; `at_startup` when it was already in the buffer when xidwatch started.
     Record { rec: KmsgRecord, at_startup: bool },
     /// Records lost before we could read them: a sequence gap or `EPIPE`.
-    Overrun { lost: u64, next_seq: u64, at_startup: bool },
+    Overrun {
+        lost: u64,
+        next_seq: u64,
+        at_startup: bool,
+    },
     /// A record that did not parse, with the reason; it is counted and skipped.
     Malformed(String),
     /// Everything that was in the buffer at start-up has been read.
@@ -89,7 +93,9 @@ pub fn spawn(
                 st.regular(file, &stop)
             };
             if let Err(e) = res {
-                let _ = st.tx.blocking_send(KmsgEvent::Failed(format!("{}: {e}", path.display())));
+                let _ = st
+                    .tx
+                    .blocking_send(KmsgEvent::Failed(format!("{}: {e}", path.display())));
             }
         })
 }

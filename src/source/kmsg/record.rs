@@ -55,14 +55,19 @@ pub enum RecordError {
     /// The header has fewer than four comma-separated fields.
     ShortHeader,
     /// A header field is not what the ABI says it is.
-    BadField { field: &'static str, value: String },
+    BadField {
+        field: &'static str,
+        value: String,
+    },
 }
 
 impl fmt::Display for RecordError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecordError::Empty => f.write_str("empty record"),
-            RecordError::NoMessage => f.write_str("no ';' between header and message (torn record?)"),
+            RecordError::NoMessage => {
+                f.write_str("no ';' between header and message (torn record?)")
+            }
             RecordError::ShortHeader => {
                 f.write_str("header has fewer than 4 fields (PRIO,SEQ,TS_USEC,FLAGS)")
             }
@@ -84,8 +89,8 @@ pub fn parse_record(buf: &[u8]) -> Result<KmsgRecord, RecordError> {
     if buf.is_empty() {
         return Err(RecordError::Empty);
     }
-    let semi = memchr::memchr(b';', &buf[..buf.len().min(MAX_HEADER)])
-        .ok_or(RecordError::NoMessage)?;
+    let semi =
+        memchr::memchr(b';', &buf[..buf.len().min(MAX_HEADER)]).ok_or(RecordError::NoMessage)?;
     let header = &buf[..semi];
     let rest = &buf[semi + 1..];
 
@@ -189,7 +194,10 @@ mod tests {
             b"4,1187,9512238711,-;NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:17:00.0\n",
         )
         .unwrap();
-        assert_eq!((r.facility, r.level, r.seq, r.ts_usec, r.flags), (0, 4, 1187, 9512238711, '-'));
+        assert_eq!(
+            (r.facility, r.level, r.seq, r.ts_usec, r.flags),
+            (0, 4, 1187, 9512238711, '-')
+        );
         assert!(r.is_kernel());
         assert!(r.message.starts_with("NVRM: Xid (PCI:0000:17:00): 79"));
         assert_eq!(r.field("SUBSYSTEM"), Some("pci"));
@@ -204,7 +212,10 @@ mod tests {
         .unwrap();
         let lines: Vec<_> = r.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert_eq!(lines[2], "NVRM: fallen off the bus and is not responding to commands.");
+        assert_eq!(
+            lines[2],
+            "NVRM: fallen off the bus and is not responding to commands."
+        );
         assert_eq!(unescape(b"a\\x5cb"), "a\\b");
         assert_eq!(unescape(b"bad \\xZZ and \\x4"), "bad \\xZZ and \\x4");
     }

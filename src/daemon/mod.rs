@@ -1,0 +1,461 @@
+//! The daemon (`xidwatch run`): wires sources -> classifier -> incidents -> outputs, keeps the
+//! kernel log position, and speaks systemd's notification protocol.
+//!
+//! Threads: one follows `/dev/kmsg`, one waits on NVML events (both calls block); everything else
+//! runs on a single-threaded tokio runtime, so the classifier and the incident engine need no
+//! locks. Channels between them are bounded: when the pipeline falls behind, the kmsg thread
+//! waits, the kernel ring buffer overwrites, and the loss is reported as an overrun rather than
+//! hidden in an ever-growing queue.
+
+pub mod notify;
+pub mod probe;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+
+use crate::classify::{Classifier, LineOrigin};
+use crate::config::Config;
+use crate::incident::{Engine, EngineConfig, Origin, Persisted};
+use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
+use crate::source::kmsg::follow::{self, KmsgEvent};
+use crate::source::nvml::{NvmlEvent, NvmlSource};
+use crate::state::{self, Position, StateDir};
+
+/// Where `run` sends incidents when no alert channel takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// The readable report, for a terminal or the journal.
+    Text,
+    /// One JSON object per incident.
+    Json,
+}
+
+/// Options of one daemon run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub config: Config,
+    pub output: Output,
+    /// `/proc/sys/kernel/random/boot_id`, replaceable for tests.
+    pub boot_id_path: PathBuf,
+}
+
+/// How long a multi-line message may wait for its next line before it is reported as it is.
+const FOLD_QUIET: Duration = Duration::from_millis(50);
+/// How often the kmsg position is written while records flow.
+const POSITION_EVERY: Duration = Duration::from_millis(250);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Saved open incidents, tied to the boot they belong to.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedIncidents {
+    boot_id: String,
+    open: Vec<Persisted>,
+}
+
+/// Counters the daemon keeps about its sources.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct SourceStats {
+    pub kmsg_records: u64,
+    pub kmsg_userspace_ignored: u64,
+    pub kmsg_malformed: u64,
+    pub kmsg_lost: u64,
+    pub nvml_up: bool,
+    pub gpus_seen: usize,
+}
+
+/// Runs until SIGTERM/SIGINT. Returns after persisting state.
+pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    let cfg = &opts.config;
+    let notifier = notify::Notifier::from_env();
+    let state = StateDir::open(&cfg.state_dir)?;
+    let boot = state::current_boot_id(&opts.boot_id_path)?;
+    let boot_hex = state::hex(&boot);
+    let position = match state.load_position() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("{e:#}; reading the whole kernel log again");
+            None
+        }
+    };
+    let resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
+    let host = cfg.incidents.host.clone().unwrap_or_else(hostname);
+
+    let mut engine = Engine::new(EngineConfig {
+        window_ms: cfg.incidents.window_secs * 1000,
+        max_open: cfg.incidents.max_open,
+        nvml_match_ms: cfg.incidents.nvml_match_ms,
+        host: host.clone(),
+        boot_id: boot_hex.clone(),
+        overrides: cfg.overrides.clone(),
+    });
+    if let Ok(Some(saved)) = state.load_json::<SavedIncidents>("incidents.json") {
+        if saved.boot_id == boot_hex {
+            engine.restore(saved.open);
+        }
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ktx, mut krx) = mpsc::channel::<KmsgEvent>(1024);
+    let kfile = follow::open(&cfg.kmsg.path)?;
+    let kthread = follow::spawn(
+        cfg.kmsg.path.clone(),
+        kfile,
+        resume_after,
+        ktx,
+        stop.clone(),
+    )
+    .context("starting the kernel log reader")?;
+    match resume_after {
+        Some(seq) => tracing::info!("kernel log: resuming after record {seq} of this boot"),
+        None => {
+            tracing::info!("kernel log: first start in this boot, reading the whole buffer once")
+        }
+    }
+
+    let mut classifier = Classifier::new();
+    let mut stats = SourceStats::default();
+    let mut out_buf: Vec<Incident> = Vec::new();
+    let mut findings: Vec<Finding> = Vec::new();
+
+    // NVML, on its own thread; failures become findings, said once.
+    let (ntx, mut nrx) = mpsc::channel::<NvmlEvent>(256);
+    let mut nvml_source: Option<NvmlSource> = None;
+    if cfg.nvml.enabled {
+        let lib = cfg.nvml.library.clone();
+        let opened = tokio::task::spawn_blocking(move || NvmlSource::open(lib.as_deref()))
+            .await
+            .context("NVML start-up task")?;
+        match opened {
+            Ok(src) => {
+                for g in src.inventory() {
+                    classifier.learn_gpu(
+                        g.pci,
+                        GpuIdentity {
+                            index: Some(g.index),
+                            uuid: g.uuid.clone(),
+                            serial: g.serial.clone(),
+                            name: g.name.clone(),
+                        },
+                    );
+                }
+                if let Some(v) = src.driver_version() {
+                    classifier.set_driver_version(v);
+                }
+                stats.nvml_up = true;
+                stats.gpus_seen = src.inventory().len();
+                tracing::info!(
+                    "NVML: {} GPU(s), driver {}",
+                    src.inventory().len(),
+                    src.driver_version().unwrap_or("?")
+                );
+                nvml_source = Some(src.clone());
+                let (stx, srx) = std::sync::mpsc::sync_channel::<NvmlEvent>(256);
+                let stop2 = stop.clone();
+                let spawned =
+                    tokio::task::spawn_blocking(move || src.spawn_events(stx, stop2)).await;
+                match spawned {
+                    Ok(Ok(t)) => {
+                        for n in t.notes {
+                            tracing::warn!("NVML: {n}");
+                        }
+                    }
+                    Ok(Err(e)) => tracing::warn!("NVML events unavailable: {e}"),
+                    Err(e) => tracing::warn!("NVML events unavailable: {e}"),
+                }
+                std::thread::Builder::new()
+                    .name("nvml-bridge".into())
+                    .spawn(move || {
+                        while let Ok(ev) = srx.recv() {
+                            if ntx.blocking_send(ev).is_err() {
+                                break;
+                            }
+                        }
+                    })
+                    .context("starting the NVML bridge")?;
+            }
+            Err(failure) => {
+                tracing::warn!(
+                    "NVML unavailable: {}; watching the kernel log only",
+                    failure.describe()
+                );
+                if let Some(f) = failure.to_finding() {
+                    engine.push(f, Origin::Nvml, now_ms(), true, &mut out_buf);
+                }
+            }
+        }
+    }
+    let mut probe = probe::Probe::new(cfg.nvml.sysfs_root.clone());
+    let mut probe_timer = tokio::time::interval(Duration::from_secs(cfg.nvml.probe_interval_secs));
+    probe_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("installing the SIGINT handler")?;
+    let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
+    let mut watchdog = tokio::time::interval(watchdog_every);
+
+    notifier.notify("READY=1");
+    tracing::info!(
+        "xidwatch watching {} (state in {})",
+        cfg.kmsg.path.display(),
+        cfg.state_dir.display()
+    );
+
+    let mut out = Emitter {
+        output: opts.output,
+        stdout: std::io::stdout(),
+    };
+    out.emit_all(&mut out_buf);
+    let mut last_seq: Option<u64> = resume_after;
+    let mut saved_seq: Option<u64> = resume_after;
+    let mut last_save = tokio::time::Instant::now();
+    let mut last_record = tokio::time::Instant::now();
+    let mut caught_up = false;
+
+    loop {
+        let deadline = engine
+            .next_deadline()
+            .map(|d| d.saturating_sub(now_ms()))
+            .unwrap_or(3_600_000);
+        let fold_wait = if classifier.has_pending() {
+            FOLD_QUIET
+        } else {
+            Duration::from_secs(3600)
+        };
+        tokio::select! {
+            ev = krx.recv() => {
+                let Some(ev) = ev else { break };
+                let mut batch = vec![ev];
+                // Drain what is already queued so a storm is handled in batches.
+                while batch.len() < 512 {
+                    match krx.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(_) => break,
+                    }
+                }
+                let now = now_ms();
+                for ev in batch {
+                    match ev {
+                        KmsgEvent::Record { rec, at_startup } => {
+                            stats.kmsg_records += 1;
+                            last_seq = Some(rec.seq);
+                            if !rec.is_kernel() && !cfg.kmsg.accept_userspace {
+                                stats.kmsg_userspace_ignored += 1;
+                                continue;
+                            }
+                            let at = LineOrigin { line: 0, seq: Some(rec.seq), ts_usec: Some(rec.ts_usec), timestamp: Some(format!("[{:>5}.{:06}]", rec.ts_usec / 1_000_000, rec.ts_usec % 1_000_000)) };
+                            for line in rec.lines() {
+                                if crate::classify::prefix::message_start(line) == Some(0) {
+                                    classifier.push(line, &at, &mut findings);
+                                }
+                            }
+                            for f in findings.drain(..) {
+                                engine.push(f, Origin::Kmsg, now, at_startup, &mut out_buf);
+                            }
+                        }
+                        KmsgEvent::Overrun { lost, next_seq, at_startup } => {
+                            stats.kmsg_lost += lost;
+                            tracing::warn!("kernel log overrun: {lost} records lost before record {next_seq}");
+                            engine.push(overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
+                        }
+                        KmsgEvent::Malformed(why) => {
+                            stats.kmsg_malformed += 1;
+                            if stats.kmsg_malformed <= 10 || stats.kmsg_malformed.is_power_of_two() {
+                                tracing::warn!("kernel log: skipped a malformed record ({why}); {} so far", stats.kmsg_malformed);
+                            }
+                        }
+                        KmsgEvent::CaughtUp => {
+                            if !caught_up {
+                                caught_up = true;
+                                tracing::info!("kernel log: caught up ({} records read at start-up)", stats.kmsg_records);
+                            }
+                        }
+                        KmsgEvent::Failed(why) => {
+                            anyhow::bail!("kernel log reader stopped: {why}");
+                        }
+                    }
+                }
+                last_record = tokio::time::Instant::now();
+                let opened = !out_buf.is_empty();
+                out.emit_all(&mut out_buf);
+                // Move the position promptly after an incident, otherwise at a steady pace.
+                if (opened || last_save.elapsed() >= POSITION_EVERY) && last_seq != saved_seq {
+                    save_position(&state, boot, last_seq, &mut saved_seq);
+                    last_save = tokio::time::Instant::now();
+                }
+            }
+            ev = nrx.recv(), if nvml_source.is_some() => {
+                if let Some(ev) = ev {
+                    let inv = nvml_source.as_ref().map(|s| s.inventory().to_vec()).unwrap_or_default();
+                    if let NvmlEvent::Failed(f) = &ev {
+                        tracing::warn!("NVML: {}", f.describe());
+                        stats.nvml_up = false;
+                    }
+                    let f = ev.to_finding(&inv);
+                    engine.push(f, Origin::Nvml, now_ms(), false, &mut out_buf);
+                    out.emit_all(&mut out_buf);
+                }
+            }
+            _ = tokio::time::sleep(fold_wait.saturating_sub(last_record.elapsed())), if classifier.has_pending() => {
+                classifier.flush(&mut findings);
+                let now = now_ms();
+                for f in findings.drain(..) {
+                    engine.push(f, Origin::Kmsg, now, false, &mut out_buf);
+                }
+                out.emit_all(&mut out_buf);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
+                engine.tick(now_ms(), &mut out_buf);
+                out.emit_all(&mut out_buf);
+            }
+            _ = probe_timer.tick() => {
+                let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
+                for f in probe.check(reachable.as_deref()) {
+                    engine.push(f, Origin::Probe, now_ms(), false, &mut out_buf);
+                }
+                out.emit_all(&mut out_buf);
+            }
+            _ = watchdog.tick() => {
+                notifier.notify("WATCHDOG=1");
+                if last_seq != saved_seq {
+                    save_position(&state, boot, last_seq, &mut saved_seq);
+                }
+            }
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+        }
+    }
+
+    // Graceful shutdown: stop the sources, keep what is in flight.
+    notifier.notify("STOPPING=1");
+    stop.store(true, Ordering::Relaxed);
+    classifier.flush(&mut findings);
+    for f in findings.drain(..) {
+        engine.push(f, Origin::Kmsg, now_ms(), false, &mut out_buf);
+    }
+    out.emit_all(&mut out_buf);
+    save_position(&state, boot, last_seq, &mut saved_seq);
+    state
+        .save_json(
+            "incidents.json",
+            &SavedIncidents {
+                boot_id: boot_hex,
+                open: engine.snapshot(),
+            },
+        )
+        .context("saving open incidents")?;
+    drop(krx);
+    let _ = kthread.join();
+    tracing::info!(
+        "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
+        stats.kmsg_records,
+        stats.kmsg_lost,
+        stats.kmsg_userspace_ignored,
+        stats.kmsg_malformed,
+        engine.open_count()
+    );
+    Ok(())
+}
+
+fn save_position(state: &StateDir, boot: [u8; 16], last_seq: Option<u64>, saved: &mut Option<u64>) {
+    let Some(seq) = last_seq else { return };
+    match state.save_position(&Position {
+        boot_id: boot,
+        last_seq: seq,
+    }) {
+        Ok(()) => *saved = Some(seq),
+        Err(e) => tracing::error!("{e:#}"),
+    }
+}
+
+fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
+    let mut f = Finding::new(
+        FindingKind::KmsgOverrun,
+        Severity::Warning,
+        Category::Informational,
+        format!("kernel log overrun: {lost} records lost"),
+    );
+    f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
+    f.detail = Some(Detail::Overrun { lost });
+    f.origin.seq = Some(next_seq);
+    f
+}
+
+/// Writes incidents to standard output.
+struct Emitter {
+    output: Output,
+    stdout: std::io::Stdout,
+}
+
+impl Emitter {
+    fn emit_all(&mut self, incidents: &mut Vec<Incident>) {
+        if incidents.is_empty() {
+            return;
+        }
+        let mut lock = self.stdout.lock();
+        for inc in incidents.drain(..) {
+            let _ = match self.output {
+                Output::Json => serde_json::to_writer(&mut lock, &inc)
+                    .map_err(std::io::Error::from)
+                    .and_then(|_| lock.write_all(b"\n")),
+                Output::Text => lock.write_all(render_incident(&inc).as_bytes()),
+            };
+        }
+        let _ = lock.flush();
+    }
+}
+
+/// The readable form of an incident.
+pub fn render_incident(inc: &Incident) -> String {
+    let mut s = format!(
+        "{} incident {} on {}: {} [{}]{}\n",
+        match inc.phase {
+            crate::model::IncidentPhase::Opened => "NEW",
+            crate::model::IncidentPhase::Digest => "DIGEST",
+        },
+        inc.id,
+        inc.host,
+        inc.title,
+        inc.severity,
+        if inc.found_at_startup {
+            " (found at start-up)"
+        } else {
+            ""
+        }
+    );
+    s.push_str(&format!("  occurrences {}", inc.count));
+    for e in &inc.echoes {
+        match e.xid {
+            Some(x) => s.push_str(&format!(", {} {x} x{}", e.kind, e.count)),
+            None => s.push_str(&format!(", {} x{}", e.kind, e.count)),
+        }
+    }
+    s.push('\n');
+    if let Some(f) = inc.findings.first() {
+        s.push_str(&crate::cli::render::finding_block(f, ""));
+    }
+    s.push('\n');
+    s
+}
+
+/// This machine's name, for alerts.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
