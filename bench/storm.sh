@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Storm: 100,000 Xid lines (N=...) written to the kernel log as fast as possible; prints lines/s
+# kept up with, peak RSS, whether counts were exact, and idle RSS and CPU beforehand.
+# Needs root: it writes test lines to /dev/kmsg.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -w /dev/kmsg ] || { echo "bench/storm.sh needs root (writes to /dev/kmsg)" >&2; exit 2; }
+cargo build --release --quiet
+python3 bench/kmsg_bench.py storm target/release/xidwatch
