@@ -9,3 +9,4 @@
 pub mod model;
 pub mod source;
 pub mod classify;
+pub mod alert;
