@@ -144,7 +144,8 @@ fn xid79_catalog() -> CatalogText {
     CatalogText {
         mnemonic: "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS".to_string(),
         summary: "The GPU cannot be reached over PCI Express.".to_string(),
-        causes: "Hardware failure on the PCIe link, failing GPU hardware, or a driver problem.".to_string(),
+        causes: "Hardware failure on the PCIe link, failing GPU hardware, or a driver problem."
+            .to_string(),
         check: "Kernel PCIe (AER) messages and the system event log.".to_string(),
         immediate_bucket: Some("RESTART_BM".to_string()),
         immediate_meaning: Some("restart the machine".to_string()),
@@ -197,8 +198,12 @@ fn check_golden(name: &str, actual: &str) {
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+            path.display()
+        )
+    });
     if want != actual {
         let tmp = path.with_extension("actual");
         let _ = std::fs::write(&tmp, actual);
@@ -385,7 +390,10 @@ impl Receiver {
     }
 
     fn requests_to(&self, path: &str) -> Vec<Req> {
-        self.requests().into_iter().filter(|r| r.path == path).collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .collect()
     }
 
     fn script(&self, replies: Vec<Reply>) {
@@ -413,7 +421,11 @@ async fn serve(mut sock: tokio::net::TcpStream, st: Arc<Mutex<RecvState>>) -> st
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
-    let path = request_line.split(' ').nth(1).unwrap_or_default().to_string();
+    let path = request_line
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
@@ -501,9 +513,15 @@ fn golden_slack_message() {
     let text = payload["text"].as_str().unwrap();
     assert!(text.contains("gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79, critical"));
     let all = serde_json::to_string(&payload).unwrap();
-    assert!(all.contains("link degraded: x8 at 8GT/s"), "key evidence line is in the message");
+    assert!(
+        all.contains("link degraded: x8 at 8GT/s"),
+        "key evidence line is in the message"
+    );
     assert!(all.contains("1650923017654") && all.contains("GPU-5d1c8f0e"));
-    assert!(all.contains("/var/lib/xidwatch/alert-reports/"), "says where the full report is");
+    assert!(
+        all.contains("/var/lib/xidwatch/alert-reports/"),
+        "says where the full report is"
+    );
 }
 
 #[test]
@@ -553,8 +571,15 @@ fn digest_is_one_message_with_exact_counts() {
     alert.incident.count = 31_250;
     alert.incident.last_seen_ms = alert.incident.first_seen_ms + 5 * 60 * 1000;
     let doc = AlertDocument::build(&alert);
-    assert!(doc.headline.ends_with("critical (31250 times in 5 min)"), "{}", doc.headline);
-    assert_eq!(webhook::idempotency_key(&doc), format!("{}/digest/31250", doc.id));
+    assert!(
+        doc.headline.ends_with("critical (31250 times in 5 min)"),
+        "{}",
+        doc.headline
+    );
+    assert_eq!(
+        webhook::idempotency_key(&doc),
+        format!("{}/digest/31250", doc.id)
+    );
     let text = report::render(&doc);
     assert!(text.contains("31250 occurrence(s)"));
 }
@@ -589,14 +614,22 @@ async fn webhook_headers_signature_and_body() {
     let req = &rx.requests()[0];
     assert_eq!(req.path, "/hook");
     assert_eq!(req.header("content-type"), Some("application/json"));
-    assert_eq!(req.header("idempotency-key"), Some("b7f3c1d2-79-0000:17:00.0-81234"));
-    assert_eq!(req.header("x-xidwatch-incident"), Some("b7f3c1d2-79-0000:17:00.0-81234"));
+    assert_eq!(
+        req.header("idempotency-key"),
+        Some("b7f3c1d2-79-0000:17:00.0-81234")
+    );
+    assert_eq!(
+        req.header("x-xidwatch-incident"),
+        Some("b7f3c1d2-79-0000:17:00.0-81234")
+    );
     assert_eq!(req.header("x-xidwatch-schema"), Some("xidwatch.alert/v1"));
     assert_eq!(req.header("authorization"), Some("Bearer tok-123"));
     assert_eq!(req.header("x-team"), Some("gpu-infra"));
     assert!(req.header("user-agent").unwrap().starts_with("xidwatch/"));
     // The receiver can check the signature with the shared secret.
-    let sig = req.header("x-xidwatch-signature").expect("signature header");
+    let sig = req
+        .header("x-xidwatch-signature")
+        .expect("signature header");
     assert_eq!(sig, webhook::sign(b"s3cr3t-hmac", &req.body));
     assert_ne!(sig, webhook::sign(b"wrong", &req.body));
 
@@ -604,13 +637,21 @@ async fn webhook_headers_signature_and_body() {
     assert_eq!(body["schema"], "xidwatch.alert/v1");
     assert_eq!(body["gpu"]["pci"], "0000:17:00.0");
     assert_eq!(body["gpu"]["serial"], "1650923017654");
-    assert_eq!(body["catalog"]["mnemonic"], "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS");
+    assert_eq!(
+        body["catalog"]["mnemonic"],
+        "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
+    );
     assert_eq!(body["evidence"][0]["steps"].as_array().unwrap().len(), 3);
     assert_eq!(body["evidence"][0]["steps"][1]["status"], "timed_out");
-    assert!(body["findings"][0]["raw"][0].as_str().unwrap().contains("Xid (PCI:0000:17:00): 79"));
+    assert!(body["findings"][0]["raw"][0]
+        .as_str()
+        .unwrap()
+        .contains("Xid (PCI:0000:17:00): 79"));
     // The full report was kept on the host, and the document says where.
     let report_path = body["report_path"].as_str().expect("report_path");
-    assert!(std::fs::read_to_string(report_path).unwrap().contains("link degraded"));
+    assert!(std::fs::read_to_string(report_path)
+        .unwrap()
+        .contains("link degraded"));
 
     let ch = run.channel("receiver");
     assert_eq!((ch.delivered_total, ch.failed_total, ch.queued), (1, 0, 0));
@@ -623,7 +664,11 @@ async fn retries_500_and_429_honouring_retry_after() {
     let rx = Receiver::start().await;
     rx.script(vec![
         Reply::Status(500, vec![], "boom".into()),
-        Reply::Status(429, vec![("Retry-After".into(), "1".into())], "slow down".into()),
+        Reply::Status(
+            429,
+            vec![("Retry-After".into(), "1".into())],
+            "slow down".into(),
+        ),
         ok(),
     ]);
     let state = tempfile::tempdir().unwrap();
@@ -636,13 +681,25 @@ async fn retries_500_and_429_honouring_retry_after() {
     wait_until("three requests", 20, || rx.requests().len() == 3).await;
     wait_until("outbox empty", 10, || run.status().outbox_count == 0).await;
     let reqs = rx.requests();
-    let keys: Vec<_> = reqs.iter().map(|r| r.header("idempotency-key").unwrap().to_string()).collect();
-    assert!(keys.iter().all(|k| k == &keys[0]), "same idempotency key on every retry");
+    let keys: Vec<_> = reqs
+        .iter()
+        .map(|r| r.header("idempotency-key").unwrap().to_string())
+        .collect();
+    assert!(
+        keys.iter().all(|k| k == &keys[0]),
+        "same idempotency key on every retry"
+    );
     // Backoff is 20 ms here; only Retry-After explains a gap of a second.
     let gap = reqs[2].at - reqs[1].at;
-    assert!(gap >= Duration::from_millis(950), "Retry-After honoured: {gap:?}");
+    assert!(
+        gap >= Duration::from_millis(950),
+        "Retry-After honoured: {gap:?}"
+    );
     let ch = run.channel("r");
-    assert_eq!((ch.delivered_total, ch.retries_total, ch.failed_total), (1, 2, 0));
+    assert_eq!(
+        (ch.delivered_total, ch.retries_total, ch.failed_total),
+        (1, 2, 0)
+    );
     run.stop().await;
 }
 
@@ -658,12 +715,18 @@ async fn slack_400_is_permanent_and_the_url_stays_secret() {
     assert!(!format!("{cfg:?}").contains("XSECRETTOKENX"));
     let run = Running::start(&cfg, state.path());
     run.sender.send(xid79_alert()).await.unwrap();
-    wait_until("failed for good", 10, || run.channel("slack").failed_total == 1).await;
+    wait_until("failed for good", 10, || {
+        run.channel("slack").failed_total == 1
+    })
+    .await;
     wait_until("outbox empty", 10, || run.status().outbox_count == 0).await;
     assert_eq!(rx.requests().len(), 1, "a 400 is not retried");
     let ch = run.channel("slack");
     let err = ch.last_error.unwrap();
-    assert!(err.contains("HTTP 400") && err.contains("invalid_payload"), "{err}");
+    assert!(
+        err.contains("HTTP 400") && err.contains("invalid_payload"),
+        "{err}"
+    );
     assert!(!err.contains("XSECRETTOKENX"), "{err}");
     assert!(!format!("{:?}", run.sender).contains("XSECRETTOKENX"));
     // It was a Slack message.
@@ -682,10 +745,17 @@ async fn delivers_when_the_receiver_comes_back() {
     ));
     let run = Running::start(&cfg, state.path());
     run.sender.send(xid79_alert()).await.unwrap();
-    wait_until("a failed attempt", 10, || run.channel("late").retries_total >= 1).await;
+    wait_until("a failed attempt", 10, || {
+        run.channel("late").retries_total >= 1
+    })
+    .await;
     assert_eq!(outbox_files(state.path()).len(), 1, "waiting in the outbox");
     let err = run.channel("late").last_error.unwrap();
     assert!(err.contains("connect"), "{err}");
+    assert!(
+        !err.contains("/late") && !err.contains("127.0.0.1:"),
+        "no URL in errors: {err}"
+    );
     let rx = Receiver::start_on(port).await;
     wait_until("delivered", 15, || run.channel("late").delivered_total == 1).await;
     wait_until("outbox empty", 10, || outbox_files(state.path()).is_empty()).await;
@@ -706,17 +776,27 @@ async fn outbox_is_delivered_after_a_restart() {
     run.sender.send(xid79_alert()).await.unwrap();
     wait_until("a retry", 10, || run.channel("r").retries_total >= 1).await;
     run.stop().await;
-    assert_eq!(outbox_files(state.path()).len(), 1, "still in the outbox after shutdown");
+    assert_eq!(
+        outbox_files(state.path()).len(),
+        1,
+        "still in the outbox after shutdown"
+    );
 
     rx.set_default(ok());
     let before = rx.requests().len();
     let run = Running::start(&cfg, state.path());
-    wait_until("delivered after restart", 15, || run.channel("r").delivered_total == 1).await;
+    wait_until("delivered after restart", 15, || {
+        run.channel("r").delivered_total == 1
+    })
+    .await;
     wait_until("outbox empty", 10, || outbox_files(state.path()).is_empty()).await;
     let reqs = rx.requests();
     let last = reqs.last().unwrap();
     assert!(reqs.len() > before);
-    assert_eq!(last.header("idempotency-key"), Some("b7f3c1d2-79-0000:17:00.0-81234"));
+    assert_eq!(
+        last.header("idempotency-key"),
+        Some("b7f3c1d2-79-0000:17:00.0-81234")
+    );
     assert_eq!(run.status().outbox_count, 0);
     run.stop().await;
 }
@@ -768,8 +848,14 @@ async fn severity_filter_digest_and_alertmanager_shape() {
     warn.incident.phase = IncidentPhase::Digest;
     warn.incident.count = 4096;
     run.sender.send(warn).await.unwrap();
-    wait_until("warning delivered", 15, || run.status().outbox_count == 0 && rx.requests_to("/all").len() == 1).await;
-    assert!(rx.requests_to("/pager").is_empty(), "below the pager's minimum severity");
+    wait_until("warning delivered", 15, || {
+        run.status().outbox_count == 0 && rx.requests_to("/all").len() == 1
+    })
+    .await;
+    assert!(
+        rx.requests_to("/pager").is_empty(),
+        "below the pager's minimum severity"
+    );
     let all = &rx.requests_to("/all")[0];
     assert_eq!(all.json()["phase"], "digest");
     assert_eq!(all.json()["count"], 4096);
@@ -788,20 +874,95 @@ async fn severity_filter_digest_and_alertmanager_shape() {
     assert_eq!(a["labels"]["cluster"], "test");
     for (k, v) in a["labels"].as_object().unwrap() {
         assert!(
-            !["id", "incident_id", "seq", "timestamp", "count", "first_seen", "boot_id"].contains(&k.as_str()),
+            ![
+                "id",
+                "incident_id",
+                "seq",
+                "timestamp",
+                "count",
+                "first_seen",
+                "boot_id"
+            ]
+            .contains(&k.as_str()),
             "{k} does not identify the problem"
         );
-        assert!(!v.as_str().unwrap().contains("4096"), "no counts in labels: {k}={v}");
+        assert!(
+            !v.as_str().unwrap().contains("4096"),
+            "no counts in labels: {k}={v}"
+        );
     }
-    assert!(a["annotations"]["summary"].as_str().unwrap().contains("Xid 79"));
-    assert!(a["annotations"]["action"].as_str().unwrap().contains("Drain the node"));
-    assert!(a["annotations"]["evidence"].as_str().unwrap().contains("link degraded"));
+    assert!(a["annotations"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("Xid 79"));
+    assert!(a["annotations"]["action"]
+        .as_str()
+        .unwrap()
+        .contains("Drain the node"));
+    assert!(a["annotations"]["evidence"]
+        .as_str()
+        .unwrap()
+        .contains("link degraded"));
     assert!(a["startsAt"].as_str().unwrap().ends_with('Z'));
     assert!(a["endsAt"].as_str().unwrap() > a["startsAt"].as_str().unwrap());
     assert_eq!(run.channel("am").delivered_total, 1);
 
-    run.sender.send(alert_with_id("crit-1", Severity::Critical)).await.unwrap();
-    wait_until("critical reaches the pager", 15, || rx.requests_to("/pager").len() == 1).await;
+    run.sender
+        .send(alert_with_id("crit-1", Severity::Critical))
+        .await
+        .unwrap();
+    wait_until("critical reaches the pager", 15, || {
+        rx.requests_to("/pager").len() == 1
+    })
+    .await;
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_outbox_drops_oldest_non_critical_and_says_so() {
+    let rx = Receiver::start().await;
+    rx.set_default(Reply::Status(503, vec![], "down".into()));
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[alerts.outbox]\nmax_count = 2\n[[alerts.webhook]]\nname = \"r\"\nurl = \"{}\"\nformat = \"json\"\nmin_severity = \"info\"\n",
+        rx.url("/full")
+    ));
+    let run = Running::start(&cfg, state.path());
+    for (id, sev) in [
+        ("warn-a", Severity::Warning),
+        ("warn-b", Severity::Warning),
+        ("crit-c", Severity::Critical),
+        ("crit-d", Severity::Critical),
+    ] {
+        run.sender.send(alert_with_id(id, sev)).await.unwrap();
+    }
+    run.wait("four accepted, two dropped", 10, |s| {
+        s.accepted_total == 4 && s.dropped_total == 2
+    })
+    .await;
+    assert_eq!(outbox_files(state.path()).len(), 2);
+    let before = rx.requests().len();
+    rx.set_default(ok());
+    run.wait("outbox drained", 15, |s| s.outbox_count == 0)
+        .await;
+    let delivered: Vec<serde_json::Value> = rx.requests()[before..].iter().map(Req::json).collect();
+    let ids: Vec<&str> = delivered
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"crit-c") && ids.contains(&"crit-d"),
+        "{ids:?}"
+    );
+    assert!(
+        !ids.contains(&"warn-a") && !ids.contains(&"warn-b"),
+        "{ids:?}"
+    );
+    let d = delivered.iter().find(|d| d["id"] == "crit-d").unwrap();
+    assert_eq!(
+        d["dropped_alerts_before"], 1,
+        "crit-d reports warn-a, dropped to make room for crit-c"
+    );
     run.stop().await;
 }
 
@@ -815,14 +976,23 @@ async fn rate_limit_delays_without_dropping() {
     ));
     let run = Running::start(&cfg, state.path());
     for i in 0..3 {
-        run.sender.send(alert_with_id(&format!("rl-{i}"), Severity::Critical)).await.unwrap();
+        run.sender
+            .send(alert_with_id(&format!("rl-{i}"), Severity::Critical))
+            .await
+            .unwrap();
     }
     wait_until("all three delivered", 20, || rx.requests().len() == 3).await;
     let reqs = rx.requests();
     for w in reqs.windows(2) {
-        assert!(w[1].at - w[0].at >= Duration::from_millis(950), "one per second");
+        assert!(
+            w[1].at - w[0].at >= Duration::from_millis(950),
+            "one per second"
+        );
     }
-    let ids: Vec<_> = reqs.iter().map(|r| r.header("idempotency-key").unwrap().to_string()).collect();
+    let ids: Vec<_> = reqs
+        .iter()
+        .map(|r| r.header("idempotency-key").unwrap().to_string())
+        .collect();
     assert_eq!(ids, ["rl-0", "rl-1", "rl-2"], "in order");
     run.stop().await;
 }
@@ -830,9 +1000,6 @@ async fn rate_limit_delays_without_dropping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_alert_reports_each_channel() {
     let rx = Receiver::start().await;
-    let state = tempfile::tempdir().unwrap();
-    let _ = state;
-    rx.script(vec![]);
     let cfg = parse_cfg(&format!(
         r#"
         [[alerts.webhook]]
@@ -841,11 +1008,11 @@ async fn test_alert_reports_each_channel() {
         format = "slack"
         [[alerts.webhook]]
         name = "bad"
-        url = "{}"
+        url = "http://127.0.0.1:{}/bad"
         format = "json"
         "#,
         rx.url("/good"),
-        format!("http://127.0.0.1:{}/bad", free_port())
+        free_port()
     ));
     let report = test_alert(
         &cfg,
@@ -865,7 +1032,10 @@ async fn test_alert_reports_each_channel() {
     let bad = report.results.iter().find(|r| r.channel == "bad").unwrap();
     assert_eq!(bad.failure, Some(FailureKind::Transient));
     let text = report.render();
-    assert!(text.contains("ok      good (slack)") && text.contains("bad (webhook)"), "{text}");
+    assert!(
+        text.contains("ok      good (slack)") && text.contains("bad (webhook)"),
+        "{text}"
+    );
     let body = rx.requests_to("/good")[0].json();
     assert!(body["text"].as_str().unwrap().contains("[TEST]"));
 
@@ -926,7 +1096,12 @@ async fn sigkill_mid_delivery_then_restart() {
     rx.set_default(Reply::Hang);
     let state = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sigkill_child_process", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "sigkill_child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_STATE, state.path())
         .env(CHILD_URL, rx.url("/k"))
         .stdout(std::process::Stdio::null())
@@ -937,7 +1112,11 @@ async fn sigkill_mid_delivery_then_restart() {
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
     assert!(!status.success());
-    assert_eq!(outbox_files(state.path()).len(), 1, "the alert survived the kill");
+    assert_eq!(
+        outbox_files(state.path()).len(),
+        1,
+        "the alert survived the kill"
+    );
 
     rx.set_default(ok());
     let cfg = parse_cfg(&format!(
@@ -945,12 +1124,21 @@ async fn sigkill_mid_delivery_then_restart() {
         rx.url("/k")
     ));
     let run = Running::start(&cfg, state.path());
-    wait_until("delivered by the restarted dispatcher", 15, || run.channel("r").delivered_total == 1).await;
+    wait_until("delivered by the restarted dispatcher", 15, || {
+        run.channel("r").delivered_total == 1
+    })
+    .await;
     wait_until("outbox empty", 10, || outbox_files(state.path()).is_empty()).await;
     let reqs = rx.requests();
     assert_eq!(reqs.len(), 2);
-    assert_eq!(reqs[0].header("idempotency-key"), reqs[1].header("idempotency-key"));
-    assert_eq!(reqs[0].body, reqs[1].body, "the same document, byte for byte");
+    assert_eq!(
+        reqs[0].header("idempotency-key"),
+        reqs[1].header("idempotency-key")
+    );
+    assert_eq!(
+        reqs[0].body, reqs[1].body,
+        "the same document, byte for byte"
+    );
     run.stop().await;
 }
 
@@ -959,10 +1147,15 @@ async fn sigkill_mid_delivery_then_restart() {
 
 #[test]
 fn example_config_parses_and_validates() {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/alerts.example.toml"))
-        .expect("docs/alerts.example.toml");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/alerts.example.toml"),
+    )
+    .expect("docs/alerts.example.toml");
     for (k, v) in [
-        ("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/x"),
+        (
+            "SLACK_WEBHOOK_URL",
+            "https://hooks.slack.com/services/T0/B0/x",
+        ),
         ("RECEIVER_TOKEN", "Bearer abc"),
         ("SMTP_PASSWORD", "pw"),
     ] {
@@ -1018,20 +1211,34 @@ async fn email_through_a_real_smtp_server() {
         "{FAST_RETRY}[[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtp://{addr}\"\nfrom = \"xidwatch <xidwatch@gpu-node-7.example>\"\nto = [\"oncall@example.com\", \"Second <second@example.com>\"]\n"
     ));
     let run = Running::start(&cfg, state.path());
-    run.sender.send(alert_with_id(&id, Severity::Critical)).await.unwrap();
-    run.wait("mail delivered", 20, |s| s.channels[0].delivered_total == 1).await;
+    run.sender
+        .send(alert_with_id(&id, Severity::Critical))
+        .await
+        .unwrap();
+    run.wait("mail delivered", 20, |s| s.channels[0].delivered_total == 1)
+        .await;
     let msg = {
         let mut found = None;
         let deadline = Instant::now() + Duration::from_secs(10);
         while found.is_none() && Instant::now() < deadline {
-            found = maildir_messages(Path::new(&maildir)).into_iter().find(|m| m.contains(&id));
+            found = maildir_messages(Path::new(&maildir))
+                .into_iter()
+                .find(|m| m.contains(&id));
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Unfold long header lines (RFC 5322) before looking at them.
-        found.expect("the message is in the maildir").replace("\r\n", "\n").replace("\n ", " ")
+        found
+            .expect("the message is in the maildir")
+            .replace("\r\n", "\n")
+            .replace("\n ", " ")
     };
     let stem = id.replace(':', "_");
-    assert!(msg.contains("Subject: [xidwatch] gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79,"), "{msg}");
+    assert!(
+        msg.contains(
+            "Subject: [xidwatch] gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79,"
+        ),
+        "{msg}"
+    );
     assert!(msg.contains(&format!("xidwatch-{stem}.txt")));
     assert!(msg.contains(&format!("xidwatch-{stem}.json")));
     assert!(msg.contains("application/json"));
@@ -1065,14 +1272,33 @@ async fn email_starttls_and_auth_through_a_real_smtp_server() {
         channel("wrongpw", "not-the-password")
     ));
     let run = Running::start(&cfg, state.path());
-    run.sender.send(alert_with_id(&id, Severity::Critical)).await.unwrap();
-    run.wait("delivered over STARTTLS with AUTH", 20, |s| s.channels.iter().any(|c| c.name == "tls" && c.delivered_total == 1)).await;
-    run.wait("wrong password fails for good", 20, |s| s.channels.iter().any(|c| c.name == "wrongpw" && c.failed_total == 1)).await;
+    run.sender
+        .send(alert_with_id(&id, Severity::Critical))
+        .await
+        .unwrap();
+    run.wait("delivered over STARTTLS with AUTH", 20, |s| {
+        s.channels
+            .iter()
+            .any(|c| c.name == "tls" && c.delivered_total == 1)
+    })
+    .await;
+    run.wait("wrong password fails for good", 20, |s| {
+        s.channels
+            .iter()
+            .any(|c| c.name == "wrongpw" && c.failed_total == 1)
+    })
+    .await;
     let err = run.channel("wrongpw").last_error.unwrap();
     assert!(err.contains("authentication"), "{err}");
     assert!(!err.contains("not-the-password"));
-    assert_eq!(run.channel("wrongpw").retries_total, 0, "auth failure is permanent");
-    let found = maildir_messages(Path::new(&maildir)).into_iter().any(|m| m.contains(&id));
+    assert_eq!(
+        run.channel("wrongpw").retries_total,
+        0,
+        "auth failure is permanent"
+    );
+    let found = maildir_messages(Path::new(&maildir))
+        .into_iter()
+        .any(|m| m.contains(&id));
     assert!(found);
     run.stop().await;
 }
@@ -1092,11 +1318,15 @@ async fn alertmanager_shows_the_alert_active() {
     let mut alert = xid79_alert();
     alert.incident.host = host.clone();
     run.sender.send(alert).await.unwrap();
-    wait_until("accepted by Alertmanager", 20, || run.channel("am").delivered_total == 1).await;
+    wait_until("accepted by Alertmanager", 20, || {
+        run.channel("am").delivered_total == 1
+    })
+    .await;
 
     let client = reqwest::Client::new();
     let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
-    url.query_pairs_mut().append_pair("filter", &format!("host=\"{host}\""));
+    url.query_pairs_mut()
+        .append_pair("filter", &format!("host=\"{host}\""));
     let deadline = Instant::now() + Duration::from_secs(20);
     let found = loop {
         let resp = client.get(url.clone()).send().await.unwrap();
@@ -1106,7 +1336,10 @@ async fn alertmanager_shows_the_alert_active() {
                 break a.clone();
             }
         }
-        assert!(Instant::now() < deadline, "alert not active in Alertmanager: {list}");
+        assert!(
+            Instant::now() < deadline,
+            "alert not active in Alertmanager: {list}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let l = &found["labels"];
@@ -1116,6 +1349,9 @@ async fn alertmanager_shows_the_alert_active() {
     assert_eq!(l["pci"], "0000:17:00.0");
     assert_eq!(l["xid"], "79");
     assert_eq!(l["severity"], "critical");
-    assert!(found["annotations"]["summary"].as_str().unwrap().contains("fell off the bus"));
+    assert!(found["annotations"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("fell off the bus"));
     run.stop().await;
 }

@@ -19,7 +19,16 @@ use super::webhook::{header_map, http_client, post};
 
 /// Labels xidwatch sets itself; configured extra labels may not use these names.
 pub const RESERVED_LABELS: &[&str] = &[
-    "alertname", "host", "instance", "gpu", "pci", "xid", "severity", "kind", "category", "uuid",
+    "alertname",
+    "host",
+    "instance",
+    "gpu",
+    "pci",
+    "xid",
+    "severity",
+    "kind",
+    "category",
+    "uuid",
     "test",
 ];
 
@@ -124,14 +133,17 @@ pub fn postable(
         ann.insert("report_path".into(), p.clone());
     }
     if doc.dropped_alerts_before > 0 {
-        ann.insert("dropped_alerts_before".into(), doc.dropped_alerts_before.to_string());
+        ann.insert(
+            "dropped_alerts_before".into(),
+            doc.dropped_alerts_before.to_string(),
+        );
     }
     let mut excerpt = String::new();
     for (step, note) in doc.notes() {
         excerpt.push_str(&format!("{note} ({step})\n"));
     }
     for l in doc.kernel_lines() {
-        excerpt.push_str(l);
+        excerpt.push_str(&l);
         excerpt.push('\n');
     }
     if !excerpt.is_empty() {

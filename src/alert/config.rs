@@ -509,7 +509,9 @@ impl AlertConfig {
                     "{key}.name: {name:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
                 ));
             } else if name == STDOUT_CHANNEL {
-                errs.push(format!("{key}.name: \"stdout\" is reserved for standard output"));
+                errs.push(format!(
+                    "{key}.name: \"stdout\" is reserved for standard output"
+                ));
             } else if !names.insert(name.to_string()) {
                 errs.push(format!("{key}.name: {name:?} is used by another channel"));
             }
@@ -531,7 +533,9 @@ impl AlertConfig {
             |key: &str, headers: &BTreeMap<String, Secret>, errs: &mut Vec<String>| {
                 for (name, value) in headers {
                     if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                        errs.push(format!("{key}.headers: {name:?} is not a valid header name"));
+                        errs.push(format!(
+                            "{key}.headers: {name:?} is not a valid header name"
+                        ));
                     }
                     match value.resolve() {
                         Err(e) => errs.push(format!("{key}.headers.{name}: {e}")),
@@ -557,7 +561,12 @@ impl AlertConfig {
                     }
                 }
             }
-            check_rate(&key, w.rate_limit_count, w.rate_limit_window_secs, &mut errs);
+            check_rate(
+                &key,
+                w.rate_limit_count,
+                w.rate_limit_window_secs,
+                &mut errs,
+            );
             check_timeout(&key, w.timeout_secs, &mut errs);
             check_headers(&key, &w.headers, &mut errs);
             if reqwest::header::HeaderName::from_bytes(w.signature_header.as_bytes()).is_err() {
@@ -619,7 +628,12 @@ impl AlertConfig {
                     errs.push(format!("{key}.ca_file: {msg}"));
                 }
             }
-            check_rate(&key, e.rate_limit_count, e.rate_limit_window_secs, &mut errs);
+            check_rate(
+                &key,
+                e.rate_limit_count,
+                e.rate_limit_window_secs,
+                &mut errs,
+            );
             check_timeout(&key, e.timeout_secs, &mut errs);
         }
 
@@ -634,7 +648,7 @@ impl AlertConfig {
                     errs.push(format!("{key}.urls[{j}]: {msg}"));
                 }
             }
-            for (name, _) in &a.labels {
+            for name in a.labels.keys() {
                 if !is_label_name(name) {
                     errs.push(format!("{key}.labels: {name:?} is not a valid label name"));
                 } else if super::alertmanager::RESERVED_LABELS.contains(&name.as_str()) {
@@ -655,7 +669,12 @@ impl AlertConfig {
                     errs.push(format!("{key}.ca_file: {msg}"));
                 }
             }
-            check_rate(&key, a.rate_limit_count, a.rate_limit_window_secs, &mut errs);
+            check_rate(
+                &key,
+                a.rate_limit_count,
+                a.rate_limit_window_secs,
+                &mut errs,
+            );
             check_timeout(&key, a.timeout_secs, &mut errs);
         }
 
@@ -739,7 +758,7 @@ pub(crate) fn check_http_url(text: &str) -> Result<reqwest::Url, String> {
         "http" | "https" => {}
         other => return Err(format!("scheme {other:?} is not http or https")),
     }
-    if url.host_str().is_none_or(str::is_empty) {
+    if url.host_str().map_or(true, str::is_empty) {
         return Err("the URL has no host".to_string());
     }
     Ok(url)
@@ -747,8 +766,7 @@ pub(crate) fn check_http_url(text: &str) -> Result<reqwest::Url, String> {
 
 /// Reads a PEM bundle and checks it holds at least one certificate.
 pub(crate) fn read_pem_certs(path: &Path) -> Result<Vec<u8>, String> {
-    let pem =
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if !pem
         .windows(b"-----BEGIN CERTIFICATE-----".len())
         .any(|w| w == b"-----BEGIN CERTIFICATE-----")
@@ -782,8 +800,10 @@ impl SmtpTarget {
             return Err("put credentials in username/password, not in the URL".to_string());
         }
         if url.query().is_some() || url.path().len() > 1 {
-            return Err("expected smtp://host[:port] or smtps://host[:port] with no path or query"
-                .to_string());
+            return Err(
+                "expected smtp://host[:port] or smtps://host[:port] with no path or query"
+                    .to_string(),
+            );
         }
         let host = match url.host() {
             Some(url::Host::Ipv6(a)) => a.to_string(),
@@ -870,11 +890,22 @@ mod tests {
     fn secret_sources() {
         assert_eq!(Secret::parse("env:X"), Secret::Env("X".into()));
         assert_eq!(Secret::parse("file:/a/b"), Secret::File("/a/b".into()));
-        assert_eq!(Secret::parse("inline:env:X"), Secret::Inline("env:X".into()));
+        assert_eq!(
+            Secret::parse("inline:env:X"),
+            Secret::Inline("env:X".into())
+        );
         assert_eq!(Secret::parse("abc"), Secret::Inline("abc".into()));
         std::env::set_var("XIDWATCH_TEST_SECRET_A", "value-a");
-        assert_eq!(Secret::Env("XIDWATCH_TEST_SECRET_A".into()).resolve().unwrap().expose(), "value-a");
-        let err = Secret::Env("XIDWATCH_TEST_SECRET_UNSET".into()).resolve().unwrap_err();
+        assert_eq!(
+            Secret::Env("XIDWATCH_TEST_SECRET_A".into())
+                .resolve()
+                .unwrap()
+                .expose(),
+            "value-a"
+        );
+        let err = Secret::Env("XIDWATCH_TEST_SECRET_UNSET".into())
+            .resolve()
+            .unwrap_err();
         assert!(err.contains("XIDWATCH_TEST_SECRET_UNSET"));
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
@@ -941,7 +972,10 @@ mod tests {
     #[test]
     fn smtp_targets() {
         let t = SmtpTarget::parse("smtp://127.0.0.1:2525", SmtpTls::Auto).unwrap();
-        assert_eq!((t.port, t.security, t.loopback), (2525, SmtpSecurity::Plain, true));
+        assert_eq!(
+            (t.port, t.security, t.loopback),
+            (2525, SmtpSecurity::Plain, true)
+        );
         let t = SmtpTarget::parse("smtp://mail.example.com", SmtpTls::Auto).unwrap();
         assert_eq!((t.port, t.security), (587, SmtpSecurity::Starttls));
         let t = SmtpTarget::parse("smtps://mail.example.com", SmtpTls::Auto).unwrap();
@@ -960,9 +994,7 @@ mod tests {
         let ch = cfg.channels();
         assert_eq!(ch.len(), 1);
         assert_eq!(ch[0].kind, ChannelKind::Stdout);
-        let cfg = parse(
-            "[[alerts.alertmanager]]\nname = 'am'\nurls = ['http://127.0.0.1:9093']\n",
-        );
+        let cfg = parse("[[alerts.alertmanager]]\nname = 'am'\nurls = ['http://127.0.0.1:9093']\n");
         assert!(cfg.channels().iter().all(|c| c.kind != ChannelKind::Stdout));
     }
 

@@ -174,7 +174,10 @@ impl Dispatcher {
             tracing::error!(incident = %id, channel = %ch, "alert left in the outbox for a channel that is no longer configured; not sent there");
         }
         if !ob.is_empty() {
-            tracing::info!(count = ob.len(), "alerts left in the outbox by an earlier run will be sent");
+            tracing::info!(
+                count = ob.len(),
+                "alerts left in the outbox by an earlier run will be sent"
+            );
         }
 
         let stats = channels
@@ -484,7 +487,9 @@ impl Worker {
                                 tracing::debug!(incident = %f.id, "alert finished on every channel; removed from the outbox");
                             }
                         }
-                        Err(e) => tracing::error!(channel = %name, "alert outbox update failed: {e}"),
+                        Err(e) => {
+                            tracing::error!(channel = %name, "alert outbox update failed: {e}")
+                        }
                     }
                 }
             }
@@ -529,9 +534,7 @@ impl Worker {
                 }
                 if e.is_permanent() {
                     tracing::error!(channel = %name, incident = %doc.id, error = %e, "ALERT NOT DELIVERED: the channel refused it permanently; fix the channel's configuration");
-                    Outcome::Failed {
-                        error: e.message,
-                    }
+                    Outcome::Failed { error: e.message }
                 } else if give_up {
                     let why = if too_many {
                         format!("gave up after {attempts} attempts")

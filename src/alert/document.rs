@@ -213,8 +213,12 @@ impl AlertDocument {
         let inc = &alert.incident;
         let gpu = gpu_doc(inc);
         let (meaning, next_steps) = meaning_and_steps(&alert.evidence, alert.catalog.as_ref());
-        let findings: Vec<FindingDoc> =
-            inc.findings.iter().take(MAX_FINDINGS).map(finding_doc).collect();
+        let findings: Vec<FindingDoc> = inc
+            .findings
+            .iter()
+            .take(MAX_FINDINGS)
+            .map(finding_doc)
+            .collect();
         AlertDocument {
             schema: SCHEMA.to_string(),
             id: inc.id.clone(),
@@ -294,12 +298,25 @@ impl AlertDocument {
         s
     }
 
-    /// Every kernel log line of the carried findings, in order.
-    pub fn kernel_lines(&self) -> Vec<&str> {
-        self.findings
-            .iter()
-            .flat_map(|f| f.raw.iter().map(String::as_str))
-            .collect()
+    /// Every kernel log line of the carried findings, in order; a finding's first line carries
+    /// the timestamp the log gave it (`[ 9512.238711] NVRM: Xid ...`).
+    pub fn kernel_lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for f in &self.findings {
+            for (i, l) in f.raw.iter().enumerate() {
+                match (&f.timestamp, i) {
+                    (Some(ts), 0) => out.push(format!("{ts} {l}")),
+                    _ => out.push(l.clone()),
+                }
+            }
+            if f.raw_omitted > 0 {
+                out.push(format!(
+                    "({} more line(s) of this record not kept)",
+                    f.raw_omitted
+                ));
+            }
+        }
+        out
     }
 
     /// Runbook notes (what the evidence means, e.g. "link degraded to x8"), in order.
@@ -383,7 +400,11 @@ fn meaning_and_steps(evidence: &[Evidence], catalog: Option<&CatalogText>) -> (S
             .map(|s| s.trim().to_string())
     };
     let meaning = from_runbook(|e| &e.meaning)
-        .or_else(|| catalog.map(|c| c.summary.trim().to_string()).filter(|s| !s.is_empty()))
+        .or_else(|| {
+            catalog
+                .map(|c| c.summary.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
         .unwrap_or_else(|| "No description is known for this fault.".to_string());
     let next = from_runbook(|e| &e.next_steps)
         .or_else(|| catalog.and_then(CatalogText::action_words))
@@ -461,7 +482,9 @@ fn evidence_doc(e: &Evidence) -> EvidenceDoc {
                         StepStatus::TimedOut { after_ms } => StepStatusDoc::TimedOut {
                             after_ms: *after_ms,
                         },
-                        StepStatus::Missing { what } => StepStatusDoc::Missing { what: what.clone() },
+                        StepStatus::Missing { what } => {
+                            StepStatusDoc::Missing { what: what.clone() }
+                        }
                         StepStatus::Skipped { reason } => StepStatusDoc::Skipped {
                             reason: reason.clone(),
                         },

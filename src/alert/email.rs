@@ -41,9 +41,12 @@ impl std::fmt::Debug for EmailChannel {
 
 impl EmailChannel {
     pub fn build(cfg: &EmailConfig) -> Result<Self, String> {
-        let target = SmtpTarget::parse(&cfg.smtp_url, cfg.tls).map_err(|e| format!("smtp_url: {e}"))?;
+        let target =
+            SmtpTarget::parse(&cfg.smtp_url, cfg.tls).map_err(|e| format!("smtp_url: {e}"))?;
         if target.security == SmtpSecurity::Plain && !target.loopback {
-            return Err("tls: a plain SMTP connection is allowed only to a loopback address".into());
+            return Err(
+                "tls: a plain SMTP connection is allowed only to a loopback address".into(),
+            );
         }
         let tls_params = || -> Result<TlsParameters, String> {
             let mut b = TlsParameters::builder(target.host.clone());
@@ -170,7 +173,11 @@ pub fn message(
     let message_id = format!(
         "<{stem}.{}@{}>",
         doc.count,
-        if host_part.is_empty() { "xidwatch" } else { &host_part }
+        if host_part.is_empty() {
+            "xidwatch"
+        } else {
+            &host_part
+        }
     );
 
     let mut b = Message::builder()

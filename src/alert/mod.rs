@@ -112,8 +112,8 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
     );
     finding.xid = Some(79);
     finding.pci = pci;
-    finding.message = "GPU has fallen off the bus. (synthetic test line from xidwatch test-alert)"
-        .to_string();
+    finding.message =
+        "GPU has fallen off the bus. (synthetic test line from xidwatch test-alert)".to_string();
     finding.origin = Origin {
         line: 0,
         lines: 1,
@@ -214,7 +214,12 @@ impl TestAlertReport {
         }
         for r in &self.results {
             let line = if r.ok {
-                format!("  ok      {} ({}) in {} ms\n", r.channel, r.kind.as_str(), r.elapsed_ms)
+                format!(
+                    "  ok      {} ({}) in {} ms\n",
+                    r.channel,
+                    r.kind.as_str(),
+                    r.elapsed_ms
+                )
             } else {
                 let how = match r.failure {
                     Some(FailureKind::Permanent) => "FAILED (permanent)",

@@ -62,11 +62,18 @@ impl ChannelState {
 pub enum Outcome {
     Delivered,
     /// Temporary failure: try again at `next_attempt_ms`.
-    Retry { next_attempt_ms: u64, error: String },
+    Retry {
+        next_attempt_ms: u64,
+        error: String,
+    },
     /// Given up: permanent failure, too many attempts or too old.
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
     /// Not attempted (rate limit): try again at `next_attempt_ms`, attempts unchanged.
-    Defer { next_attempt_ms: u64 },
+    Defer {
+        next_attempt_ms: u64,
+    },
 }
 
 #[derive(Serialize)]
@@ -180,7 +187,10 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 
 fn create_private_dir(dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 impl Outbox {
@@ -206,7 +216,9 @@ impl Outbox {
             if name == META {
                 match fs::read(&path).map(|b| serde_json::from_slice::<Meta>(&b)) {
                     Ok(Ok(m)) => meta = m,
-                    _ => warnings.push(format!("{}: unreadable, drop counts reset", path.display())),
+                    _ => {
+                        warnings.push(format!("{}: unreadable, drop counts reset", path.display()))
+                    }
                 }
                 continue;
             }
@@ -678,7 +690,9 @@ mod tests {
     #[test]
     fn bounded_by_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let one = serde_json::to_vec(&doc("x", Severity::Warning)).unwrap().len() as u64;
+        let one = serde_json::to_vec(&doc("x", Severity::Warning))
+            .unwrap()
+            .len() as u64;
         let (mut ob, _) = Outbox::open(
             dir.path(),
             Limits {
@@ -691,7 +705,7 @@ mod tests {
             ob.push(doc(&format!("w{i}"), Severity::Warning), &chans(), i);
             assert!(ob.bytes() <= one * 3);
         }
-        assert!(ob.len() < 3 && ob.len() >= 1, "{}", ob.len());
+        assert!((1..3).contains(&ob.len()), "{}", ob.len());
     }
 
     #[test]
@@ -703,14 +717,20 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(dir.path().join("0000000000000007.json.corrupt").exists());
         assert!(!dir.path().join(".0000000000000008.json.tmp").exists());
-        assert!(ob.push(doc("ok", Severity::Info), &chans(), 1).seq.is_some());
+        assert!(ob
+            .push(doc("ok", Severity::Info), &chans(), 1)
+            .seq
+            .is_some());
     }
 
     #[test]
     fn retired_channels_fail_and_finish_alerts() {
         let dir = tempfile::tempdir().unwrap();
         let (mut ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
-        let seq = ob.push(doc("i", Severity::Critical), &chans(), 1).seq.unwrap();
+        let seq = ob
+            .push(doc("i", Severity::Critical), &chans(), 1)
+            .seq
+            .unwrap();
         ob.record(seq, "a", Outcome::Delivered);
         let retired = ob.retire_channels(&["a".to_string()]);
         assert_eq!(retired, vec![("i".to_string(), "b".to_string())]);

@@ -17,10 +17,12 @@ pub fn summary(doc: &AlertDocument) -> String {
     let mut o = String::new();
     o.push_str(&doc.headline);
     o.push('\n');
-    o.push_str(&"=".repeat(doc.headline.chars().count().clamp(20, 100)));
+    o.push_str(&"-".repeat(doc.headline.chars().count().clamp(20, 100)));
     o.push('\n');
     if doc.test {
-        o.push_str("THIS IS A TEST ALERT sent by `xidwatch test-alert`; nothing is wrong with any GPU.\n");
+        o.push_str(
+            "THIS IS A TEST ALERT sent by `xidwatch test-alert`; nothing is wrong with any GPU.\n",
+        );
     }
     if doc.dropped_alerts_before > 0 {
         let _ = writeln!(
@@ -113,7 +115,10 @@ pub fn summary(doc: &AlertDocument) -> String {
             (None, Some(m)) => m.clone(),
             (None, None) => String::new(),
         };
-        kv("immediate action", &bucket(&c.immediate_bucket, &c.immediate_meaning));
+        kv(
+            "immediate action",
+            &bucket(&c.immediate_bucket, &c.immediate_meaning),
+        );
         kv(
             "investigatory action",
             &bucket(&c.investigatory_bucket, &c.investigatory_meaning),
@@ -203,7 +208,11 @@ pub fn evidence(doc: &AlertDocument) -> String {
                 let _ = writeln!(o, "    {l}");
             }
             if s.bytes_dropped > 0 {
-                let _ = writeln!(o, "    [... {} more bytes of output dropped]", s.bytes_dropped);
+                let _ = writeln!(
+                    o,
+                    "    [... {} more bytes of output dropped]",
+                    s.bytes_dropped
+                );
             }
         }
         if e.steps_omitted > 0 {

@@ -158,7 +158,10 @@ mod tests {
     fn retry_after_is_honoured_and_capped() {
         let b = backoff();
         assert!(b.delay(1, Some(Duration::from_secs(30))) >= Duration::from_secs(30));
-        assert_eq!(b.delay(1, Some(Duration::from_secs(100_000))), Duration::from_secs(120));
+        assert_eq!(
+            b.delay(1, Some(Duration::from_secs(100_000))),
+            Duration::from_secs(120)
+        );
         // A short Retry-After does not shorten the backoff.
         assert!(b.delay(5, Some(Duration::ZERO)) >= Duration::from_secs(8));
     }

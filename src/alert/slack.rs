@@ -38,7 +38,9 @@ fn emoji(sev: Severity) -> &'static str {
 
 /// Escapes the three characters Slack's mrkdwn treats as markup.
 pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Cuts `s` to at most `max` characters, marking the cut.
@@ -60,7 +62,7 @@ fn section(text: String) -> Value {
 }
 
 /// Lines of text in a code block, as many whole lines as fit in `max` characters.
-fn code_block(lines: &[&str], max: usize) -> String {
+fn code_block(lines: &[String], max: usize) -> String {
     let mut body = String::new();
     let mut shown = 0;
     for l in lines {
@@ -74,7 +76,10 @@ fn code_block(lines: &[&str], max: usize) -> String {
     }
     let mut out = format!("```{}```", body.trim_end());
     if shown < lines.len() {
-        out.push_str(&format!("\n_{} more line(s) in the full report_", lines.len() - shown));
+        out.push_str(&format!(
+            "\n_{} more line(s) in the full report_",
+            lines.len() - shown
+        ));
     }
     out
 }

@@ -10,7 +10,9 @@ use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 use sha2::Sha256;
 
-use super::config::{check_http_url, read_pem_certs, Secret, SecretValue, WebhookConfig, WebhookFormat};
+use super::config::{
+    check_http_url, read_pem_certs, Secret, SecretValue, WebhookConfig, WebhookFormat,
+};
 use super::document::{AlertDocument, Phase};
 use super::retry::{classify_http_status, parse_retry_after, DeliveryError, FailureKind};
 use super::slack;
@@ -67,7 +69,10 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 }
 
 /// Builds a rustls HTTP client with a timeout and optional extra CA certificates.
-pub(crate) fn http_client(timeout_secs: u64, ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
+pub(crate) fn http_client(
+    timeout_secs: u64,
+    ca_file: Option<&std::path::Path>,
+) -> Result<reqwest::Client, String> {
     let mut b = reqwest::Client::builder()
         .timeout(Duration::from_secs(timeout_secs))
         .connect_timeout(Duration::from_secs(timeout_secs.min(10)))
@@ -81,16 +86,21 @@ pub(crate) fn http_client(timeout_secs: u64, ca_file: Option<&std::path::Path>) 
             b = b.add_root_certificate(c);
         }
     }
-    b.build().map_err(|e| format!("cannot build the HTTP client: {e}"))
+    b.build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
 /// Resolves secret header values into a header map marked sensitive.
-pub(crate) fn header_map(headers: &std::collections::BTreeMap<String, Secret>) -> Result<HeaderMap, String> {
+pub(crate) fn header_map(
+    headers: &std::collections::BTreeMap<String, Secret>,
+) -> Result<HeaderMap, String> {
     let mut map = HeaderMap::new();
     for (name, secret) in headers {
         let n = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("headers: {name:?} is not a valid header name"))?;
-        let v = secret.resolve().map_err(|e| format!("headers.{name}: {e}"))?;
+        let v = secret
+            .resolve()
+            .map_err(|e| format!("headers.{name}: {e}"))?;
         let mut v = HeaderValue::from_str(v.expose())
             .map_err(|_| format!("headers.{name}: not a valid header value"))?;
         v.set_sensitive(true);
@@ -154,11 +164,7 @@ pub(crate) async fn post(
         .and_then(|v| parse_retry_after(v, SystemTime::now()));
     // A short excerpt of the receiver's answer helps ("invalid_payload", "no_service").
     let text = resp.text().await.unwrap_or_default();
-    let excerpt: String = text
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(200)
-        .collect();
+    let excerpt: String = text.chars().filter(|c| !c.is_control()).take(200).collect();
     let kind = classify_http_status(status.as_u16());
     let mut message = format!("HTTP {}", status.as_u16());
     if !excerpt.trim().is_empty() {
@@ -220,7 +226,10 @@ impl WebhookChannel {
             HeaderValue::from_static(concat!("xidwatch/", env!("CARGO_PKG_VERSION"))),
         );
         let put = |headers: &mut HeaderMap, name: &str, value: &str| {
-            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
                 headers.insert(n, v);
             }
         };
@@ -233,7 +242,9 @@ impl WebhookChannel {
                 headers.insert(self.signature_header.clone(), v);
             }
         }
-        post(&self.client, self.url.expose(), headers, body).await.map(|_| ())
+        post(&self.client, self.url.expose(), headers, body)
+            .await
+            .map(|_| ())
     }
 }
 
