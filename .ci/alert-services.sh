@@ -22,14 +22,14 @@ xw_alert_services() {
             || { echo "alert-services: apt-get install failed, see $base/apt.log"; tail -20 "$base/apt.log"; return 1; }
     fi
 
-    # Wait until host:port accepts TCP connections (bash /dev/tcp), up to $3 seconds.
+    # Whether host:port accepts TCP connections (bash /dev/tcp), trying for up to $3 seconds.
     xw_wait_port() {
         local deadline=$((SECONDS + $3))
-        while ((SECONDS < deadline)); do
+        while true; do
             if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi
+            ((SECONDS < deadline)) || return 1
             sleep 0.2
         done
-        return 1
     }
 
     # --- SMTP

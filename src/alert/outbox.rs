@@ -70,10 +70,6 @@ pub enum Outcome {
     Failed {
         error: String,
     },
-    /// Not attempted (rate limit): try again at `next_attempt_ms`, attempts unchanged.
-    Defer {
-        next_attempt_ms: u64,
-    },
 }
 
 #[derive(Serialize)]
@@ -496,9 +492,6 @@ impl Outbox {
                 c.attempts += 1;
                 c.state = DeliveryState::Failed;
                 c.last_error = Some(error);
-            }
-            Outcome::Defer { next_attempt_ms } => {
-                c.next_attempt_ms = next_attempt_ms;
             }
         }
         if slot.finished() {
