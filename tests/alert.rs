@@ -591,7 +591,10 @@ fn digest_is_one_message_with_exact_counts() {
 async fn webhook_headers_signature_and_body() {
     let rx = Receiver::start().await;
     let state = tempfile::tempdir().unwrap();
-    std::env::set_var("XIDWATCH_TEST_RECEIVER_TOKEN", "Bearer tok-123");
+    // Secrets from files here: setting environment variables in a multi-threaded test process is
+    // racy (the unit tests cover `env:`).
+    let token_file = state.path().join("token");
+    std::fs::write(&token_file, "Bearer tok-123\n").unwrap();
     let secret_file = state.path().join("hmac.secret");
     std::fs::write(&secret_file, "s3cr3t-hmac\n").unwrap();
     let cfg = parse_cfg(&format!(
@@ -601,10 +604,11 @@ async fn webhook_headers_signature_and_body() {
         url = "{}"
         format = "json"
         hmac_secret = "file:{}"
-        headers = {{ Authorization = "env:XIDWATCH_TEST_RECEIVER_TOKEN", "X-Team" = "gpu-infra" }}
+        headers = {{ Authorization = "file:{}", "X-Team" = "gpu-infra" }}
         "#,
         rx.url("/hook"),
-        secret_file.display()
+        secret_file.display(),
+        token_file.display()
     ));
     let run = Running::start(&cfg, state.path());
     run.sender.send(xid79_alert()).await.unwrap();
@@ -656,6 +660,12 @@ async fn webhook_headers_signature_and_body() {
     let ch = run.channel("receiver");
     assert_eq!((ch.delivered_total, ch.failed_total, ch.queued), (1, 0, 0));
     assert!(ch.last_success_ms.is_some());
+    // Another process (`xidwatch status`) reads the same from the state directory.
+    wait_until("status file up to date", 10, || {
+        xidwatch::alert::read_status(state.path())
+            .is_ok_and(|st| st.outbox_count == 0 && st.channels == run.status().channels)
+    })
+    .await;
     run.stop().await;
 }
 
@@ -1151,6 +1161,8 @@ fn example_config_parses_and_validates() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/alerts.example.toml"),
     )
     .expect("docs/alerts.example.toml");
+    // The variables the example names, as inline values (no set_var in a threaded test).
+    let mut text = text;
     for (k, v) in [
         (
             "SLACK_WEBHOOK_URL",
@@ -1159,7 +1171,8 @@ fn example_config_parses_and_validates() {
         ("RECEIVER_TOKEN", "Bearer abc"),
         ("SMTP_PASSWORD", "pw"),
     ] {
-        std::env::set_var(k, v);
+        assert!(text.contains(&format!("\"env:{k}\"")), "{k}");
+        text = text.replace(&format!("\"env:{k}\""), &format!("\"inline:{v}\""));
     }
     let dir = tempfile::tempdir().unwrap();
     let text = text.replace("/etc/xidwatch/webhook-hmac.secret", &{

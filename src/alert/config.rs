@@ -392,7 +392,7 @@ impl<'de> Deserialize<'de> for Secret {
 // Channels as a flat list
 
 /// What kind of channel a name refers to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChannelKind {
     Stdout,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -29,6 +29,16 @@ use super::{Alert, AlertError};
 pub const OUTBOX_DIR: &str = "alert-outbox";
 /// Subdirectory of the state directory holding the full readable reports.
 pub const REPORTS_DIR: &str = "alert-reports";
+/// File in the state directory holding the latest [`AlertStatus`].
+pub const STATUS_FILE: &str = "alert-status.json";
+
+/// Reads the status the running daemon keeps in `<state_dir>/alert-status.json`, for
+/// `xidwatch status` in another process. `updated_ms` tells how fresh it is.
+pub fn read_status(state_dir: &Path) -> Result<AlertStatus, String> {
+    let path = state_dir.join(STATUS_FILE);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
 
 /// Why an alert could not be handed over.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +50,7 @@ pub enum SendError {
 }
 
 /// One channel's state, for `xidwatch status`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChannelStatus {
     pub name: String,
     pub kind: ChannelKind,
@@ -59,9 +69,12 @@ pub struct ChannelStatus {
     pub last_error: Option<String>,
 }
 
-/// The alert stage's state, for `xidwatch status`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// The alert stage's state, for `xidwatch status`. The daemon also keeps it in
+/// `<state_dir>/alert-status.json` (see [`read_status`]) for commands run beside it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AlertStatus {
+    /// When this snapshot was taken (ms since the epoch).
+    pub updated_ms: u64,
     pub channels: Vec<ChannelStatus>,
     /// Alerts in the outbox (waiting for at least one channel).
     pub outbox_count: usize,
@@ -76,6 +89,41 @@ struct Shared {
     outbox: Mutex<Outbox>,
     stats: Mutex<BTreeMap<String, ChannelStatus>>,
     accepted_total: Mutex<u64>,
+    /// Where the status snapshot is written; the lock keeps writers from racing.
+    status_path: Mutex<PathBuf>,
+}
+
+impl Shared {
+    fn status(&self) -> AlertStatus {
+        let ob = lock(&self.outbox);
+        let mut channels: Vec<ChannelStatus> = lock(&self.stats).values().cloned().collect();
+        for c in &mut channels {
+            c.queued = ob.pending_for(&c.name);
+        }
+        AlertStatus {
+            updated_ms: now_ms(),
+            channels,
+            outbox_count: ob.len(),
+            outbox_bytes: ob.bytes(),
+            dropped_total: ob.dropped_total(),
+            accepted_total: *lock(&self.accepted_total),
+        }
+    }
+
+    /// Writes the status snapshot (blocking; call from `spawn_blocking`). Best effort: the
+    /// snapshot is informational, so a failure is logged and alerting goes on.
+    fn write_status(&self) {
+        let st = self.status();
+        let path = lock(&self.status_path);
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return;
+        };
+        let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+        let bytes = serde_json::to_vec_pretty(&st).unwrap_or_default();
+        if let Err(e) = std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, &*path)) {
+            tracing::debug!("cannot write {}: {e}", path.display());
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -115,18 +163,7 @@ impl AlertSender {
 
     /// A snapshot of every channel and of the outbox.
     pub fn status(&self) -> AlertStatus {
-        let ob = lock(&self.shared.outbox);
-        let mut channels: Vec<ChannelStatus> = lock(&self.shared.stats).values().cloned().collect();
-        for c in &mut channels {
-            c.queued = ob.pending_for(&c.name);
-        }
-        AlertStatus {
-            channels,
-            outbox_count: ob.len(),
-            outbox_bytes: ob.bytes(),
-            dropped_total: ob.dropped_total(),
-            accepted_total: *lock(&self.shared.accepted_total),
-        }
+        self.shared.status()
     }
 }
 
@@ -203,7 +240,9 @@ impl Dispatcher {
             outbox: Mutex::new(ob),
             stats: Mutex::new(stats),
             accepted_total: Mutex::new(0),
+            status_path: Mutex::new(state_dir.join(STATUS_FILE)),
         });
+        shared.write_status();
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
 
         let mut workers = Vec::new();
@@ -323,6 +362,7 @@ impl Intake {
             }
             let id = doc.id.clone();
             let pushed = lock(&shared.outbox).push(doc, &targets, now);
+            shared.write_status();
             (id, pushed)
         })
         .await;
@@ -475,7 +515,9 @@ impl Worker {
                     let shared = self.shared.clone();
                     let ch = name.clone();
                     let recorded = tokio::task::spawn_blocking(move || {
-                        lock(&shared.outbox).record(seq, &ch, outcome)
+                        let r = lock(&shared.outbox).record(seq, &ch, outcome);
+                        shared.write_status();
+                        r
                     })
                     .await;
                     match recorded {

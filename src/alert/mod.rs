@@ -35,7 +35,7 @@ use crate::model::{
 
 pub use channel::Channel;
 pub use config::{AlertConfig, ChannelKind, Secret};
-pub use dispatch::{AlertSender, AlertStatus, ChannelStatus, Dispatcher, SendError};
+pub use dispatch::{read_status, AlertSender, AlertStatus, ChannelStatus, Dispatcher, SendError};
 pub use document::AlertDocument;
 pub use retry::{DeliveryError, FailureKind};
 
