@@ -1,0 +1,267 @@
+//! Prometheus Alertmanager: `POST /api/v2/alerts` to one or more instances.
+//!
+//! Labels identify the problem (alertname, host, gpu, pci, xid, severity, kind, category) and
+//! never carry sequence numbers, ids or timestamps, so a digest of the same incident updates the
+//! same Alertmanager alert instead of opening another. Annotations carry the words: summary,
+//! description, action, and a bounded evidence excerpt. `endsAt` is set `resolve_after_secs`
+//! after the send, since xidwatch does not re-send while a fault persists.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use serde::Serialize;
+
+use super::config::{check_http_url, AlertmanagerConfig};
+use super::document::{rfc3339, AlertDocument};
+use super::retry::{DeliveryError, FailureKind};
+use super::webhook::{header_map, http_client, post};
+
+/// Labels xidwatch sets itself; configured extra labels may not use these names.
+pub const RESERVED_LABELS: &[&str] = &[
+    "alertname",
+    "host",
+    "instance",
+    "gpu",
+    "pci",
+    "xid",
+    "severity",
+    "kind",
+    "category",
+    "uuid",
+    "test",
+];
+
+const EVIDENCE_MAX: usize = 2000;
+const ANNOTATION_MAX: usize = 4000;
+
+/// One alert in the v2 API's `postableAlerts` array.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PostableAlert {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    #[serde(rename = "startsAt")]
+    pub starts_at: String,
+    #[serde(rename = "endsAt")]
+    pub ends_at: String,
+    #[serde(rename = "generatorURL", skip_serializing_if = "Option::is_none")]
+    pub generator_url: Option<String>,
+}
+
+/// `XidwatchXid`, `XidwatchFallenOffBus`, ...: CamelCase of the finding kind.
+pub fn alertname(kind: &str) -> String {
+    let mut s = String::from("Xidwatch");
+    for part in kind.split('_') {
+        let mut c = part.chars();
+        if let Some(f) = c.next() {
+            s.extend(f.to_uppercase());
+            s.push_str(c.as_str());
+        }
+    }
+    s
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut o: String = s.chars().take(max.saturating_sub(1)).collect();
+        o.push('…');
+        o
+    }
+}
+
+/// Builds the alert for `doc`; `now_ms` is the send time (for `endsAt`).
+pub fn postable(
+    doc: &AlertDocument,
+    extra_labels: &BTreeMap<String, String>,
+    resolve_after_secs: u64,
+    generator_url: Option<&str>,
+    now_ms: u64,
+) -> PostableAlert {
+    let mut labels = BTreeMap::new();
+    for (k, v) in extra_labels {
+        labels.insert(k.clone(), v.clone());
+    }
+    labels.insert("alertname".into(), alertname(&doc.kind));
+    labels.insert("host".into(), doc.host.clone());
+    labels.insert("severity".into(), doc.severity.as_str().into());
+    labels.insert("kind".into(), doc.kind.clone());
+    labels.insert("category".into(), doc.category.as_str().into());
+    if let Some(x) = doc.xid {
+        labels.insert("xid".into(), x.to_string());
+    }
+    if let Some(g) = &doc.gpu {
+        if let Some(i) = g.index {
+            labels.insert("gpu".into(), i.to_string());
+        }
+        if let Some(p) = &g.pci {
+            labels.insert("pci".into(), p.clone());
+        }
+        if let Some(u) = &g.uuid {
+            labels.insert("uuid".into(), u.clone());
+        }
+    }
+    if doc.test {
+        labels.insert("test".into(), "true".into());
+    }
+
+    let mut ann = BTreeMap::new();
+    ann.insert("summary".into(), cut(&doc.headline, ANNOTATION_MAX));
+    ann.insert("description".into(), cut(&doc.meaning, ANNOTATION_MAX));
+    ann.insert("action".into(), cut(&doc.next_steps, ANNOTATION_MAX));
+    ann.insert("incident_id".into(), doc.id.clone());
+    ann.insert("count".into(), doc.count.to_string());
+    ann.insert("first_seen".into(), doc.first_seen.clone());
+    if let Some(g) = &doc.gpu {
+        if let Some(s) = &g.serial {
+            ann.insert("serial".into(), s.clone());
+        }
+        if let Some(n) = &g.name {
+            ann.insert("gpu_name".into(), n.clone());
+        }
+    }
+    if let Some(c) = &doc.catalog {
+        if !c.mnemonic.is_empty() {
+            ann.insert("mnemonic".into(), c.mnemonic.clone());
+        }
+        if let Some(w) = c.action_words() {
+            ann.insert("nvidia_action".into(), cut(&w, ANNOTATION_MAX));
+        }
+    }
+    if let Some(p) = &doc.report_path {
+        ann.insert("report_path".into(), p.clone());
+    }
+    if doc.dropped_alerts_before > 0 {
+        ann.insert(
+            "dropped_alerts_before".into(),
+            doc.dropped_alerts_before.to_string(),
+        );
+    }
+    let mut excerpt = String::new();
+    for (step, note) in doc.notes() {
+        excerpt.push_str(&format!("{note} ({step})\n"));
+    }
+    for l in doc.kernel_lines() {
+        excerpt.push_str(&l);
+        excerpt.push('\n');
+    }
+    if !excerpt.is_empty() {
+        ann.insert("evidence".into(), cut(excerpt.trim_end(), EVIDENCE_MAX));
+    }
+
+    let ends_ms = now_ms.max(doc.last_seen_ms) + resolve_after_secs * 1000;
+    PostableAlert {
+        labels,
+        annotations: ann,
+        starts_at: rfc3339(doc.first_seen_ms),
+        ends_at: rfc3339(ends_ms),
+        generator_url: generator_url.map(str::to_string),
+    }
+}
+
+/// A configured Alertmanager channel.
+#[derive(Debug)]
+pub struct AlertmanagerChannel {
+    name: String,
+    endpoints: Vec<String>,
+    labels: BTreeMap<String, String>,
+    resolve_after_secs: u64,
+    generator_url: Option<String>,
+    headers: HeaderMap,
+    client: reqwest::Client,
+}
+
+impl AlertmanagerChannel {
+    pub fn build(cfg: &AlertmanagerConfig) -> Result<Self, String> {
+        let mut endpoints = Vec::new();
+        for (i, u) in cfg.urls.iter().enumerate() {
+            let mut url = check_http_url(u).map_err(|e| format!("urls[{i}]: {e}"))?;
+            let path = url.path().trim_end_matches('/').to_string();
+            url.set_path(&format!("{path}/api/v2/alerts"));
+            endpoints.push(url.to_string());
+        }
+        if endpoints.is_empty() {
+            return Err("urls: at least one URL is needed".to_string());
+        }
+        Ok(AlertmanagerChannel {
+            name: cfg.name.clone(),
+            endpoints,
+            labels: cfg.labels.clone(),
+            resolve_after_secs: cfg.resolve_after_secs,
+            generator_url: cfg.generator_url.clone(),
+            headers: header_map(&cfg.headers)?,
+            client: http_client(cfg.timeout_secs, cfg.ca_file.as_deref())?,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Posts to every instance; delivered when at least one accepted. Otherwise the failure is
+    /// temporary if any instance failed temporarily.
+    pub async fn deliver(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let alert = postable(
+            doc,
+            &self.labels,
+            self.resolve_after_secs,
+            self.generator_url.as_deref(),
+            now_ms,
+        );
+        let body = serde_json::to_vec(&[alert]).unwrap_or_default();
+        let mut headers = self.headers.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let sends = self.endpoints.iter().map(|url| {
+            let headers = headers.clone();
+            let body = body.clone();
+            async move { post(&self.client, url, headers, body).await }
+        });
+        let results = futures_util::future::join_all(sends).await;
+        let mut errors = Vec::new();
+        let mut any_ok = false;
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(_) => any_ok = true,
+                Err(e) => errors.push((i, e)),
+            }
+        }
+        if any_ok {
+            for (i, e) in &errors {
+                tracing::warn!(channel = %self.name, instance = i, error = %e, "an Alertmanager instance did not accept the alert; another did");
+            }
+            return Ok(());
+        }
+        let transient = errors.iter().any(|(_, e)| e.kind == FailureKind::Transient);
+        let retry_after = errors.iter().filter_map(|(_, e)| e.retry_after).max();
+        let message = errors
+            .iter()
+            .map(|(i, e)| format!("urls[{i}]: {e}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(DeliveryError {
+            kind: if transient {
+                FailureKind::Transient
+            } else {
+                FailureKind::Permanent
+            },
+            message,
+            retry_after,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alertnames() {
+        assert_eq!(alertname("xid"), "XidwatchXid");
+        assert_eq!(alertname("fallen_off_bus"), "XidwatchFallenOffBus");
+    }
+}
