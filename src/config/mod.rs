@@ -114,6 +114,8 @@ pub struct RawConfig {
     pub incidents: IncidentsConfig,
     /// Per-Xid overrides: `[xid.79] severity = "critical"`.
     pub xid: BTreeMap<String, XidOverride>,
+    /// Alert channels: `[[alerts.webhook]]`, `[[alerts.email]]`, `[[alerts.alertmanager]]`, ...
+    pub alerts: crate::alert::AlertConfig,
 }
 
 /// A validated configuration.
@@ -127,6 +129,7 @@ pub struct Config {
     pub runbooks: RunbooksConfig,
     pub incidents: IncidentsConfig,
     pub overrides: XidOverrides,
+    pub alerts: crate::alert::AlertConfig,
 }
 
 /// A config error, always naming the file.
@@ -192,6 +195,9 @@ impl Config {
                 "nvml.probe_interval_secs: expected a number of seconds above 0".into(),
             ));
         }
+        if let Err(errors) = raw.alerts.validate() {
+            return Err(invalid(errors.join("; ")));
+        }
         if raw.kmsg.path.as_os_str().is_empty() {
             return Err(invalid(
                 "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
@@ -205,6 +211,7 @@ impl Config {
             runbooks: raw.runbooks,
             incidents: raw.incidents,
             overrides,
+            alerts: raw.alerts,
         })
     }
 }

@@ -207,6 +207,26 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
 
+    // Alerts: the dispatcher owns the outbox; with --json, standard output belongs to the
+    // incident stream, so the alert stage's own stdout channel is turned off.
+    let mut alert_cfg = cfg.alerts.clone();
+    if opts.output == Output::Json {
+        alert_cfg.stdout.enabled = Some(false);
+    }
+    for w in alert_cfg.secret_warnings(cfg.source.as_deref()) {
+        tracing::warn!("{w}");
+    }
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let has_channels = !alert_cfg.channels().is_empty();
+    let dispatcher = if has_channels {
+        let (sender, handle) =
+            crate::alert::Dispatcher::start(&alert_cfg, &cfg.state_dir, shutdown_rx)
+                .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;
+        Some((sender, handle))
+    } else {
+        None
+    };
+
     notifier.notify("READY=1");
     tracing::info!(
         "xidwatch watching {} (state in {})",
@@ -217,8 +237,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut out = Emitter {
         output: opts.output,
         stdout: std::io::stdout(),
+        alerts: dispatcher.as_ref().map(|(s, _)| s.clone()),
     };
-    out.emit_all(&mut out_buf);
+    out.emit_all(&mut out_buf).await;
     let mut last_seq: Option<u64> = resume_after;
     let mut saved_seq: Option<u64> = resume_after;
     let mut last_save = tokio::time::Instant::now();
@@ -290,7 +311,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 }
                 last_record = tokio::time::Instant::now();
                 let opened = !out_buf.is_empty();
-                out.emit_all(&mut out_buf);
+                out.emit_all(&mut out_buf).await;
                 // Move the position promptly after an incident, otherwise at a steady pace.
                 if (opened || last_save.elapsed() >= POSITION_EVERY) && last_seq != saved_seq {
                     save_position(&state, boot, last_seq, &mut saved_seq);
@@ -306,7 +327,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     }
                     let f = ev.to_finding(&inv);
                     engine.push(f, Origin::Nvml, now_ms(), false, &mut out_buf);
-                    out.emit_all(&mut out_buf);
+                    out.emit_all(&mut out_buf).await;
                 }
             }
             _ = tokio::time::sleep(fold_wait.saturating_sub(last_record.elapsed())), if classifier.has_pending() => {
@@ -315,18 +336,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 for f in findings.drain(..) {
                     engine.push(f, Origin::Kmsg, now, false, &mut out_buf);
                 }
-                out.emit_all(&mut out_buf);
+                out.emit_all(&mut out_buf).await;
             }
             _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
                 engine.tick(now_ms(), &mut out_buf);
-                out.emit_all(&mut out_buf);
+                out.emit_all(&mut out_buf).await;
             }
             _ = probe_timer.tick() => {
                 let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
                 for f in probe.check(reachable.as_deref()) {
                     engine.push(f, Origin::Probe, now_ms(), false, &mut out_buf);
                 }
-                out.emit_all(&mut out_buf);
+                out.emit_all(&mut out_buf).await;
             }
             _ = watchdog.tick() => {
                 notifier.notify("WATCHDOG=1");
@@ -346,7 +367,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     for f in findings.drain(..) {
         engine.push(f, Origin::Kmsg, now_ms(), false, &mut out_buf);
     }
-    out.emit_all(&mut out_buf);
+    out.emit_all(&mut out_buf).await;
     save_position(&state, boot, last_seq, &mut saved_seq);
     state
         .save_json(
@@ -359,6 +380,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         .context("saving open incidents")?;
     drop(krx);
     let _ = kthread.join();
+    drop(out);
+    let _ = shutdown_tx.send(true);
+    if let Some((sender, handle)) = dispatcher {
+        drop(sender);
+        // The outbox keeps whatever is not delivered yet; give in-flight sends a moment.
+        let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+    }
     tracing::info!(
         "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
         stats.kmsg_records,
@@ -394,61 +422,83 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
     f
 }
 
-/// Writes incidents to standard output.
+/// Hands incidents on: JSON on standard output with `--json`, and to the alert stage.
 struct Emitter {
     output: Output,
     stdout: std::io::Stdout,
+    alerts: Option<crate::alert::AlertSender>,
 }
 
 impl Emitter {
-    fn emit_all(&mut self, incidents: &mut Vec<Incident>) {
+    async fn emit_all(&mut self, incidents: &mut Vec<Incident>) {
         if incidents.is_empty() {
             return;
         }
-        let mut lock = self.stdout.lock();
-        for inc in incidents.drain(..) {
-            let _ = match self.output {
-                Output::Json => serde_json::to_writer(&mut lock, &inc)
+        if self.output == Output::Json {
+            let mut lock = self.stdout.lock();
+            for inc in incidents.iter() {
+                let _ = serde_json::to_writer(&mut lock, inc)
                     .map_err(std::io::Error::from)
-                    .and_then(|_| lock.write_all(b"\n")),
-                Output::Text => lock.write_all(render_incident(&inc).as_bytes()),
-            };
+                    .and_then(|_| lock.write_all(b"\n"));
+            }
+            let _ = lock.flush();
         }
-        let _ = lock.flush();
+        for inc in incidents.drain(..) {
+            let Some(sender) = &self.alerts else { continue };
+            let alert = crate::alert::Alert {
+                catalog: Some(catalog_text(&inc)),
+                incident: inc,
+                evidence: Vec::new(),
+            };
+            if let Err(e) = sender.send(alert).await {
+                tracing::error!("alert stage: {e}");
+            }
+        }
     }
 }
 
-/// The readable form of an incident.
-pub fn render_incident(inc: &Incident) -> String {
-    let mut s = format!(
-        "{} incident {} on {}: {} [{}]{}\n",
-        match inc.phase {
-            crate::model::IncidentPhase::Opened => "NEW",
-            crate::model::IncidentPhase::Digest => "DIGEST",
-        },
-        inc.id,
-        inc.host,
-        inc.title,
-        inc.severity,
-        if inc.found_at_startup {
-            " (found at start-up)"
-        } else {
-            ""
+/// The catalog's words (or, for findings without an Xid, xidwatch's guidance) for an incident.
+pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
+    use crate::classify::{catalog, guidance};
+    let first = inc.findings.first();
+    let g = first.map(guidance::for_finding);
+    match (inc.kind, inc.xid.and_then(catalog::lookup)) {
+        (FindingKind::Xid, Some(e)) => {
+            let meaning = |cell: &str| {
+                let m: Vec<String> = catalog::bucket_meanings(cell)
+                    .iter()
+                    .map(|b| b.meaning.to_string())
+                    .collect();
+                (!m.is_empty()).then(|| m.join(" / "))
+            };
+            crate::alert::CatalogText {
+                mnemonic: e.mnemonic.to_string(),
+                summary: e.summary.to_string(),
+                causes: e.causes.to_string(),
+                check: g.map(|g| g.action).unwrap_or_else(|| e.check.to_string()),
+                immediate_bucket: (!e.immediate.is_empty()).then(|| e.immediate.to_string()),
+                immediate_meaning: meaning(e.immediate),
+                investigatory_bucket: (!e.investigatory.is_empty())
+                    .then(|| e.investigatory.to_string()),
+                investigatory_meaning: meaning(e.investigatory),
+                applies_to: e.applies_to.iter().map(|s| s.to_string()).collect(),
+                source: catalog::SOURCE.to_string(),
+            }
         }
-    );
-    s.push_str(&format!("  occurrences {}", inc.count));
-    for e in &inc.echoes {
-        match e.xid {
-            Some(x) => s.push_str(&format!(", {} {x} x{}", e.kind, e.count)),
-            None => s.push_str(&format!(", {} x{}", e.kind, e.count)),
+        _ => {
+            let g = g.unwrap_or_else(|| guidance::Guidance {
+                meaning: String::new(),
+                action: String::new(),
+                nvidia: Vec::new(),
+            });
+            crate::alert::CatalogText {
+                mnemonic: inc.kind.as_str().to_string(),
+                summary: g.meaning,
+                check: g.action,
+                ..Default::default()
+            }
         }
     }
-    s.push('\n');
-    if let Some(f) = inc.findings.first() {
-        s.push_str(&crate::cli::render::finding_block(f, ""));
-    }
-    s.push('\n');
-    s
 }
 
 /// This machine's name, for alerts.

@@ -587,12 +587,38 @@ fn absorb(n: &mut Open, old: Open) {
     }
 }
 
-/// "GPU 3 (0000:17:00.0): Xid 79 ..." or the finding's own title when no GPU is named.
+/// A headline for people: "GPU 3 (0000:17:00.0) fell off the bus", "GPU 0000:2a:00.0: an
+/// uncorrectable double-bit ECC error hit GPU memory" (the catalog's summary, first clause).
 fn title(f: &Finding) -> String {
+    let phrase = match (f.kind, f.xid) {
+        (FindingKind::Xid, Some(79)) | (FindingKind::FallenOffBus, _) => {
+            " fell off the bus".to_string()
+        }
+        (FindingKind::Xid, Some(x)) => match crate::classify::catalog::lookup(x) {
+            Some(e) => format!(": {}", first_clause(e.summary)),
+            None => format!(": {}", f.title),
+        },
+        _ => format!(": {}", f.title),
+    };
     match (f.pci, f.gpu.index) {
-        (Some(p), Some(i)) => format!("GPU {i} ({p}): {}", f.title),
-        (Some(p), None) => format!("GPU {p}: {}", f.title),
+        (Some(p), Some(i)) => format!("GPU {i} ({p}){phrase}"),
+        (Some(p), None) => format!("GPU {p}{phrase}"),
         _ => f.title.clone(),
+    }
+}
+
+/// "An uncorrectable error hit X; jobs are lost." -> "an uncorrectable error hit X".
+fn first_clause(s: &str) -> String {
+    let end = s.find([';', ':']).unwrap_or(s.len());
+    let c = s[..end].trim().trim_end_matches('.');
+    let mut chars = c.chars();
+    match chars.next() {
+        // Keep acronyms ("GSP", "NVLink") as written; lower-case an ordinary first word.
+        Some(first) if chars.next().is_some_and(|n| n.is_lowercase()) => first
+            .to_lowercase()
+            .chain(c[first.len_utf8()..].chars())
+            .collect(),
+        _ => c.to_string(),
     }
 }
 
