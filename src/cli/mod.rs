@@ -40,6 +40,18 @@ pub enum Command {
     Run(RunArgs),
     /// Validate a config (and its runbooks and alert channels) without starting anything.
     Check(CheckArgs),
+    /// Send a clearly marked synthetic incident through the configured alert channels.
+    TestAlert(TestAlertArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TestAlertArgs {
+    /// Config file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Only this channel (by name).
+    #[arg(long)]
+    pub channel: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -90,5 +102,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Explain(args) => explain::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Check(args) => run::check(&args),
+        Command::TestAlert(args) => run::test_alert(&args),
     }
 }

