@@ -4,6 +4,7 @@
 //! are printed once, with their whole chain, by `main`.
 
 pub mod explain;
+pub mod install;
 pub mod render;
 pub mod scan;
 
@@ -31,6 +32,10 @@ pub enum Command {
     Scan(ScanArgs),
     /// Explain an Xid: meaning, causes, what to check, NVIDIA's resolution buckets.
     Explain(ExplainArgs),
+    /// Install the binary, systemd unit, user, default config and runbooks (as root).
+    Install(install::InstallArgs),
+    /// Remove what `install` put in place; the config and state stay unless --purge.
+    Uninstall(install::UninstallArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -57,5 +62,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Scan(args) => scan::run(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Install(args) => install::install(&args),
+        Command::Uninstall(args) => install::uninstall(&args),
     }
 }
