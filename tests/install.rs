@@ -170,7 +170,7 @@ fn install_puts_every_file_in_place_with_its_mode() {
         ),
         (
             "usr/lib/tmpfiles.d/xidwatch.conf",
-            "systemd/xidwatch.tmpfiles",
+            "systemd/xidwatch.tmpfile",
         ),
     ] {
         assert_eq!(mode(&r.join(rel)), 0o644, "{rel}");

@@ -21,7 +21,7 @@ use anyhow::{bail, Context};
 /// The unit, with `ExecStart=/usr/bin/xidwatch ...` (the .deb's path) rewritten on install.
 const UNIT: &str = include_str!("../../systemd/xidwatch.service");
 const SYSUSERS: &str = include_str!("../../systemd/xidwatch.sysusers");
-const TMPFILES: &str = include_str!("../../systemd/xidwatch.tmpfiles");
+const TMPFILES: &str = include_str!("../../systemd/xidwatch.tmpfile");
 /// The default config: every key commented out.
 pub const DEFAULT_CONFIG: &str = include_str!("../../systemd/xidwatch.toml");
 
@@ -404,8 +404,10 @@ impl Session {
             }
         } else {
             self.notes.push(
-                "next:\n  sudoedit /etc/xidwatch/xidwatch.toml     # add an alert channel (see docs/install.md)\n  \
-                 xidwatch check                            # validate it\n  \
+                "next:\n  \
+                 sudoedit /etc/xidwatch/xidwatch.toml   # add an alert channel (docs/install.md)\n  \
+                 sudo xidwatch check                    # read it as the service will\n  \
+                 sudo xidwatch test-alert               # a test message to every channel\n  \
                  sudo systemctl daemon-reload\n  \
                  sudo systemctl enable --now xidwatch\n  \
                  journalctl -u xidwatch -f"
