@@ -49,8 +49,10 @@ if ! command -v systemd-analyze >/dev/null; then
     apt_update systemd
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
+command -v promtool >/dev/null && command -v amtool >/dev/null || apt_update promtool amtool
 promtool=$(command -v promtool || extract_tool prometheus /usr/bin/promtool)
 amtool=$(command -v amtool || extract_tool prometheus-alertmanager /usr/bin/amtool)
+[ -x "$promtool" ] && [ -x "$amtool" ] || fail "promtool or amtool unavailable"
 
 step "build"
 cargo build --quiet --bin xidwatch
