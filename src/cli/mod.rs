@@ -5,6 +5,7 @@
 
 pub mod explain;
 pub mod logging;
+pub mod install;
 pub mod render;
 pub mod run;
 pub mod scan;
@@ -42,6 +43,10 @@ pub enum Command {
     Check(CheckArgs),
     /// Send a clearly marked synthetic incident through the configured alert channels.
     TestAlert(TestAlertArgs),
+    /// Install the binary, systemd unit, user, default config and runbooks (as root).
+    Install(install::InstallArgs),
+    /// Remove what `install` put in place; the config and state stay unless --purge.
+    Uninstall(install::UninstallArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -103,5 +108,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(args) => run::run(&args),
         Command::Check(args) => run::check(&args),
         Command::TestAlert(args) => run::test_alert(&args),
+        Command::Install(args) => install::install(&args),
+        Command::Uninstall(args) => install::uninstall(&args),
     }
 }
