@@ -136,6 +136,10 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "NVML cannot talk to the NVIDIA driver.",
             "Check that the driver is loaded (lsmod), that the user-space library matches the kernel module, and the kernel log.",
         ),
+        FindingKind::ConfigRejected => (
+            "A changed xidwatch config did not validate, so it was refused; the previous config stays in force.",
+            "Run `xidwatch check` on the config file, fix the key it names, and save again (or send SIGHUP).",
+        ),
         FindingKind::Xid => ("", ""),
     };
     Guidance {

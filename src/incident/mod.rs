@@ -128,6 +128,14 @@ impl Engine {
         }
     }
 
+    /// Applies a reloaded config; open incidents keep their windows.
+    pub fn reconfigure(&mut self, window_ms: u64, max_open: usize, nvml_match_ms: u64, overrides: XidOverrides) {
+        self.cfg.window_ms = window_ms;
+        self.cfg.max_open = max_open;
+        self.cfg.nvml_match_ms = nvml_match_ms;
+        self.cfg.overrides = overrides;
+    }
+
     /// Number of open incidents.
     pub fn open_count(&self) -> usize {
         self.open.len()

@@ -37,6 +37,8 @@ pub enum FindingKind {
     GpuMissing,
     /// NVML could not be loaded or initialised.
     NvmlUnavailable,
+    /// A changed config did not validate; the previous one stays in force.
+    ConfigRejected,
 }
 
 impl FindingKind {
@@ -55,10 +57,11 @@ impl FindingKind {
             FindingKind::GpuLost => "gpu_lost",
             FindingKind::GpuMissing => "gpu_missing",
             FindingKind::NvmlUnavailable => "nvml_unavailable",
+            FindingKind::ConfigRejected => "config_rejected",
         }
     }
 
-    pub const ALL: [FindingKind; 13] = [
+    pub const ALL: [FindingKind; 14] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -72,6 +75,7 @@ impl FindingKind {
         FindingKind::GpuLost,
         FindingKind::GpuMissing,
         FindingKind::NvmlUnavailable,
+        FindingKind::ConfigRejected,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
