@@ -6,6 +6,7 @@
 //! `source` (kmsg, NVML, files) -> `classify` (catalog + line shapes) -> `incident` -> `runbook`
 //! -> `alert`. `model` holds the typed values that travel between them.
 
-pub mod model;
-pub mod source;
 pub mod classify;
+pub mod model;
+pub mod runbook;
+pub mod source;

@@ -9,10 +9,10 @@ mod incident;
 mod pci;
 
 pub use evidence::{Evidence, StepResult, StepStatus};
-pub use incident::{EchoCount, Incident, IncidentPhase};
 pub use finding::{
     Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
 };
+pub use incident::{EchoCount, Incident, IncidentPhase};
 pub use pci::{PciAddress, PciParseError};
 
 use serde::{Deserialize, Serialize};

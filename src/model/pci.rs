@@ -154,7 +154,11 @@ mod tests {
             ("17:00.1", "0000:17:00.1"),
             ("0000:C1:00.0", "0000:c1:00.0"),
         ] {
-            assert_eq!(PciAddress::parse(input).unwrap().to_string(), want, "{input}");
+            assert_eq!(
+                PciAddress::parse(input).unwrap().to_string(),
+                want,
+                "{input}"
+            );
         }
         assert_eq!(
             PciAddress::parse("00000000:17:00.0").unwrap(),
@@ -165,8 +169,16 @@ mod tests {
     #[test]
     fn rejects_what_is_not_an_address() {
         for bad in [
-            "", "79", "0000:17", "0000:17:00.8", "0000:17:20.0", "0000:117:00.0", "x:17:00.0",
-            "0000:17:00.0; rm -rf /", "123456789:00:00.0", "0000:17:00:00",
+            "",
+            "79",
+            "0000:17",
+            "0000:17:00.8",
+            "0000:17:20.0",
+            "0000:117:00.0",
+            "x:17:00.0",
+            "0000:17:00.0; rm -rf /",
+            "123456789:00:00.0",
+            "0000:17:00:00",
         ] {
             assert!(PciAddress::parse(bad).is_err(), "{bad}");
         }
