@@ -219,14 +219,7 @@ pub(super) async fn run_runbook(
         }
         None => None,
     };
-    let values = Values {
-        pci: subject.pci,
-        parent_pci,
-        gpu_index: subject.gpu_index,
-        uuid: subject.uuid.clone(),
-        xid: subject.xid,
-        pid: subject.pid,
-    };
+    let values = Values::for_subject(subject, parent_pci);
 
     let steps = rb.steps();
     let mut results: Vec<Option<StepResult>> = vec![None; steps.len()];

@@ -88,7 +88,7 @@ fn leading_number(v: &str) -> Option<f64> {
 fn nvidia_smi_notes(output: &str) -> Vec<String> {
     let fields = nvsmi_fields(output);
     let mut notes = Vec::new();
-    let under = |path: &[&str], section: &str| path.iter().any(|p| *p == section);
+    let under = |path: &[&str], section: &str| path.contains(&section);
     let mut uncorrectable = Vec::new();
     let mut throttles = Vec::new();
     let (mut temp, mut slowdown, mut draw, mut limit) = (None, None, None, None);

@@ -415,7 +415,17 @@ fn step(
     policy: &SafetyPolicy,
     errs: &mut Errors,
 ) -> Option<Step> {
-    let at = |name: Option<String>| Some(StepRef { index, name });
+    // Errors name the step by its `name`, or else by what it runs or reads.
+    let label = s.name.clone().or_else(|| {
+        let words = s.run.as_ref().or(s.read.as_ref().map(|r| &r.0))?;
+        Some(shorten(words.join(" ")))
+    });
+    let at = || {
+        Some(StepRef {
+            index,
+            name: label.clone(),
+        })
+    };
     let given = [
         s.run.is_some(),
         s.read.is_some(),
@@ -427,7 +437,7 @@ fn step(
     .count();
     if given != 1 {
         errs.push(
-            at(s.name.clone()),
+            at(),
             line,
             LoadErrorKind::Invalid,
             "a step needs exactly one of run, read, kmsg or nvml".into(),
@@ -435,7 +445,7 @@ fn step(
         return None;
     }
     let fail = |errs: &mut Errors, kind: LoadErrorKind, msg: String| {
-        errs.push(at(s.name.clone()), line, kind, msg);
+        errs.push(at(), line, kind, msg);
         None
     };
     let parse_all = |items: &[String]| -> Result<Vec<Template>, String> {
@@ -494,7 +504,7 @@ fn step(
     let timeout = secs(s.timeout_secs, "timeout_secs", MAX_TIMEOUT_SECS, errs);
     let max_output_bytes = bytes(s.max_output_bytes, "max_output_bytes", errs);
     for e in &mut errs.list[before..] {
-        e.step = at(s.name.clone());
+        e.step = at();
         e.line = line;
     }
     let name = match &s.name {
@@ -517,20 +527,16 @@ fn step(
 }
 
 fn default_name(a: &Action) -> String {
-    let mut s = match a {
-        Action::Run(argv) => argv
-            .iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(" "),
-        Action::Read(p) => p
-            .iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(" "),
-        Action::Kmsg(_) => "kernel log".into(),
-        Action::Nvml(q) => format!("nvml {q}"),
+    let words = match a {
+        Action::Run(ts) | Action::Read(ts) => ts.iter().map(|t| t.to_string()).collect(),
+        Action::Kmsg(_) => vec!["kernel log".to_string()],
+        Action::Nvml(q) => vec![format!("nvml {q}")],
     };
+    shorten(words.join(" "))
+}
+
+/// At most 80 bytes, for a name.
+fn shorten(mut s: String) -> String {
     if s.len() > 80 {
         let mut cut = 77;
         while !s.is_char_boundary(cut) {

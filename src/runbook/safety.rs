@@ -844,6 +844,11 @@ fn ctl(program: &str, a: &Args) -> Result<(), Refusal> {
     }
 }
 
+/// Options known to be read-only: (name, takes a value).
+type ReadOptions = &'static [(&'static str, bool)];
+/// Options known to write: (short name, long name, what it does).
+type WriteOptions = &'static [(&'static str, &'static str, &'static str)];
+
 /// nvidia-smi: read-only options per subcommand; everything else refused, known writers by name.
 fn nvidia_smi(args: &[String]) -> Result<(), Refusal> {
     // (option, takes a value)
@@ -984,7 +989,7 @@ fn nvidia_smi(args: &[String]) -> Result<(), Refusal> {
         .first()
         .filter(|a| !a.starts_with('-'))
         .map(String::as_str);
-    let (rest, read, write): (&[String], &[(&str, bool)], &[(&str, &str, &str)]) = match sub {
+    let (rest, read, write): (&[String], ReadOptions, WriteOptions) = match sub {
         None => (args, TOP_READ, TOP_WRITE),
         Some("topo") => (&args[1..], TOPO_READ, &[]),
         Some("nvlink") => (&args[1..], NVLINK_READ, NVLINK_WRITE),

@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::model::PciAddress;
 
-use super::subject::GpuUuid;
+use super::subject::{GpuUuid, Subject};
 
 /// The placeholders a step may use. Every value renders from a checked type, never starts with
 /// `-` and never contains `/`, `=`, whitespace or shell metacharacters.
@@ -86,6 +86,19 @@ pub struct Values {
 }
 
 impl Values {
+    /// The values of a subject; `parent_pci` comes from the sysfs topology (see
+    /// [`parent_port`](super::sysfs::parent_port)).
+    pub fn for_subject(s: &Subject, parent_pci: Option<PciAddress>) -> Values {
+        Values {
+            pci: s.pci,
+            parent_pci,
+            gpu_index: s.gpu_index,
+            uuid: s.uuid.clone(),
+            xid: s.xid,
+            pid: s.pid,
+        }
+    }
+
     pub fn get(&self, p: Placeholder) -> Option<String> {
         match p {
             Placeholder::Pci => self.pci.map(|a| a.to_string()),
