@@ -397,7 +397,12 @@ async fn fallen_off_bus_reads_the_link_and_the_port_above() {
     ));
     assert!(has_note(
         step(&ev, "the GPU on the bus (lspci)"),
-        "downgraded"
+        "0000:17:00.0: lspci reports its link as downgraded"
+    ));
+    assert!(step(&ev, "the port above the GPU (lspci)").notes.is_empty());
+    assert!(has_note(
+        step(&ev, "NVIDIA devices on the bus"),
+        "0000:18:00.0: configuration space reads return all ones"
     ));
     let text = render_evidence(&ev);
     assert!(text.contains("NOTE: PCIe link at 2.5 GT/s x4"), "{text}");
@@ -538,6 +543,23 @@ async fn application_runbook_reads_the_process() {
                     .into()
         }
     );
+}
+
+#[tokio::test]
+async fn recovery_action_runbook_relays_the_drivers_verdict() {
+    let set = shipped();
+    let ev = run(
+        set.get("recovery-action").unwrap(),
+        &xid_subject(154, Category::Driver),
+    )
+    .await;
+    assert!(has_note(
+        step(&ev, "nvidia-smi full query"),
+        "the driver asks for: GPU Reset Required"
+    ));
+    assert!(step(&ev, "processes on this GPU")
+        .output
+        .contains("4242, python3"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1206,7 +1228,19 @@ async fn list_show_and_evidence_read_well() {
         "{text}"
     );
     assert!(text.contains("What the evidence says:\n  - "), "{text}");
-    assert!(text.contains("\n  - a row remap is pending"), "{text}");
+    assert!(
+        text.contains("\n  - a row remap is pending: it takes effect at the next GPU reset; drain the GPU's jobs and schedule a reset (xidwatch never resets anything) [2]\n"),
+        "{text}"
+    );
     assert!(text.contains("    | GPU 00000000:17:00.0"), "{text}");
     assert!(text.contains("skipped: NVML is not available"), "{text}");
+}
+
+#[test]
+fn running_is_a_send_future_for_the_daemon() {
+    fn assert_send<T: Send>(_: &T) {}
+    let set = shipped();
+    let (s, e, l) = (xid_subject(79, Category::Pcie), env(), RunLimits::default());
+    let fut = set.run_for(&s, &e, &l);
+    assert_send(&fut);
 }

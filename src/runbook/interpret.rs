@@ -129,6 +129,12 @@ fn nvidia_smi_notes(output: &str) -> Vec<String> {
         {
             throttles.push(*key);
         }
+        if *key == "GPU Recovery Action" && !value.is_empty() && *value != "None" && *value != "N/A"
+        {
+            notes.push(format!(
+                "the driver asks for: {value}; do it by hand after draining (xidwatch never does)"
+            ));
+        }
         match *key {
             "GPU Current Temp" => temp = leading_number(value),
             "GPU Slowdown Temp" => slowdown = leading_number(value),
@@ -169,19 +175,39 @@ fn nvidia_smi_notes(output: &str) -> Vec<String> {
     notes
 }
 
+/// lspci: devices whose configuration space reads as all ones, links running below their
+/// capability. Each note names the device (the last header line seen).
 fn lspci_notes(output: &str) -> Vec<String> {
-    let mut notes = Vec::new();
-    if output.contains("(rev ff)") || output.contains("Unknown header type 7f") {
-        notes.push(
-            "configuration space reads return all ones: the device has fallen off the bus".into(),
-        );
+    let mut gone: Vec<&str> = Vec::new();
+    let mut downgraded: Vec<&str> = Vec::new();
+    let mut device = "";
+    for line in output.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            device = line.split_whitespace().next().unwrap_or("");
+        }
+        if (line.contains("(rev ff)") || line.contains("Unknown header type 7f"))
+            && !gone.contains(&device)
+        {
+            gone.push(device);
+        }
+        if line.contains("LnkSta:") && line.contains("downgraded") && !downgraded.contains(&device)
+        {
+            downgraded.push(device);
+        }
     }
-    if output
-        .lines()
-        .any(|l| l.contains("LnkSta:") && l.contains("downgraded"))
-    {
-        notes.push("lspci reports the link as downgraded from what the device supports".into());
-    }
+    let mut notes: Vec<String> = gone
+        .iter()
+        .map(|d| {
+            format!(
+                "{d}: configuration space reads return all ones: the device has fallen off the bus"
+            )
+        })
+        .collect();
+    notes.extend(
+        downgraded
+            .iter()
+            .map(|d| format!("{d}: lspci reports its link as downgraded from what it supports")),
+    );
     notes
 }
 
@@ -391,7 +417,16 @@ GPU 00000000:17:00.0
             vec!["the nvidia kernel module is not loaded".to_string()]
         );
         assert!(program_notes("lsmod", "Module  Size  Used by\nnvidia 1 0\n").is_empty());
-        assert!(!program_notes("lspci", "17:00.0 3D controller: NVIDIA (rev ff)").is_empty());
+        assert_eq!(
+            program_notes(
+                "lspci",
+                "0000:17:00.0 3D controller: NVIDIA (rev a1)\n\tLnkSta:\tSpeed 2.5GT/s (downgraded)\n0000:18:00.0 3D controller: NVIDIA (rev ff)\n"
+            ),
+            vec![
+                "0000:18:00.0: configuration space reads return all ones: the device has fallen off the bus".to_string(),
+                "0000:17:00.0: lspci reports its link as downgraded from what it supports".to_string(),
+            ]
+        );
     }
 
     fn step(kind: &str, target: &[&str], output: &str) -> StepResult {

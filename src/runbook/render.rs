@@ -217,11 +217,16 @@ pub fn render_evidence(ev: &Evidence) -> String {
     );
     let _ = writeln!(s, "\nWhat it means:\n{}", indent(&ev.meaning, "  "));
     let _ = writeln!(s, "What to do next:\n{}", indent(&ev.next_steps, "  "));
-    let notes: Vec<&String> = ev.steps.iter().flat_map(|st| &st.notes).collect();
+    let notes: Vec<(usize, &String)> = ev
+        .steps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, st)| st.notes.iter().map(move |n| (i + 1, n)))
+        .collect();
     if !notes.is_empty() {
         let _ = writeln!(s, "What the evidence says:");
-        for n in notes {
-            let _ = writeln!(s, "  - {n}");
+        for (i, n) in notes {
+            let _ = writeln!(s, "  - {n} [{i}]");
         }
         s.push('\n');
     }
