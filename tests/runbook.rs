@@ -312,6 +312,12 @@ fn two_fallbacks_conflict() {
     assert_eq!(errs[0].kind, LoadErrorKind::Conflict);
     assert!(errs[0].to_string().contains("zz-other.toml"), "{}", errs[0]);
     assert!(errs[0].to_string().contains("fallback.toml"), "{}", errs[0]);
+    let (set, _) = RunbookSet::load_partial(
+        &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
+        &SafetyPolicy::default(),
+    );
+    assert_eq!(set.fallback().map(|r| r.name()), Some("fallback"));
+    assert!(set.get("zz-other").is_none());
 }
 
 #[tokio::test]
@@ -752,6 +758,11 @@ fn a_refused_runbook_fails_the_load_with_every_problem_listed() {
     );
     assert!(!report.contains("good.toml"));
     assert!(report.contains("2 problem(s) in runbooks, 2 of them refused steps"));
+    // A daemon can go on with what loaded; the refused runbook is not among it.
+    let (set, errs) =
+        RunbookSet::load_partial(&[dir.path().to_path_buf()], &SafetyPolicy::default());
+    assert_eq!(errs.len(), 2);
+    assert_eq!(set.iter().map(|r| r.name()).collect::<Vec<_>>(), ["good"]);
 }
 
 #[test]

@@ -26,10 +26,8 @@ const MAX_CONCURRENCY: u64 = 32;
 const MAX_KMSG_LINES: u64 = 10_000;
 const MAX_KMSG_SECS: u64 = 86_400;
 
-pub(super) fn load_dirs(
-    dirs: &[PathBuf],
-    policy: &SafetyPolicy,
-) -> Result<RunbookSet, Vec<LoadError>> {
+/// Every runbook that loaded, and every problem. A runbook with a problem is not in the set.
+pub(super) fn load_dirs(dirs: &[PathBuf], policy: &SafetyPolicy) -> (RunbookSet, Vec<LoadError>) {
     let mut errors = Vec::new();
     let mut loaded = Vec::new();
     for dir in dirs {
@@ -71,7 +69,7 @@ pub(super) fn load_dirs(
 pub(super) fn assemble(
     loaded: Vec<Runbook>,
     mut errors: Vec<LoadError>,
-) -> Result<RunbookSet, Vec<LoadError>> {
+) -> (RunbookSet, Vec<LoadError>) {
     let mut runbooks: BTreeMap<String, Runbook> = BTreeMap::new();
     for mut rb in loaded {
         if let Some(old) = runbooks.remove(&rb.name) {
@@ -80,26 +78,33 @@ pub(super) fn assemble(
         }
         runbooks.insert(rb.name.clone(), rb);
     }
-    let fallbacks: Vec<&Runbook> = runbooks.values().filter(|r| r.fallback).collect();
-    if fallbacks.len() > 1 {
-        for rb in &fallbacks[1..] {
-            errors.push(LoadError {
-                path: rb.path.clone(),
-                step: None,
-                line: None,
-                kind: LoadErrorKind::Conflict,
-                message: format!(
-                    "a second fallback runbook: {} is already the fallback; only one may be",
-                    fallbacks[0].path.display()
-                ),
-            });
+    // One fallback: the first by name stays, any other is reported and left out.
+    let fallbacks: Vec<String> = runbooks
+        .values()
+        .filter(|r| r.fallback)
+        .map(|r| r.name.clone())
+        .collect();
+    if let [first, rest @ ..] = fallbacks.as_slice() {
+        let kept = runbooks
+            .get(first)
+            .map(|r| r.path.clone())
+            .unwrap_or_default();
+        for name in rest {
+            if let Some(rb) = runbooks.remove(name) {
+                errors.push(LoadError {
+                    path: rb.path,
+                    step: None,
+                    line: None,
+                    kind: LoadErrorKind::Conflict,
+                    message: format!(
+                        "a second fallback runbook: {} is already the fallback; only one may be",
+                        kept.display()
+                    ),
+                });
+            }
         }
     }
-    if errors.is_empty() {
-        Ok(RunbookSet { runbooks })
-    } else {
-        Err(errors)
-    }
+    (RunbookSet { runbooks }, errors)
 }
 
 fn io_error(path: &Path, message: String) -> LoadError {

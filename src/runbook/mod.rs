@@ -216,7 +216,8 @@ impl Runbook {
     }
 
     /// Runs every step for the subject and returns what they found. Never fails: a step that
-    /// cannot run is recorded as missing, skipped, failed or timed out.
+    /// cannot run is recorded as missing, skipped, failed or timed out. Needs a Tokio runtime
+    /// with I/O and time enabled (`enable_all`), as child processes are awaited through it.
     pub async fn run(&self, subject: &Subject, env: &RunbookEnv, limits: &RunLimits) -> Evidence {
         exec::run_runbook(self, subject, env, limits).await
     }
@@ -239,6 +240,17 @@ impl RunbookSet {
     /// Loads every `*.toml` in `dirs`, in order; a later directory's runbook replaces an earlier
     /// one of the same name. All problems are reported, each naming its file (and step).
     pub fn load(dirs: &[PathBuf], policy: &SafetyPolicy) -> Result<RunbookSet, Vec<LoadError>> {
+        match load::load_dirs(dirs, policy) {
+            (set, errors) if errors.is_empty() => Ok(set),
+            (_, errors) => Err(errors),
+        }
+    }
+
+    /// Like [`load`](Self::load), but keeps what loaded: for a daemon that must go on watching
+    /// (and report the problems) when one file is bad. A file with any problem, refused steps
+    /// included, contributes nothing; it does not hide a runbook of the same name in an earlier
+    /// directory either, since it never loaded.
+    pub fn load_partial(dirs: &[PathBuf], policy: &SafetyPolicy) -> (RunbookSet, Vec<LoadError>) {
         load::load_dirs(dirs, policy)
     }
 
@@ -250,7 +262,10 @@ impl RunbookSet {
     /// A set from runbooks built elsewhere (e.g. [`Runbook::from_toml`]); later ones replace
     /// earlier ones of the same name. Fails when two are fallbacks.
     pub fn from_runbooks(runbooks: Vec<Runbook>) -> Result<RunbookSet, Vec<LoadError>> {
-        load::assemble(runbooks, Vec::new())
+        match load::assemble(runbooks, Vec::new()) {
+            (set, errors) if errors.is_empty() => Ok(set),
+            (_, errors) => Err(errors),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&Runbook> {
