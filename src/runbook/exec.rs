@@ -22,12 +22,13 @@ use tokio::task::JoinSet;
 use crate::model::{Evidence, PciAddress, StepResult, StepStatus};
 
 use super::excerpt;
+use super::excerpt::KmsgSpec;
 use super::interpret;
 use super::nvml::{NvmlError, NvmlProbe, NvmlQuery};
 use super::safety;
 use super::subject::Subject;
 use super::sysfs;
-use super::template::{Placeholder, Values};
+use super::template::{Placeholder, Template, Values};
 use super::{Action, Runbook, Step};
 
 /// The only `PATH` a program sees.
@@ -171,29 +172,35 @@ fn result(step: &Step, target: Vec<String>, o: Outcome, took: Duration) -> StepR
     }
 }
 
-/// Fills a step's placeholders, or says which one has no value.
-fn prepare(step: &Step, values: &Values) -> Result<(Job, Vec<String>), Placeholder> {
-    Ok(match &step.action {
-        Action::Run(argv) => {
-            let argv = argv
-                .iter()
-                .map(|t| t.expand(values))
-                .collect::<Result<Vec<_>, _>>()?;
-            (Job::Run(argv.clone()), argv)
-        }
-        Action::Read(paths) => {
-            let paths = paths
-                .iter()
-                .map(|t| t.expand(values))
-                .collect::<Result<Vec<_>, _>>()?;
-            (Job::Read(paths.clone()), paths)
-        }
-        Action::Nvml(q) => {
-            let pci = values.pci.ok_or(Placeholder::Pci)?;
-            (Job::Nvml(*q, pci), vec![q.to_string(), pci.to_string()])
-        }
-        Action::Kmsg(_) => unreachable!("kmsg steps are not jobs"),
-    })
+/// A step ready to run.
+enum Prepared<'a> {
+    /// A job for the pool, and its target as run (placeholders filled).
+    Job(Job, Vec<String>),
+    /// The kernel log excerpt: no job, its lines come with the subject.
+    Excerpt(&'a KmsgSpec),
+    /// A placeholder without a value: the step is skipped.
+    Lacks(Placeholder),
+}
+
+fn prepare<'a>(action: &'a Action, values: &Values) -> Prepared<'a> {
+    let expand_all = |ts: &[Template]| {
+        ts.iter()
+            .map(|t| t.expand(values))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let job = match action {
+        Action::Run(argv) => expand_all(argv).map(|a| (Job::Run(a.clone()), a)),
+        Action::Read(paths) => expand_all(paths).map(|p| (Job::Read(p.clone()), p)),
+        Action::Nvml(q) => values
+            .pci
+            .ok_or(Placeholder::Pci)
+            .map(|pci| (Job::Nvml(*q, pci), vec![q.to_string(), pci.to_string()])),
+        Action::Kmsg(spec) => return Prepared::Excerpt(spec),
+    };
+    match job {
+        Ok((job, target)) => Prepared::Job(job, target),
+        Err(p) => Prepared::Lacks(p),
+    }
 }
 
 pub(super) async fn run_runbook(
@@ -234,20 +241,20 @@ pub(super) async fn run_runbook(
             .max_output_bytes
             .unwrap_or(own.max_output_bytes)
             .min(limits.max_output_bytes);
-        if let Action::Kmsg(spec) = &step.action {
-            let e = excerpt::excerpt(spec, subject, cap);
-            let o = Outcome {
-                status: e.status,
-                output: e.output,
-                bytes_dropped: e.bytes_dropped,
-                notes: e.notes,
-            };
-            results[i] = Some(result(step, step.action.describe(), o, Duration::ZERO));
-            continue;
-        }
-        let (job, target) = match prepare(step, &values) {
-            Ok(j) => j,
-            Err(p) => {
+        let (job, target) = match prepare(&step.action, &values) {
+            Prepared::Job(job, target) => (job, target),
+            Prepared::Excerpt(spec) => {
+                let e = excerpt::excerpt(spec, subject, cap);
+                let o = Outcome {
+                    status: e.status,
+                    output: e.output,
+                    bytes_dropped: e.bytes_dropped,
+                    notes: e.notes,
+                };
+                results[i] = Some(result(step, step.action.describe(), o, Duration::ZERO));
+                continue;
+            }
+            Prepared::Lacks(p) => {
                 let reason = format!(
                     "needs {p} ({}), which this incident does not have",
                     p.describe()
