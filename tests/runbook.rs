@@ -670,6 +670,11 @@ const REFUSED: &[(Rule, &str)] = &[
     (Rule::ReadPath, r#"run = ["cat", "/etc/shadow"]"#),
     (Rule::SensitivePath, r#"read = "/proc/{pid}/environ""#),
     (Rule::SensitivePath, r#"read = "/proc/kmsg""#),
+    (
+        Rule::SensitivePath,
+        r#"read = "/sys/bus/pci/devices/{pci}/config""#,
+    ),
+    (Rule::SensitivePath, r#"read = "/proc/1/root/etc/shadow""#),
     (Rule::NotAllowlisted, r#"run = ["lsblk"]"#),
 ];
 

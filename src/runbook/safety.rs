@@ -379,6 +379,24 @@ fn check_sensitive(path: &str) -> Result<(), Refusal> {
         ("kpagecount", "page tables"),
         ("kpagecgroup", "page tables"),
         ("sysrq-trigger", "it is write-only and triggers actions"),
+        ("root", "it leads into another process's filesystem"),
+        ("cwd", "it leads into another process's filesystem"),
+        (
+            "fd",
+            "reading another process's open files can consume its pipes and sockets",
+        ),
+        ("map_files", "another process's mapped files"),
+    ];
+    // PCI device files in sysfs whose reading touches the hardware itself.
+    const SYS_NAMES: &[(&str, &str)] = &[
+        (
+            "config",
+            "dumping all of PCI configuration space crashes some devices",
+        ),
+        (
+            "rom",
+            "reading the option ROM maps it into the device's address space",
+        ),
     ];
     const PREFIXES: &[(&str, &str)] = &[
         ("/sys/kernel/debug", "debugfs files may act when read"),
@@ -397,6 +415,22 @@ fn check_sensitive(path: &str) -> Result<(), Refusal> {
             .find_map(|c| PROC_NAMES.iter().find(|(n, _)| *n == c))
         {
             return refuse(Rule::SensitivePath, format!("{path}: {why}"));
+        }
+    }
+    if path.starts_with("/sys/") {
+        for c in path.split('/') {
+            if let Some((_, why)) = SYS_NAMES.iter().find(|(n, _)| *n == c) {
+                return refuse(Rule::SensitivePath, format!("{path}: {why}"));
+            }
+            // resource0, resource2_wc, ...: the device's memory, where a read can act.
+            if c.strip_prefix("resource")
+                .is_some_and(|r| r.starts_with(|ch: char| ch.is_ascii_digit()))
+            {
+                return refuse(
+                    Rule::SensitivePath,
+                    format!("{path}: reading device memory (BARs) can change device state"),
+                );
+            }
         }
     }
     if let Some((_, why)) = PREFIXES
@@ -1465,6 +1499,12 @@ mod tests {
         );
         allowed(&["cat", "/proc/driver/nvidia/version"]);
         for p in [
+            "/sys/bus/pci/devices/{pci}/config",
+            "/sys/bus/pci/devices/{pci}/resource0",
+            "/sys/bus/pci/devices/{pci}/rom",
+            "/proc/1/root/etc/shadow",
+            "/proc/{pid}/cwd/secrets",
+            "/proc/{pid}/fd/0",
             "/etc/passwd",
             "sys/x",
             "/proc/x/../../etc",
