@@ -289,7 +289,9 @@ impl RunbookSet {
         self.iter().find(|r| r.fallback)
     }
 
-    /// The runbook for this subject; see [`matcher`](self) for the rule.
+    /// The runbook for this subject: the one the configuration names for it if it exists, else
+    /// the most specific match (Xid by number, by range, kind, category or severity), then the
+    /// higher `priority`, then the first name; else the fallback.
     pub fn select(&self, subject: &Subject) -> Option<&Runbook> {
         self.select_explained(subject).map(|s| s.runbook)
     }
