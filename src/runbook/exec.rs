@@ -25,6 +25,7 @@ use super::excerpt;
 use super::excerpt::KmsgSpec;
 use super::interpret;
 use super::nvml::{NvmlError, NvmlProbe, NvmlQuery};
+use super::render::secs;
 use super::safety;
 use super::subject::Subject;
 use super::sysfs;
@@ -123,15 +124,6 @@ impl Default for RunLimits {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn secs_text(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s.fract() == 0.0 {
-        format!("{s:.0} s")
-    } else {
-        format!("{s:.1} s")
-    }
 }
 
 /// What a step will do once its placeholders are filled.
@@ -272,7 +264,7 @@ pub(super) async fn run_runbook(
                 Outcome::status(StepStatus::Skipped {
                     reason: format!(
                         "the runbook's budget of {} ran out before this step could start",
-                        secs_text(budget)
+                        secs(budget)
                     ),
                 })
             };
@@ -286,7 +278,7 @@ pub(super) async fn run_runbook(
                     if cut && matches!(o.status, StepStatus::TimedOut { .. }) {
                         o.notes.push(format!(
                             "cut short by the runbook's budget of {}",
-                            secs_text(budget)
+                            secs(budget)
                         ));
                     }
                     o

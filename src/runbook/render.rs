@@ -53,7 +53,8 @@ pub fn render_list(set: &RunbookSet) -> String {
     s
 }
 
-fn secs(d: std::time::Duration) -> String {
+/// A duration for people: `10 s`, `0.5 s`.
+pub(super) fn secs(d: std::time::Duration) -> String {
     let v = d.as_secs_f64();
     if v.fract() == 0.0 {
         format!("{v:.0} s")
