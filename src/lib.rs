@@ -13,5 +13,6 @@ pub mod config;
 pub mod daemon;
 pub mod incident;
 pub mod model;
+pub mod runbook;
 pub mod source;
 pub mod state;

@@ -1,0 +1,123 @@
+//! The `[runbooks]` section of the configuration file, for whoever builds the daemon's settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::exec::{RunLimits, RunbookEnv};
+use super::safety::SafetyPolicy;
+
+/// `[runbooks]`: every key optional.
+///
+/// ```toml
+/// [runbooks]
+/// dirs = ["/usr/share/xidwatch/runbooks", "/etc/xidwatch/runbooks"]  # later ones override by name
+/// allowed_programs = ["lsmod", "lspci", "nvidia-smi", "ibstat"]        # replaces the default list
+/// max_parallel_runbooks = 2
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunbooksConfig {
+    /// Runbook directories in order; a later directory's runbook replaces an earlier one of the
+    /// same name. Default: the shipped runbooks only.
+    pub dirs: Option<Vec<PathBuf>>,
+    /// Programs runbooks may run (the refusal rules apply regardless). Default:
+    /// [`safety::DEFAULT_ALLOWED`](super::safety::DEFAULT_ALLOWED).
+    pub allowed_programs: Option<Vec<String>>,
+    /// Directories searched for programs. Default: /usr/local/sbin, /usr/local/bin, /usr/sbin,
+    /// /usr/bin, /sbin, /bin.
+    pub search_path: Option<Vec<PathBuf>>,
+    /// Ceiling on any runbook's `budget_secs`. Default 120.
+    pub max_budget_secs: Option<f64>,
+    /// Ceiling on any step's timeout. Default 60.
+    pub max_step_timeout_secs: Option<f64>,
+    /// Ceiling on any step's kept output. Default 262144.
+    pub max_output_bytes: Option<u64>,
+    /// Ceiling on any runbook's `concurrency`. Default 8.
+    pub max_parallel_steps: Option<u64>,
+    /// How many runbooks the daemon runs at the same time. Default 2.
+    pub max_parallel_runbooks: Option<u64>,
+}
+
+impl RunbooksConfig {
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.dirs.clone().unwrap_or_else(super::default_dirs)
+    }
+
+    pub fn policy(&self) -> SafetyPolicy {
+        match &self.allowed_programs {
+            Some(list) => SafetyPolicy::new(list.iter().cloned()),
+            None => SafetyPolicy::default(),
+        }
+    }
+
+    pub fn env(&self) -> RunbookEnv {
+        let mut env = RunbookEnv::system();
+        if let Some(p) = &self.search_path {
+            env.search_path = p.clone();
+        }
+        env
+    }
+
+    /// The ceilings, or which key is out of range.
+    pub fn limits(&self) -> Result<RunLimits, String> {
+        let d = RunLimits::default();
+        let secs = |v: Option<f64>, key: &str, def: Duration| match v {
+            None => Ok(def),
+            Some(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(Duration::from_secs_f64(s)),
+            Some(s) => Err(format!(
+                "[runbooks] {key} = {s}: give seconds above 0 and at most 3600"
+            )),
+        };
+        let count = |v: Option<u64>, key: &str, def: usize, max: u64| match v {
+            None => Ok(def),
+            Some(n) if n >= 1 && n <= max => Ok(n as usize),
+            Some(n) => Err(format!("[runbooks] {key} = {n}: give 1 to {max}")),
+        };
+        Ok(RunLimits {
+            max_budget: secs(self.max_budget_secs, "max_budget_secs", d.max_budget)?,
+            max_step_timeout: secs(
+                self.max_step_timeout_secs,
+                "max_step_timeout_secs",
+                d.max_step_timeout,
+            )?,
+            max_output_bytes: count(
+                self.max_output_bytes,
+                "max_output_bytes",
+                d.max_output_bytes,
+                16 * 1024 * 1024,
+            )?,
+            max_concurrency: count(
+                self.max_parallel_steps,
+                "max_parallel_steps",
+                d.max_concurrency,
+                64,
+            )?,
+        })
+    }
+
+    pub fn max_parallel_runbooks(&self) -> usize {
+        self.max_parallel_runbooks
+            .map_or(2, |n| n.clamp(1, 64) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_unknown_keys() {
+        let c: RunbooksConfig = toml::from_str(
+            "dirs = [\"/a\", \"/b\"]\nallowed_programs = [\"lsmod\"]\nmax_budget_secs = 30\n",
+        )
+        .unwrap();
+        assert_eq!(c.dirs(), vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert!(c.policy().allows("lsmod") && !c.policy().allows("lspci"));
+        assert_eq!(c.limits().unwrap().max_budget, Duration::from_secs(30));
+        assert!(toml::from_str::<RunbooksConfig>("dir = []").is_err());
+        let bad: RunbooksConfig = toml::from_str("max_parallel_steps = 0").unwrap();
+        assert!(bad.limits().unwrap_err().contains("max_parallel_steps"));
+    }
+}

@@ -1,0 +1,183 @@
+//! [`Subject`]: what a runbook is run for, in checked values only.
+//!
+//! An incident carries free text (titles, messages, process names, the raw log lines). The subject
+//! keeps only what has been parsed into a type (a PCI address, integers, a well-formed UUID) for
+//! placeholders, and the kernel log lines separately, for the excerpt step, which prints them and
+//! never puts them on a command line.
+
+use std::fmt;
+
+use crate::model::{Category, FindingKind, Incident, PciAddress, Severity};
+
+/// A GPU (or MIG instance) UUID in NVIDIA's form, `GPU-` or `MIG-` followed by 8-4-4-4-12 hex
+/// digits. Only built by [`GpuUuid::parse`], so it is safe on a command line.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GpuUuid(String);
+
+impl GpuUuid {
+    pub fn parse(text: &str) -> Option<GpuUuid> {
+        let (prefix, rest) = text.split_at_checked(4)?;
+        if prefix != "GPU-" && prefix != "MIG-" {
+            return None;
+        }
+        let groups: Vec<&str> = rest.split('-').collect();
+        let lens = [8, 4, 4, 4, 12];
+        let ok = groups.len() == lens.len()
+            && groups
+                .iter()
+                .zip(lens)
+                .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
+        ok.then(|| GpuUuid(format!("{prefix}{}", rest.to_ascii_lowercase())))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for GpuUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for GpuUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GpuUuid({})", self.0)
+    }
+}
+
+/// One kernel log line available to the excerpt step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogLine {
+    /// Kernel sequence number, for live kmsg.
+    pub seq: Option<u64>,
+    /// Kernel timestamp, microseconds since boot.
+    pub ts_usec: Option<u64>,
+    /// The message, prefixes removed. Printed in the evidence; never part of a command.
+    pub text: String,
+}
+
+/// What a runbook is selected and run for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    pub kind: FindingKind,
+    /// The Xid (or, for [`FindingKind::Sxid`], the SXid) number.
+    pub xid: Option<u32>,
+    pub category: Category,
+    pub severity: Severity,
+    pub pci: Option<PciAddress>,
+    pub gpu_index: Option<u32>,
+    pub uuid: Option<GpuUuid>,
+    pub pid: Option<u32>,
+    /// Occurrences counted so far (the incident's count); 0 when unknown.
+    pub count: u64,
+    /// A runbook named by configuration for this incident; wins over matching when it exists.
+    pub runbook_override: Option<String>,
+    /// Kernel log lines around the incident, oldest first, for the excerpt step.
+    pub kernel_log: Vec<LogLine>,
+    /// Index in `kernel_log` of the line that opened the incident.
+    pub log_anchor: Option<usize>,
+}
+
+impl Subject {
+    /// A subject for an on-call's `runbook run`: a GPU and optionally an Xid and a pid.
+    /// The category follows the kind (driver for Xids until a classifier says better) and can be
+    /// set afterwards.
+    pub fn manual(pci: Option<PciAddress>, xid: Option<u32>, pid: Option<u32>) -> Subject {
+        Subject {
+            kind: if xid.is_some() {
+                FindingKind::Xid
+            } else {
+                FindingKind::DriverError
+            },
+            xid,
+            category: Category::Driver,
+            severity: Severity::Warning,
+            pci,
+            gpu_index: None,
+            uuid: None,
+            pid,
+            count: 0,
+            runbook_override: None,
+            kernel_log: Vec::new(),
+            log_anchor: None,
+        }
+    }
+
+    /// Replaces the kernel log lines (e.g. with the daemon's recent kmsg records, or the lines
+    /// around the finding in a scanned file) and marks which one opened the incident.
+    pub fn with_kernel_log(mut self, lines: Vec<LogLine>, anchor: Option<usize>) -> Subject {
+        self.log_anchor = anchor.filter(|&i| i < lines.len());
+        self.kernel_log = lines;
+        self
+    }
+}
+
+impl From<&Incident> for Subject {
+    /// Takes the checked fields of the incident; the UUID is kept only when well formed. The
+    /// kernel log lines are the incident's own findings' lines (cause first); callers with more
+    /// context replace them with [`Subject::with_kernel_log`].
+    fn from(inc: &Incident) -> Subject {
+        let mut kernel_log = Vec::new();
+        for f in &inc.findings {
+            for (i, text) in f.origin.raw.iter().enumerate() {
+                kernel_log.push(LogLine {
+                    seq: f.origin.seq.map(|s| s.saturating_add(i as u64)),
+                    ts_usec: f.origin.ts_usec,
+                    text: text.clone(),
+                });
+            }
+        }
+        // The cause comes first in `findings`; show the lines in log order, anchored on it.
+        let anchor_seq = kernel_log.first().and_then(|l| l.seq);
+        kernel_log.sort_by_key(|l| (l.seq, l.ts_usec));
+        let anchor = if kernel_log.is_empty() {
+            None
+        } else {
+            Some(
+                anchor_seq
+                    .and_then(|s| kernel_log.iter().position(|l| l.seq == Some(s)))
+                    .unwrap_or(0),
+            )
+        };
+        Subject {
+            kind: inc.kind,
+            xid: inc.xid,
+            category: inc.category,
+            severity: inc.severity,
+            pci: inc.pci,
+            gpu_index: inc.gpu.index,
+            uuid: inc.gpu.uuid.as_deref().and_then(GpuUuid::parse),
+            pid: inc.findings.iter().find_map(|f| f.pid),
+            count: inc.count,
+            runbook_override: inc.runbook_override.clone(),
+            kernel_log,
+            log_anchor: anchor,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_must_be_well_formed() {
+        let u = GpuUuid::parse("GPU-5F2C1E0A-7b3d-4c61-9e8f-0a1b2c3d4e5f").unwrap();
+        assert_eq!(u.as_str(), "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f");
+        assert!(GpuUuid::parse("MIG-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f").is_some());
+        for bad in [
+            "",
+            "GPU-",
+            "gpu-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f",
+            "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5",
+            "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f; reboot",
+            "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5g",
+            "GPU-5f2c1e0a-7b3d-4c61-9e8f0a1b2c3d4e5f",
+            "GPU-ü5f2c1e0-7b3d-4c61-9e8f-0a1b2c3d4e5f",
+        ] {
+            assert!(GpuUuid::parse(bad).is_none(), "{bad}");
+        }
+    }
+}

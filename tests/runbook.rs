@@ -1,0 +1,1269 @@
+//! Runbooks end to end: the shipped runbooks load and serve every class of fault; every refusal
+//! rule refuses; programs run under a timeout that kills their whole process group, with capped
+//! output, a cleared environment and no stdin; placeholders without a value skip their step; log
+//! text never reaches a command line. Programs are the fake tools in fixtures/fake-tools, /sys and
+//! /proc the trees in fixtures/; no test needs a GPU or root.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use xidwatch::model::{
+    Category, Evidence, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, PciAddress,
+    Severity, StepResult, StepStatus,
+};
+use xidwatch::runbook::safety::DEFAULT_ALLOWED;
+use xidwatch::runbook::{
+    render_evidence, render_list, render_load_errors, render_show, GpuUuid, LoadErrorKind, LogLine,
+    NvmlError, NvmlProbe, NvmlQuery, Placeholder, Rule, RunLimits, Runbook, RunbookEnv, RunbookSet,
+    SafetyPolicy, Subject, Template, Values, CHILD_PATH, SOURCE_DIR,
+};
+
+const TEST_TOOLS: &[&str] = &[
+    "fake-sleeper",
+    "fake-flood",
+    "echo-argv",
+    "env-dump",
+    "barrier",
+    "sneaky",
+    "not-executable",
+    "not-installed-anywhere",
+];
+
+fn fixture(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(p)
+}
+
+fn env() -> RunbookEnv {
+    RunbookEnv {
+        search_path: vec![fixture("fake-tools")],
+        sysfs_root: fixture("sysfs"),
+        procfs_root: fixture("proc"),
+        nvml: None,
+        host: "test-host".into(),
+    }
+}
+
+fn policy() -> SafetyPolicy {
+    SafetyPolicy::new(DEFAULT_ALLOWED.iter().chain(TEST_TOOLS).copied())
+}
+
+fn gpu() -> PciAddress {
+    PciAddress::parse("0000:17:00.0").unwrap()
+}
+
+fn shipped() -> RunbookSet {
+    RunbookSet::load(&[PathBuf::from(SOURCE_DIR)], &SafetyPolicy::default())
+        .unwrap_or_else(|e| panic!("{}", render_load_errors(&e)))
+}
+
+/// A fallback runbook with the given limits and steps.
+fn test_runbook(limits: &str, steps: &str) -> Runbook {
+    let text = format!(
+        "title = \"test\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n{limits}\n{steps}"
+    );
+    Runbook::from_toml(Path::new("test.toml"), &text, &policy())
+        .unwrap_or_else(|e| panic!("{}", render_load_errors(&e)))
+}
+
+fn subject(kind: FindingKind, xid: Option<u32>, category: Category) -> Subject {
+    let mut s = Subject::manual(Some(gpu()), xid, Some(4242));
+    s.kind = kind;
+    s.category = category;
+    s.severity = Severity::Critical;
+    s
+}
+
+fn xid_subject(xid: u32, category: Category) -> Subject {
+    subject(FindingKind::Xid, Some(xid), category)
+}
+
+fn step<'a>(ev: &'a Evidence, name: &str) -> &'a StepResult {
+    ev.steps
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no step {name:?} in {}", render_evidence(ev)))
+}
+
+fn has_note(s: &StepResult, needle: &str) -> bool {
+    s.notes.iter().any(|n| n.contains(needle))
+}
+
+async fn run(rb: &Runbook, s: &Subject) -> Evidence {
+    rb.run(s, &env(), &RunLimits::default()).await
+}
+
+fn incident(findings: Vec<Finding>, kind: FindingKind, xid: Option<u32>) -> Incident {
+    Incident {
+        id: "test-incident".into(),
+        phase: IncidentPhase::Opened,
+        host: "test-host".into(),
+        boot_id: None,
+        kind,
+        xid,
+        pci: Some(gpu()),
+        gpu: GpuIdentity::default(),
+        severity: Severity::Critical,
+        category: Category::Application,
+        title: "test".into(),
+        first_seen_ms: 0,
+        last_seen_ms: 0,
+        count: 1,
+        findings,
+        echoes: vec![],
+        found_at_startup: false,
+        runbook_override: None,
+        dropped_alerts_before: 0,
+        test: false,
+    }
+}
+
+/// An incident whose every free-text field holds `text` (and whose UUID is `uuid`).
+fn dirty_incident(text: &str, raw: Vec<String>, uuid: Option<String>) -> Incident {
+    let mut f = Finding::new(
+        FindingKind::Xid,
+        Severity::Critical,
+        Category::Application,
+        text.to_string(),
+    );
+    f.xid = Some(13);
+    f.pci = Some(gpu());
+    f.pid = Some(4242);
+    f.process = Some(text.to_string());
+    f.message = text.to_string();
+    f.gpu.uuid = uuid.clone();
+    f.gpu.name = Some(text.to_string());
+    f.origin.raw = raw;
+    f.origin.timestamp = Some(text.to_string());
+    let mut inc = incident(vec![f], FindingKind::Xid, Some(13));
+    inc.title = text.to_string();
+    inc.gpu.uuid = uuid;
+    inc.gpu.serial = Some(text.to_string());
+    inc
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shipped runbooks
+
+#[test]
+fn every_shipped_runbook_loads() {
+    let set = shipped();
+    let names: Vec<&str> = set.iter().map(|r| r.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "application",
+            "driver",
+            "fallback",
+            "fallen-off-bus",
+            "gsp",
+            "memory",
+            "nvlink",
+            "recovery-action",
+            "sxid",
+            "thermal-power"
+        ]
+    );
+    assert_eq!(set.fallback().map(|r| r.name()), Some("fallback"));
+    for rb in set.iter() {
+        assert!(
+            !rb.meaning().is_empty() && !rb.next_steps().is_empty(),
+            "{}",
+            rb.name()
+        );
+        assert!(!rb.steps().is_empty(), "{}", rb.name());
+    }
+}
+
+#[test]
+fn shipped_runbooks_serve_every_class() {
+    let set = shipped();
+    let pick = |s: &Subject| set.select(s).map(|r| r.name().to_string());
+    let classes: &[(&[u32], &str)] = &[
+        (&[79, 167], "fallen-off-bus"),
+        (&[48, 63, 64, 92, 94, 95, 140, 171, 172], "memory"),
+        (&[119, 120, 143], "gsp"),
+        (
+            &[74, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155],
+            "nvlink",
+        ),
+        (&[13, 31, 43, 45], "application"),
+        (&[54, 162, 163, 164, 165], "thermal-power"),
+        (&[154], "recovery-action"),
+    ];
+    for (xids, want) in classes {
+        for &x in *xids {
+            // An Xid listed by number wins whatever category the classifier gave it.
+            for c in Category::ALL {
+                assert_eq!(
+                    pick(&xid_subject(x, c)).as_deref(),
+                    Some(*want),
+                    "Xid {x} {c}"
+                );
+            }
+        }
+    }
+    let kinds: &[(FindingKind, Category, &str)] = &[
+        (FindingKind::FallenOffBus, Category::Pcie, "fallen-off-bus"),
+        (FindingKind::GpuLost, Category::Pcie, "fallen-off-bus"),
+        (FindingKind::GpuMissing, Category::Driver, "fallen-off-bus"),
+        (FindingKind::PcieAer, Category::Pcie, "fallen-off-bus"),
+        (FindingKind::EccError, Category::Memory, "memory"),
+        (FindingKind::DriverInitFailure, Category::Driver, "driver"),
+        (FindingKind::ApiMismatch, Category::Driver, "driver"),
+        (FindingKind::DriverError, Category::Driver, "driver"),
+        (FindingKind::NvmlUnavailable, Category::Driver, "driver"),
+        (FindingKind::DriverError, Category::Gsp, "gsp"),
+        (FindingKind::Sxid, Category::Nvlink, "sxid"),
+        (
+            FindingKind::KmsgOverrun,
+            Category::Informational,
+            "fallback",
+        ),
+        (
+            FindingKind::GpuIdentity,
+            Category::Informational,
+            "fallback",
+        ),
+    ];
+    for (kind, cat, want) in kinds {
+        let s = subject(*kind, None, *cat);
+        assert_eq!(pick(&s).as_deref(), Some(*want), "{kind} {cat}");
+    }
+    let mut sxid = subject(FindingKind::Sxid, Some(20034), Category::Nvlink);
+    assert_eq!(pick(&sxid).as_deref(), Some("sxid"));
+    sxid.xid = Some(79); // SXid 79 is not Xid 79
+    assert_eq!(pick(&sxid).as_deref(), Some("sxid"));
+    // Unknown Xids (catalog older than the driver) get the fallback.
+    for x in [173, 999, 4000] {
+        assert_eq!(
+            pick(&xid_subject(x, Category::Informational)).as_deref(),
+            Some("fallback")
+        );
+    }
+    // Thermal and power by category.
+    let s = subject(FindingKind::DriverError, None, Category::ThermalPower);
+    assert_eq!(pick(&s).as_deref(), Some("thermal-power"));
+    // Every kind and category is served by some runbook.
+    for k in FindingKind::ALL {
+        for c in Category::ALL {
+            assert!(set.select(&subject(k, None, c)).is_some(), "{k} {c}");
+        }
+    }
+}
+
+#[test]
+fn configured_override_wins_and_a_missing_one_is_reported() {
+    let set = shipped();
+    let mut s = xid_subject(79, Category::Pcie);
+    s.runbook_override = Some("memory".into());
+    let sel = set.select_explained(&s).unwrap();
+    assert_eq!(sel.runbook.name(), "memory");
+    assert!(sel.reason.contains("configuration"));
+    s.runbook_override = Some("no-such-runbook".into());
+    let sel = set.select_explained(&s).unwrap();
+    assert_eq!(sel.runbook.name(), "fallen-off-bus");
+    assert!(sel.reason.contains("does not exist"), "{}", sel.reason);
+}
+
+#[test]
+fn later_directories_override_by_name_and_ties_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let custom = "title = \"our memory runbook\"\n[[match]]\nxids = [48]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"lsmod\"]\n";
+    std::fs::write(dir.path().join("memory.toml"), custom).unwrap();
+    // Two equally specific runbooks for Xid 31: the higher priority wins over the shipped one.
+    let app = "title = \"ours\"\npriority = 5\n[[match]]\nxids = [31]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"lsmod\"]\n";
+    std::fs::write(dir.path().join("app-ours.toml"), app).unwrap();
+    std::fs::write(dir.path().join("README.md"), "not a runbook").unwrap();
+    let set = RunbookSet::load(
+        &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
+        &SafetyPolicy::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}", render_load_errors(&e)));
+    let mem = set.get("memory").unwrap();
+    assert_eq!(mem.title(), "our memory runbook");
+    assert_eq!(
+        mem.overrides(),
+        [PathBuf::from(SOURCE_DIR).join("memory.toml")]
+    );
+    assert!(render_list(&set).contains("replaces"));
+    // The replacement is whole: Xid 63 is no longer listed anywhere, so the fallback takes it.
+    let pick = |x, c| set.select(&xid_subject(x, c)).unwrap().name().to_string();
+    assert_eq!(pick(48, Category::Memory), "memory");
+    assert_eq!(pick(63, Category::Memory), "fallback");
+    assert_eq!(pick(31, Category::Application), "app-ours");
+    assert_eq!(pick(13, Category::Application), "application");
+}
+
+#[test]
+fn two_fallbacks_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let fb = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"lsmod\"]\n";
+    std::fs::write(dir.path().join("zz-other.toml"), fb).unwrap();
+    let errs = RunbookSet::load(
+        &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
+        &SafetyPolicy::default(),
+    )
+    .unwrap_err();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].kind, LoadErrorKind::Conflict);
+    assert!(errs[0].to_string().contains("zz-other.toml"), "{}", errs[0]);
+    assert!(errs[0].to_string().contains("fallback.toml"), "{}", errs[0]);
+    let (set, _) = RunbookSet::load_partial(
+        &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
+        &SafetyPolicy::default(),
+    );
+    assert_eq!(set.fallback().map(|r| r.name()), Some("fallback"));
+    assert!(set.get("zz-other").is_none());
+}
+
+#[tokio::test]
+async fn every_shipped_runbook_runs_against_the_fakes() {
+    let set = shipped();
+    let lines = vec![
+        LogLine {
+            seq: Some(1),
+            ts_usec: Some(9_512_000_000),
+            text: "NVRM: GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f".into(),
+        },
+        LogLine {
+            seq: Some(2),
+            ts_usec: Some(9_512_238_711),
+            text: "NVRM: Xid (PCI:0000:17:00): 79, pid=4242, name=python3, GPU has fallen off the bus.".into(),
+        },
+    ];
+    for rb in set.iter() {
+        let s = xid_subject(79, Category::Pcie).with_kernel_log(lines.clone(), Some(1));
+        let ev = run(rb, &s).await;
+        assert_eq!(ev.runbook, rb.name());
+        assert_eq!(ev.steps.len(), rb.steps().len());
+        for st in &ev.steps {
+            // Programs not faked (systemctl, journalctl, dkms, ps) are recorded as missing.
+            assert!(
+                matches!(
+                    st.status,
+                    StepStatus::Done { .. }
+                        | StepStatus::Missing { .. }
+                        | StepStatus::Skipped { .. }
+                ),
+                "{}: {}",
+                rb.name(),
+                render_evidence(&ev)
+            );
+            if let StepStatus::Missing { what } = &st.status {
+                assert!(
+                    ["systemctl", "journalctl", "dkms", "ps"]
+                        .iter()
+                        .any(|p| what.starts_with(p)),
+                    "{}: {what}",
+                    rb.name()
+                );
+            }
+        }
+        let text = render_evidence(&ev);
+        assert!(text.contains(rb.meaning().lines().next().unwrap()));
+        serde_json::to_string(&ev).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn fallen_off_bus_reads_the_link_and_the_port_above() {
+    let set = shipped();
+    let ev = run(
+        set.get("fallen-off-bus").unwrap(),
+        &xid_subject(79, Category::Pcie),
+    )
+    .await;
+    let link = step(&ev, "PCIe link of the GPU");
+    assert_eq!(link.status, StepStatus::Done { exit_code: None });
+    assert!(
+        link.output.contains("current_link_speed: 2.5 GT/s PCIe"),
+        "{}",
+        link.output
+    );
+    assert!(
+        has_note(
+            link,
+            "PCIe link at 2.5 GT/s x4 where the maximum is 16 GT/s x16"
+        ) && has_note(link, "badly seated"),
+        "{:?}",
+        link.notes
+    );
+    assert!(has_note(step(&ev, "AER counters of the GPU"), "CmpltTO 2"));
+    let port = step(&ev, "the port above the GPU (lspci)");
+    assert_eq!(port.target, ["lspci", "-vv", "-s", "0000:16:01.0"]);
+    assert!(port.output.contains("Root Port"));
+    assert!(step(&ev, "PCIe link of the port above").notes.is_empty());
+    assert!(has_note(
+        step(&ev, "GPUs the driver has"),
+        "2 NVIDIA GPU(s) on the PCI bus but the driver has 1"
+    ));
+    assert!(has_note(
+        step(&ev, "the GPU on the bus (lspci)"),
+        "0000:17:00.0: lspci reports its link as downgraded"
+    ));
+    assert!(step(&ev, "the port above the GPU (lspci)").notes.is_empty());
+    assert!(has_note(
+        step(&ev, "NVIDIA devices on the bus"),
+        "0000:18:00.0: configuration space reads return all ones"
+    ));
+    let text = render_evidence(&ev);
+    assert!(text.contains("NOTE: PCIe link at 2.5 GT/s x4"), "{text}");
+}
+
+#[tokio::test]
+async fn a_gpu_gone_from_the_bus_is_said_plainly() {
+    let set = shipped();
+    let mut s = xid_subject(79, Category::Pcie);
+    s.pci = PciAddress::parse("0000:99:00.0").ok();
+    let ev = run(set.get("fallen-off-bus").unwrap(), &s).await;
+    let link = step(&ev, "PCIe link of the GPU");
+    assert!(
+        matches!(link.status, StepStatus::Missing { .. }),
+        "{link:?}"
+    );
+    assert!(has_note(link, "not on the PCI bus"), "{:?}", link.notes);
+    // No device, no port above it: those steps are skipped with the reason.
+    let port = step(&ev, "the port above the GPU (lspci)");
+    assert!(
+        matches!(&port.status, StepStatus::Skipped { reason } if reason.contains("{parent_pci}")),
+        "{port:?}"
+    );
+    // nvidia-smi cannot find it either.
+    let ev = run(set.get("memory").unwrap(), &s).await;
+    assert!(has_note(
+        step(&ev, "ECC counters"),
+        "the driver has lost this GPU"
+    ));
+}
+
+#[tokio::test]
+async fn memory_runbook_notes_a_pending_remap() {
+    let set = shipped();
+    let ev = run(
+        set.get("memory").unwrap(),
+        &xid_subject(48, Category::Memory),
+    )
+    .await;
+    assert!(has_note(step(&ev, "remapped rows"), "row remap is pending"));
+    assert!(has_note(step(&ev, "ECC counters"), "DRAM Uncorrectable 2"));
+    assert_eq!(
+        step(&ev, "ECC counters").target,
+        ["nvidia-smi", "-q", "-d", "ECC", "-i", "0000:17:00.0"]
+    );
+    assert_eq!(
+        step(&ev, "remapped rows (NVML)").status,
+        StepStatus::Skipped {
+            reason: "NVML is not available".into()
+        }
+    );
+}
+
+struct FakeNvml;
+
+impl NvmlProbe for FakeNvml {
+    fn query(&self, q: NvmlQuery, gpu: PciAddress) -> Result<String, NvmlError> {
+        match q {
+            NvmlQuery::RemappedRows => Ok(format!("gpu: {gpu}\npending: yes\nfailure: no\n")),
+            _ => Err(NvmlError::NotSupported),
+        }
+    }
+}
+
+#[tokio::test]
+async fn nvml_steps_use_the_probe_when_there_is_one() {
+    let set = shipped();
+    let mut e = env();
+    e.nvml = Some(Arc::new(FakeNvml));
+    let ev = set
+        .get("memory")
+        .unwrap()
+        .run(
+            &xid_subject(48, Category::Memory),
+            &e,
+            &RunLimits::default(),
+        )
+        .await;
+    let s = step(&ev, "remapped rows (NVML)");
+    assert_eq!(s.status, StepStatus::Done { exit_code: None });
+    assert_eq!(s.output, "gpu: 0000:17:00.0\npending: yes\nfailure: no\n");
+    assert_eq!(s.target, ["remapped_rows", "0000:17:00.0"]);
+}
+
+#[tokio::test]
+async fn driver_runbook_compares_versions() {
+    let set = shipped();
+    let s = subject(FindingKind::ApiMismatch, None, Category::Driver);
+    let ev = run(set.get("driver").unwrap(), &s).await;
+    assert!(has_note(
+        step(&ev, "user-space driver version"),
+        "kernel module 550.54.14 is loaded but the user-space driver is 550.90.07"
+    ));
+    assert!(has_note(
+        step(&ev, "module version on disk"),
+        "the module on disk is 550.90.07 but 550.54.14 is loaded"
+    ));
+    assert!(step(&ev, "loaded modules").notes.is_empty());
+    assert_eq!(step(&ev, "running kernel").output, "6.8.0-45-generic\n");
+}
+
+#[tokio::test]
+async fn application_runbook_reads_the_process() {
+    let set = shipped();
+    let rb = set.get("application").unwrap();
+    let ev = run(rb, &xid_subject(13, Category::Application)).await;
+    let p = step(&ev, "the process (if still alive)");
+    assert_eq!(p.target, ["/proc/4242/cmdline", "/proc/4242/status"]);
+    assert!(
+        p.output.starts_with("cmdline: python3 train.py --lr 0.1\n"),
+        "{}",
+        p.output
+    );
+    assert!(
+        p.output.contains("==> status <==\nName:\tpython3"),
+        "{}",
+        p.output
+    );
+    // A process that has exited.
+    let mut s = xid_subject(13, Category::Application);
+    s.pid = Some(999);
+    let ev = run(rb, &s).await;
+    let p = step(&ev, "the process (if still alive)");
+    assert!(matches!(p.status, StepStatus::Missing { .. }));
+    assert!(
+        has_note(p, "process 999 is no longer running"),
+        "{:?}",
+        p.notes
+    );
+    // No pid at all: skipped, with the reason.
+    s.pid = None;
+    let ev = run(rb, &s).await;
+    assert_eq!(
+        step(&ev, "the process (ps)").status,
+        StepStatus::Skipped {
+            reason:
+                "needs {pid} (the process id the driver named), which this incident does not have"
+                    .into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn recovery_action_runbook_relays_the_drivers_verdict() {
+    let set = shipped();
+    let ev = run(
+        set.get("recovery-action").unwrap(),
+        &xid_subject(154, Category::Driver),
+    )
+    .await;
+    assert!(has_note(
+        step(&ev, "nvidia-smi full query"),
+        "the driver asks for: GPU Reset Required"
+    ));
+    assert!(step(&ev, "processes on this GPU")
+        .output
+        .contains("4242, python3"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Safe by construction
+
+/// One step per rule, each refused whatever the allowlist says.
+const REFUSED: &[(Rule, &str)] = &[
+    (Rule::ProgramName, r#"run = ["/sbin/reboot"]"#),
+    (Rule::ProgramName, r#"run = ["{pci}"]"#),
+    (Rule::OptionPlaceholder, r#"run = ["nvidia-smi", "-{xid}"]"#),
+    (Rule::PowerState, r#"run = ["reboot"]"#),
+    (Rule::PowerState, r#"run = ["shutdown", "-h", "now"]"#),
+    (Rule::PowerState, r#"run = ["poweroff"]"#),
+    (Rule::PowerState, r#"run = ["halt"]"#),
+    (Rule::PowerState, r#"run = ["kexec", "-e"]"#),
+    (Rule::PowerState, r#"run = ["systemctl", "reboot"]"#),
+    (
+        Rule::ServiceControl,
+        r#"run = ["systemctl", "restart", "nvidia-persistenced"]"#,
+    ),
+    (
+        Rule::ServiceControl,
+        r#"run = ["systemctl", "stop", "nvidia-fabricmanager"]"#,
+    ),
+    (Rule::KernelModules, r#"run = ["rmmod", "nvidia"]"#),
+    (Rule::KernelModules, r#"run = ["modprobe", "-r", "nvidia"]"#),
+    (Rule::KernelModules, r#"run = ["insmod", "nvidia.ko"]"#),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "-r", "-i", "{pci}"]"#,
+    ),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "--gpu-reset", "-i", "{pci}"]"#,
+    ),
+    (Rule::GpuControl, r#"run = ["nvidia-smi", "-pm", "1"]"#),
+    (Rule::GpuControl, r#"run = ["nvidia-smi", "-pl", "250"]"#),
+    (Rule::GpuControl, r#"run = ["nvidia-smi", "-e", "0"]"#),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "-c", "EXCLUSIVE_PROCESS"]"#,
+    ),
+    (Rule::GpuControl, r#"run = ["nvidia-smi", "-mig", "1"]"#),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "-ac", "1215,1410"]"#,
+    ),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "--applications-clocks=1215,1410"]"#,
+    ),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "-lgc", "1000,1400"]"#,
+    ),
+    (
+        Rule::GpuControl,
+        r#"run = ["nvidia-smi", "-q", "--some-future-option"]"#,
+    ),
+    (
+        Rule::HardwareAccess,
+        r#"run = ["setpci", "-s", "{pci}", "COMMAND=0"]"#,
+    ),
+    (
+        Rule::HardwareAccess,
+        r#"run = ["lspci", "-xxx", "-s", "{pci}"]"#,
+    ),
+    (
+        Rule::WritesFiles,
+        r#"run = ["tee", "/sys/bus/pci/devices/{pci}/remove"]"#,
+    ),
+    (
+        Rule::WritesFiles,
+        r#"run = ["dd", "if=/dev/zero", "of=/sys/bus/pci/rescan"]"#,
+    ),
+    (
+        Rule::WritesFiles,
+        r#"run = ["cat", "1", ">", "/sys/bus/pci/rescan"]"#,
+    ),
+    (Rule::LogControl, r#"run = ["dmesg", "-C"]"#),
+    (
+        Rule::LogControl,
+        r#"run = ["journalctl", "--vacuum-size=1M"]"#,
+    ),
+    (
+        Rule::SystemSettings,
+        r#"run = ["sysctl", "-w", "kernel.panic=1"]"#,
+    ),
+    (
+        Rule::SystemSettings,
+        r#"run = ["ip", "link", "set", "ib0", "down"]"#,
+    ),
+    (Rule::Kill, r#"run = ["kill", "-9", "{pid}"]"#),
+    (Rule::Kill, r#"run = ["pkill", "python3"]"#),
+    (Rule::Shell, r#"run = ["sh", "-c", "nvidia-smi -r"]"#),
+    (Rule::Shell, r#"run = ["bash", "-c", "reboot"]"#),
+    (Rule::ReadPath, r#"read = "/etc/shadow""#),
+    (
+        Rule::ReadPath,
+        r#"read = "/sys/bus/pci/devices/{pci}/../../../../etc/shadow""#,
+    ),
+    (Rule::ReadPath, r#"run = ["cat", "/etc/shadow"]"#),
+    (Rule::SensitivePath, r#"read = "/proc/{pid}/environ""#),
+    (Rule::SensitivePath, r#"read = "/proc/kmsg""#),
+    (
+        Rule::SensitivePath,
+        r#"read = "/sys/bus/pci/devices/{pci}/config""#,
+    ),
+    (Rule::SensitivePath, r#"read = "/proc/1/root/etc/shadow""#),
+    (Rule::NotAllowlisted, r#"run = ["lsblk"]"#),
+];
+
+/// A policy allowing every program named above except lsblk: the rules must hold on their own.
+fn permissive() -> SafetyPolicy {
+    let mut names: Vec<String> = DEFAULT_ALLOWED.iter().map(|s| s.to_string()).collect();
+    for (_, step) in REFUSED {
+        if let Some(rest) = step.strip_prefix("run = [\"") {
+            let prog = rest.split('"').next().unwrap();
+            if prog != "lsblk" {
+                names.push(prog.to_string());
+            }
+        }
+    }
+    SafetyPolicy::new(names)
+}
+
+#[test]
+fn every_refusal_rule_refuses_at_load_naming_file_and_step() {
+    for rule in Rule::ALL {
+        assert!(
+            REFUSED.iter().any(|(r, _)| *r == rule),
+            "rule {rule} has no example"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (rule, step)) in REFUSED.iter().enumerate() {
+        let text = format!(
+            "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\n[[step]]\nname = \"fine\"\nrun = [\"lsmod\"]\n\n[[step]]\nname = \"bad one\"\n{step}\n"
+        );
+        let path = dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&path, &text).unwrap();
+        let errs = RunbookSet::load(&[dir.path().to_path_buf()], &permissive()).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(errs.len(), 1, "{step}: {errs:?}");
+        let e = &errs[0];
+        assert_eq!(e.kind, LoadErrorKind::Refused(*rule), "{step}: {e}");
+        assert_eq!(e.path, path);
+        let step_ref = e.step.as_ref().unwrap();
+        assert_eq!(
+            (step_ref.index, step_ref.name.as_deref()),
+            (2, Some("bad one"))
+        );
+        assert_eq!(e.line, Some(11), "{e}"); // its [[step]] line
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(&format!(
+                "{}: step 2 \"bad one\" (line 11): refused [",
+                path.display()
+            )),
+            "{shown}"
+        );
+    }
+}
+
+#[test]
+fn the_allowlist_cannot_unlock_a_refused_program() {
+    let everything = SafetyPolicy::new(["reboot", "sh", "rmmod", "kill", "tee"]);
+    for prog in ["reboot", "sh", "rmmod", "kill", "tee"] {
+        let text = format!(
+            "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"{prog}\", \"x\"]\n"
+        );
+        let errs = Runbook::from_toml(Path::new("x.toml"), &text, &everything).unwrap_err();
+        assert!(errs[0].is_refusal(), "{prog}: {}", errs[0]);
+        assert_ne!(errs[0].kind, LoadErrorKind::Refused(Rule::NotAllowlisted));
+    }
+}
+
+#[test]
+fn a_refused_runbook_fails_the_load_with_every_problem_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = "title = \"g\"\n[[match]]\nxids = [13]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"lsmod\"]\n";
+    let bad = "title = \"b\"\n[[match]]\nxids = [79]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nname = \"reset it\"\nrun = [\"nvidia-smi\", \"-r\", \"-i\", \"{pci}\"]\n[[step]]\nrun = [\"rmmod\", \"nvidia\"]\n";
+    std::fs::write(dir.path().join("good.toml"), good).unwrap();
+    std::fs::write(dir.path().join("bad.toml"), bad).unwrap();
+    let errs = RunbookSet::load(&[dir.path().to_path_buf()], &SafetyPolicy::default()).unwrap_err();
+    assert_eq!(errs.len(), 2, "{}", render_load_errors(&errs));
+    let report = render_load_errors(&errs);
+    assert!(
+        report.contains("bad.toml: step 1 \"reset it\" (line 7): refused [gpu-control]: nvidia-smi -r/--gpu-reset resets the GPU"),
+        "{report}"
+    );
+    assert!(
+        report.contains("bad.toml: step 2 \"rmmod nvidia\" (line 10): refused [kernel-modules]"),
+        "{report}"
+    );
+    assert!(!report.contains("good.toml"));
+    assert!(report.contains("2 problem(s) in runbooks, 2 of them refused steps"));
+    // A daemon can go on with what loaded; the refused runbook is not among it.
+    let (set, errs) =
+        RunbookSet::load_partial(&[dir.path().to_path_buf()], &SafetyPolicy::default());
+    assert_eq!(errs.len(), 2);
+    assert_eq!(set.iter().map(|r| r.name()).collect::<Vec<_>>(), ["good"]);
+}
+
+#[test]
+fn format_errors_name_the_place() {
+    let p = Path::new("runbooks/typo.toml");
+    let load = |text: &str| Runbook::from_toml(p, text, &SafetyPolicy::default()).unwrap_err();
+    let head = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n";
+    // Unknown keys, with toml's line and column.
+    let e = load(&format!(
+        "{head}[[step]]\nrun = [\"lsmod\"]\ntimout_secs = 3\n"
+    ));
+    assert_eq!(e[0].kind, LoadErrorKind::Syntax);
+    assert_eq!(e[0].line, Some(8));
+    let shown = e[0].to_string();
+    assert!(shown.contains("unknown field `timout_secs`"), "{shown}");
+    assert!(shown.contains("line 8, column 1"), "{shown}");
+    let e = load(&format!(
+        "{head}colour = \"red\"\n[[step]]\nrun = [\"lsmod\"]\n"
+    ));
+    assert!(
+        e[0].to_string().contains("unknown field `colour`"),
+        "{}",
+        e[0]
+    );
+    // Values that make no sense.
+    for (bad, needle) in [
+        (
+            "[[step]]\nrun = [\"lsmod\"]\nread = \"/proc/version\"\n",
+            "exactly one of run, read, kmsg or nvml",
+        ),
+        (
+            "[[step]]\nrun = [\"echo\", \"{message}\"]\n",
+            "unknown placeholder {message}",
+        ),
+        ("[[step]]\nnvml = \"reset_gpu\"\n", "unknown nvml query"),
+        (
+            "[[step]]\nrun = [\"lsmod\"]\ntimeout_secs = 0\n",
+            "timeout_secs = 0",
+        ),
+        (
+            "[[step]]\nkmsg = { lines_before = 3, seconds_before = 3 }\n",
+            "not both",
+        ),
+        (
+            "[[match]]\nkinds = [\"xdi\"]\n[[step]]\nrun = [\"lsmod\"]\n",
+            "unknown kind \"xdi\"",
+        ),
+        (
+            "[[match]]\nxids = [\"150-144\"]\n[[step]]\nrun = [\"lsmod\"]\n",
+            "empty",
+        ),
+        (
+            "[[match]]\n[[step]]\nrun = [\"lsmod\"]\n",
+            "would match everything",
+        ),
+        ("", "no [[step]]"),
+    ] {
+        let e = load(&format!("{head}{bad}"));
+        assert!(
+            e.iter().any(|e| e.to_string().contains(needle)),
+            "{bad}: {e:?}"
+        );
+        assert!(e.iter().all(|e| e.path == p));
+    }
+    let e = load("title = \"t\"\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"lsmod\"]\n");
+    assert!(e[0].to_string().contains("matches nothing"), "{}", e[0]);
+    let e = Runbook::from_toml(
+        Path::new("Bad Name.toml"),
+        &format!("{head}[[step]]\nrun = [\"lsmod\"]\n"),
+        &SafetyPolicy::default(),
+    )
+    .unwrap_err();
+    assert!(e[0].to_string().contains("runbook's name"), "{}", e[0]);
+    let errs = RunbookSet::load(
+        &[PathBuf::from("/nonexistent/runbooks")],
+        &SafetyPolicy::default(),
+    )
+    .unwrap_err();
+    assert_eq!(errs[0].kind, LoadErrorKind::Io);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running programs
+
+fn pid_gone(pid: i32) -> bool {
+    // Dead, or a zombie waiting for a reaper that is not us.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+fn wait_gone(pid: i32) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if pid_gone(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn read_pid(path: &Path) -> i32 {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the fake tool did not start in time?)",
+            path.display()
+        )
+    });
+    text.trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let rb = test_runbook(
+        "[limits]\nstep_timeout_secs = 1",
+        &format!(
+            "[[step]]\nname = \"sleeper\"\nrun = [\"fake-sleeper\", \"{}\"]\n",
+            dir.path().display()
+        ),
+    );
+    let t0 = Instant::now();
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    let took = t0.elapsed();
+    let s = &ev.steps[0];
+    assert_eq!(s.status, StepStatus::TimedOut { after_ms: 1000 }, "{s:?}");
+    assert_eq!(s.output, "started\n");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let parent = read_pid(&dir.path().join("parent.pid"));
+    let child = read_pid(&dir.path().join("child.pid"));
+    assert!(
+        wait_gone(parent),
+        "the program {parent} survived its timeout"
+    );
+    assert!(wait_gone(child), "its child {child} survived the timeout");
+    assert!(render_evidence(&ev).contains("TIMED OUT after 1000 ms (process group killed)"));
+}
+
+#[tokio::test]
+async fn output_is_capped_and_the_rest_counted() {
+    let rb = test_runbook(
+        "[limits]\nmax_output_bytes = 4096",
+        "[[step]]\nname = \"flood\"\nrun = [\"fake-flood\", \"1000000\"]\n\n[[step]]\nname = \"small\"\nrun = [\"fake-flood\", \"10\"]\n",
+    );
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    let flood = step(&ev, "flood");
+    assert_eq!(flood.status, StepStatus::Done { exit_code: Some(0) });
+    assert_eq!(flood.output.len(), 4096);
+    assert!(flood.output.bytes().all(|b| b == b'x'));
+    assert_eq!(flood.bytes_dropped, 1_000_000 + 5 - 4096);
+    let small = step(&ev, "small");
+    assert_eq!(small.output, "xxxxxxxxxxoops\n"); // stdout, then stderr
+    assert_eq!(small.bytes_dropped, 0);
+}
+
+#[tokio::test]
+async fn an_endless_flood_is_capped_and_killed() {
+    let rb = test_runbook(
+        "[limits]\nmax_output_bytes = 1000\nstep_timeout_secs = 0.3",
+        "[[step]]\nrun = [\"fake-flood\", \"forever\"]\n",
+    );
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    let s = &ev.steps[0];
+    assert_eq!(s.status, StepStatus::TimedOut { after_ms: 300 });
+    assert_eq!(s.output.len(), 1000);
+    assert!(s.output.starts_with("0123456789abcdef\n"));
+    assert!(s.bytes_dropped > 0);
+}
+
+#[tokio::test]
+async fn programs_get_a_clean_environment_and_no_stdin() {
+    let rb = test_runbook("", "[[step]]\nrun = [\"env-dump\"]\n");
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    let out = &ev.steps[0].output;
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.contains(&format!("PATH={CHILD_PATH}").as_str()),
+        "{out}"
+    );
+    assert!(lines.contains(&"LC_ALL=C"), "{out}");
+    assert!(lines.contains(&"cwd=/"), "{out}");
+    assert!(lines.contains(&"stdin=[]"), "{out}");
+    // Nothing of this process leaks: the only variables are the two set, and what the shell
+    // running the fake tool adds itself.
+    let shell_own = ["PWD", "OLDPWD", "SHLVL", "_"];
+    for l in lines
+        .iter()
+        .filter(|l| !l.starts_with("cwd=") && !l.starts_with("stdin="))
+    {
+        let name = l.split('=').next().unwrap_or("");
+        assert!(
+            ["PATH", "LC_ALL"].contains(&name) || shell_own.contains(&name),
+            "unexpected variable {l:?} in\n{out}"
+        );
+    }
+    // (This process has variables of its own, HOME, PATH and the like; none reached the child.)
+    assert!(std::env::vars().any(|(k, _)| !["PATH", "LC_ALL"].contains(&k.as_str())));
+}
+
+#[tokio::test]
+async fn missing_unrunnable_and_disguised_programs_are_recorded() {
+    let rb = test_runbook(
+        "",
+        "[[step]]\nname = \"missing\"\nrun = [\"not-installed-anywhere\"]\n[[step]]\nname = \"noexec\"\nrun = [\"not-executable\"]\n[[step]]\nname = \"sneaky\"\nrun = [\"sneaky\", \"-c\", \"echo hi\"]\n",
+    );
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    assert!(
+        matches!(&step(&ev, "missing").status, StepStatus::Missing { what } if what.starts_with("not-installed-anywhere is not installed")),
+        "{:?}",
+        step(&ev, "missing")
+    );
+    assert!(
+        matches!(&step(&ev, "noexec").status, StepStatus::Failed { error } if error.contains("not executable")),
+        "{:?}",
+        step(&ev, "noexec")
+    );
+    // An allowlisted name that is a link to a shell is refused when it would run.
+    let sneaky = step(&ev, "sneaky");
+    assert!(
+        matches!(&sneaky.status, StepStatus::Failed { error } if error.contains("a shell or interpreter")),
+        "{sneaky:?}"
+    );
+    assert!(sneaky.output.is_empty());
+}
+
+#[tokio::test]
+async fn steps_run_side_by_side_up_to_the_limit() {
+    let together = tempfile::tempdir().unwrap();
+    let steps = |dir: &Path| {
+        format!(
+            "[[step]]\nname = \"a\"\nrun = [\"barrier\", \"{d}\", \"2\"]\n[[step]]\nname = \"b\"\nrun = [\"barrier\", \"{d}\", \"2\"]\n",
+            d = dir.display()
+        )
+    };
+    let rb = test_runbook(
+        "[limits]\nconcurrency = 2\nstep_timeout_secs = 20",
+        &steps(together.path()),
+    );
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    for s in &ev.steps {
+        assert_eq!(s.status, StepStatus::Done { exit_code: Some(0) }, "{s:?}");
+        assert_eq!(s.output, "met\n");
+    }
+    // One at a time: the first waits in vain for a partner and is killed at its timeout; the
+    // second then finds the first one's mark.
+    let alone = tempfile::tempdir().unwrap();
+    let rb = test_runbook(
+        "[limits]\nconcurrency = 1\nstep_timeout_secs = 0.3",
+        &steps(alone.path()),
+    );
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    assert_eq!(ev.steps[0].status, StepStatus::TimedOut { after_ms: 300 });
+    assert_eq!(ev.steps[1].status, StepStatus::Done { exit_code: Some(0) });
+}
+
+#[tokio::test]
+async fn the_budget_bounds_the_whole_runbook() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let rb = test_runbook(
+        "[limits]\nbudget_secs = 0.5\nconcurrency = 1\nstep_timeout_secs = 30",
+        &format!("[[step]]\nname = \"first\"\nrun = [\"fake-sleeper\", \"{d}\"]\n[[step]]\nname = \"second\"\nrun = [\"fake-sleeper\", \"{d}\"]\n"),
+    );
+    let t0 = Instant::now();
+    let ev = run(&rb, &Subject::manual(None, None, None)).await;
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let first = step(&ev, "first");
+    assert!(
+        matches!(first.status, StepStatus::TimedOut { after_ms } if after_ms <= 500),
+        "{first:?}"
+    );
+    assert!(
+        has_note(first, "cut short by the runbook's budget of 0.5 s"),
+        "{:?}",
+        first.notes
+    );
+    assert!(
+        matches!(&step(&ev, "second").status, StepStatus::Skipped { reason } if reason.contains("budget")),
+        "{:?}",
+        step(&ev, "second")
+    );
+    // The caller's ceiling applies too.
+    let limits = RunLimits {
+        max_step_timeout: Duration::from_millis(200),
+        ..RunLimits::default()
+    };
+    let rb = test_runbook(
+        "",
+        "[[step]]\nrun = [\"fake-flood\", \"forever\"]\ntimeout_secs = 30\n",
+    );
+    let ev = rb
+        .run(&Subject::manual(None, None, None), &env(), &limits)
+        .await;
+    assert_eq!(ev.steps[0].status, StepStatus::TimedOut { after_ms: 200 });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placeholders and log text
+
+#[tokio::test]
+async fn a_step_without_its_value_is_skipped_with_the_reason() {
+    let rb = test_runbook(
+        "",
+        "[[step]]\nname = \"by pid\"\nrun = [\"echo-argv\", \"{pid}\"]\n[[step]]\nname = \"by uuid\"\nread = \"/proc/driver/nvidia/gpus/{uuid}\"\n[[step]]\nname = \"plain\"\nrun = [\"echo-argv\", \"ok\"]\n",
+    );
+    let ev = run(&rb, &Subject::manual(Some(gpu()), None, None)).await;
+    let s = step(&ev, "by pid");
+    assert_eq!(
+        s.status,
+        StepStatus::Skipped {
+            reason:
+                "needs {pid} (the process id the driver named), which this incident does not have"
+                    .into()
+        }
+    );
+    assert_eq!(s.target, ["echo-argv", "{pid}"]);
+    assert!(
+        matches!(&step(&ev, "by uuid").status, StepStatus::Skipped { reason } if reason.contains("{uuid}"))
+    );
+    assert_eq!(step(&ev, "plain").output, "ok\n");
+}
+
+#[tokio::test]
+async fn log_text_cannot_reach_an_argv() {
+    let evil = "$(reboot); nvidia-smi -r `rmmod nvidia` {pci} {pid} --gpu-reset\n\x1b[2J";
+    let raw = vec![format!(
+        "NVRM: Xid (PCI:0000:17:00): 13, pid=4242, name={evil}"
+    )];
+    let inc = dirty_incident(
+        evil,
+        raw,
+        Some(format!("GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f {evil}")),
+    );
+    let s = Subject::from(&inc);
+    assert_eq!(s.uuid, None, "a malformed UUID is dropped, not used");
+    let rb = test_runbook(
+        "",
+        "[[step]]\nname = \"argv\"\nrun = [\"echo-argv\", \"{pci}\", \"{xid}\", \"{pid}\", \"--id={pci}\", \"/proc/{pid}/cmdline\", \"{{literal}}\"]\n\
+         [[step]]\nname = \"uuid\"\nrun = [\"echo-argv\", \"{uuid}\"]\n\
+         [[step]]\nname = \"log\"\nkmsg = { lines_before = 5, lines_after = 5 }\n",
+    );
+    let ev = run(&rb, &s).await;
+    let argv = step(&ev, "argv");
+    let want = [
+        "0000:17:00.0",
+        "13",
+        "4242",
+        "--id=0000:17:00.0",
+        "/proc/4242/cmdline",
+        "{literal}",
+    ];
+    assert_eq!(argv.target[1..], want);
+    assert_eq!(argv.output, want.map(|w| format!("{w}\n")).concat());
+    assert!(
+        matches!(&step(&ev, "uuid").status, StepStatus::Skipped { reason } if reason.contains("{uuid}"))
+    );
+    // The log text is shown in the excerpt, neutralised, and nowhere else.
+    let log = step(&ev, "log");
+    assert!(
+        log.output.contains("name=$(reboot); nvidia-smi -r"),
+        "{}",
+        log.output
+    );
+    assert!(!log.output.contains('\x1b'));
+    for st in &ev.steps {
+        assert!(st.target.iter().all(|t| !t.contains("reboot")), "{st:?}");
+    }
+    // A well-formed UUID is used.
+    let inc = dirty_incident(
+        evil,
+        vec![],
+        Some("GPU-5F2C1E0A-7b3d-4c61-9e8f-0a1b2c3d4e5f".into()),
+    );
+    let ev = run(&rb, &Subject::from(&inc)).await;
+    assert_eq!(
+        step(&ev, "uuid").output,
+        "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Whatever the log said, every placeholder expands to the same checked value.
+    #[test]
+    fn no_log_text_changes_an_expansion(
+        text in ".*",
+        raw in prop::collection::vec(".*", 0..4),
+        uuid in ".*",
+    ) {
+        prop_assume!(GpuUuid::parse(&uuid).is_none());
+        let clean = Subject::from(&dirty_incident("", vec![], None));
+        let dirty = Subject::from(&dirty_incident(&text, raw, Some(uuid)));
+        let port = PciAddress::parse("0000:16:01.0").ok();
+        for p in Placeholder::ALL {
+            let t = Template::parse(&format!("-x={p}/{p}")).unwrap();
+            prop_assert_eq!(
+                t.expand(&Values::for_subject(&clean, port)),
+                t.expand(&Values::for_subject(&dirty, port))
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_excerpt_comes_from_the_incident() {
+    let mut cause = Finding::new(
+        FindingKind::Xid,
+        Severity::Critical,
+        Category::Pcie,
+        "off the bus".into(),
+    );
+    cause.xid = Some(79);
+    cause.pci = Some(gpu());
+    cause.origin.seq = Some(1187);
+    cause.origin.ts_usec = Some(9_512_238_711);
+    cause.origin.raw = vec![
+        "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus."
+            .into(),
+    ];
+    let mut before = Finding::new(
+        FindingKind::GpuIdentity,
+        Severity::Info,
+        Category::Informational,
+        "id".into(),
+    );
+    before.origin.seq = Some(1180);
+    before.origin.ts_usec = Some(9_512_000_000);
+    before.origin.raw =
+        vec!["NVRM: GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f".into()];
+    let mut inc = incident(vec![cause, before], FindingKind::Xid, Some(79));
+    inc.gpu.uuid = Some("GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f".into());
+    inc.count = 3;
+    let s = Subject::from(&inc);
+    assert_eq!(s.log_anchor, Some(1));
+    assert!(s.uuid.is_some());
+    let rb = test_runbook("", "[[step]]\nkmsg = { seconds_before = 60 }\n");
+    let ev = run(&rb, &s).await;
+    assert_eq!(
+        ev.steps[0].output,
+        "  [ 9512.000000] NVRM: GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n\
+         > [ 9512.238711] NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n"
+    );
+    assert!(has_note(&ev.steps[0], "counted 3 occurrences"));
+    assert_eq!(ev.steps[0].target, ["60 s before, 0 s after"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// On-call output
+
+#[tokio::test]
+async fn list_show_and_evidence_read_well() {
+    let set = shipped();
+    let list = render_list(&set);
+    for rb in set.iter() {
+        assert!(list.contains(rb.name()), "{list}");
+    }
+    assert!(
+        list.contains("anything no other runbook serves (fallback)"),
+        "{list}"
+    );
+    assert!(list.contains("xid 79, 167"), "{list}");
+    let show = render_show(set.get("memory").unwrap());
+    assert!(show.contains("nvidia-smi -q -d ECC -i {pci}"), "{show}");
+    assert!(
+        show.contains("What it means:") && show.contains("What to do next:"),
+        "{show}"
+    );
+    assert!(show.contains("(run, needs {pci}, timeout 15 s)"), "{show}");
+    let ev = run(
+        set.get("memory").unwrap(),
+        &xid_subject(48, Category::Memory),
+    )
+    .await;
+    let text = render_evidence(&ev);
+    assert!(
+        text.starts_with("Runbook memory on test-host at "),
+        "{text}"
+    );
+    assert!(text.contains("What the evidence says:\n  - "), "{text}");
+    assert!(
+        text.contains("\n  - a row remap is pending: it takes effect at the next GPU reset; drain the GPU's jobs and schedule a reset (xidwatch never resets anything) [2]\n"),
+        "{text}"
+    );
+    assert!(text.contains("    | GPU 00000000:17:00.0"), "{text}");
+    assert!(text.contains("skipped: NVML is not available"), "{text}");
+}
+
+#[test]
+fn running_is_a_send_future_for_the_daemon() {
+    fn assert_send<T: Send>(_: &T) {}
+    let set = shipped();
+    let (s, e, l) = (xid_subject(79, Category::Pcie), env(), RunLimits::default());
+    let fut = set.run_for(&s, &e, &l);
+    assert_send(&fut);
+}
