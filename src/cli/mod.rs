@@ -4,10 +4,11 @@
 //! are printed once, with their whole chain, by `main`.
 
 pub mod explain;
-pub mod logging;
 pub mod install;
+pub mod logging;
 pub mod render;
 pub mod run;
+pub mod runbook;
 pub mod scan;
 
 use std::path::PathBuf;
@@ -43,10 +44,41 @@ pub enum Command {
     Check(CheckArgs),
     /// Send a clearly marked synthetic incident through the configured alert channels.
     TestAlert(TestAlertArgs),
+    /// List, show or run the read-only diagnostic runbooks.
+    #[command(subcommand)]
+    Runbook(RunbookCommand),
     /// Install the binary, systemd unit, user, default config and runbooks (as root).
     Install(install::InstallArgs),
     /// Remove what `install` put in place; the config and state stay unless --purge.
     Uninstall(install::UninstallArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunbookCommand {
+    /// Every runbook in force, with what it serves.
+    List {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// One runbook in full: what it serves, its words for the on-call, its steps.
+    Show {
+        name: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run a runbook now against this machine and print the evidence.
+    Run {
+        name: String,
+        /// The GPU, e.g. 0000:17:00.0.
+        #[arg(long)]
+        pci: Option<String>,
+        #[arg(long)]
+        xid: Option<u32>,
+        #[arg(long)]
+        pid: Option<u32>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -87,6 +119,10 @@ pub struct ScanArgs {
     pub json: bool,
     /// Files to read; standard input when none is given or for `-`.
     pub files: Vec<PathBuf>,
+    /// Also run the matching runbooks for the findings, on this machine now, with this config
+    /// (`-` for the built-in defaults); the evidence is labelled as this machine's, today.
+    #[arg(long, value_name = "CONFIG")]
+    pub runbooks: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -108,6 +144,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(args) => run::run(&args),
         Command::Check(args) => run::check(&args),
         Command::TestAlert(args) => run::test_alert(&args),
+        Command::Runbook(cmd) => runbook::run(cmd),
         Command::Install(args) => install::install(&args),
         Command::Uninstall(args) => install::uninstall(&args),
     }

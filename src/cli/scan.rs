@@ -61,10 +61,25 @@ struct Output<W: Write> {
     worst: Option<Severity>,
     per_gpu: BTreeMap<Option<PciAddress>, Tally>,
     counts: BTreeMap<Severity, u64>,
+    /// With `--runbooks`: one subject per (kind, Xid, GPU) at warning or above.
+    subjects:
+        Option<BTreeMap<(FindingKind, Option<u32>, Option<PciAddress>), crate::runbook::Subject>>,
 }
 
 impl<W: Write> Output<W> {
     fn emit(&mut self, file: &str, f: &Finding) {
+        if let Some(subjects) = self.subjects.as_mut() {
+            if f.severity >= Severity::Warning && subjects.len() < 64 {
+                subjects.entry((f.kind, f.xid, f.pci)).or_insert_with(|| {
+                    let mut s = crate::runbook::Subject::manual(f.pci, f.xid, f.pid);
+                    s.kind = f.kind;
+                    s.category = f.category;
+                    s.severity = f.severity;
+                    s.gpu_index = f.gpu.index;
+                    s
+                });
+            }
+        }
         self.worst = self.worst.max(Some(f.severity));
         *self.counts.entry(f.severity).or_default() += 1;
         if f.kind != FindingKind::GpuIdentity {
@@ -179,6 +194,20 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         worst: None,
         per_gpu: BTreeMap::new(),
         counts: BTreeMap::new(),
+        subjects: args.runbooks.as_ref().map(|_| BTreeMap::new()),
+    };
+    let runbook_config = match &args.runbooks {
+        None => None,
+        Some(p) => {
+            let path = (p.as_os_str() != "-").then_some(p.as_path());
+            match crate::config::Config::load(path) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!("xidwatch: config error: {e}");
+                    return Ok(super::EXIT_CONFIG);
+                }
+            }
+        }
     };
     let files: Vec<PathBuf> = if args.files.is_empty() {
         vec![PathBuf::from("-")]
@@ -193,6 +222,9 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         }
     }
     out.summary(files.len());
+    if let (Some(cfg), Some(subjects)) = (&runbook_config, out.subjects.take()) {
+        run_runbooks(cfg, subjects.into_values().collect(), &mut out)?;
+    }
     let _ = out.out.flush();
     Ok(if failed {
         EXIT_ERROR
@@ -273,4 +305,52 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
         return false;
     }
     true
+}
+
+/// Runs the matching runbook once per (runbook, GPU) for the scanned findings. The evidence is
+/// this machine's, now: the log may come from another machine or another day, and says so.
+fn run_runbooks<W: Write>(
+    cfg: &crate::config::Config,
+    subjects: Vec<crate::runbook::Subject>,
+    out: &mut Output<W>,
+) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let env = crate::daemon::runbook_env(cfg);
+    let host = env.host.clone();
+    let mut done = std::collections::BTreeSet::new();
+    for subject in subjects {
+        let Some(rb) = cfg.runbook_set.select(&subject) else {
+            continue;
+        };
+        if !done.insert((rb.name().to_string(), subject.pci)) {
+            continue;
+        }
+        let ev = rt.block_on(rb.run(&subject, &env, &cfg.runbook_limits));
+        let res = if out.json {
+            let j = serde_json::json!({
+                "type": "evidence",
+                "note": format!("gathered on {host} now, not when the log was written"),
+                "pci": subject.pci,
+                "xid": subject.xid,
+                "evidence": ev,
+            });
+            serde_json::to_writer(&mut out.out, &j)
+                .map_err(io::Error::from)
+                .and_then(|_| out.out.write_all(b"\n"))
+        } else {
+            writeln!(
+                out.out,
+                "\n=== Evidence from THIS machine ({host}) NOW, not from when the log was written: runbook {} for {} ===\n{}",
+                rb.name(),
+                subject.pci.map_or("the host".to_string(), |p| p.to_string()),
+                crate::runbook::render_evidence(&ev)
+            )
+        };
+        if res.is_err() {
+            break;
+        }
+    }
+    Ok(())
 }

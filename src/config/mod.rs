@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use std::sync::Arc;
+
 use crate::classify::{XidOverride, XidOverrides};
+use crate::runbook::{render_load_errors, RunLimits, RunbookSet, RunbooksConfig};
 
 /// Where the packaged install keeps the config.
 pub const DEFAULT_PATH: &str = "/etc/xidwatch/xidwatch.toml";
@@ -65,18 +68,6 @@ pub struct StateConfig {
     pub dir: Option<PathBuf>,
 }
 
-/// `[runbooks]`
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct RunbooksConfig {
-    /// Directories of runbooks; later ones override earlier ones by name. Default: the shipped set.
-    pub dirs: Vec<PathBuf>,
-    /// Runbooks running at once, across incidents.
-    pub max_concurrent: Option<usize>,
-    /// Programs runbooks may run, replacing the built-in allowlist.
-    pub allow: Option<Vec<String>>,
-}
-
 /// `[incidents]`
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -127,6 +118,9 @@ pub struct Config {
     pub nvml: NvmlConfig,
     pub state_dir: PathBuf,
     pub runbooks: RunbooksConfig,
+    /// The runbooks, loaded and checked against the safety rules.
+    pub runbook_set: Arc<RunbookSet>,
+    pub runbook_limits: RunLimits,
     pub incidents: IncidentsConfig,
     pub overrides: XidOverrides,
     pub alerts: crate::alert::AlertConfig,
@@ -198,6 +192,14 @@ impl Config {
         if let Err(errors) = raw.alerts.validate() {
             return Err(invalid(errors.join("; ")));
         }
+        let runbook_limits = raw.runbooks.limits().map_err(invalid)?;
+        let runbook_set =
+            RunbookSet::load(&raw.runbooks.dirs(), &raw.runbooks.policy()).map_err(|errors| {
+                invalid(format!(
+                    "runbooks refused:\n{}",
+                    render_load_errors(&errors).trim_end()
+                ))
+            })?;
         if raw.kmsg.path.as_os_str().is_empty() {
             return Err(invalid(
                 "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
@@ -209,6 +211,8 @@ impl Config {
             kmsg: raw.kmsg,
             nvml: raw.nvml,
             runbooks: raw.runbooks,
+            runbook_set: Arc::new(runbook_set),
+            runbook_limits,
             incidents: raw.incidents,
             overrides,
             alerts: raw.alerts,
@@ -245,7 +249,7 @@ mod tests {
     #[test]
     fn defaults_and_required_names() {
         let c = Config::from_toml(
-            "[kmsg]\npath = \"/tmp/k\"\naccept_userspace = true\n[nvml]\nenabled = false\nlibrary = \"/x/libnvidia-ml.so\"\n[state]\ndir = \"/tmp/s\"\n[runbooks]\ndirs = [\"/a\", \"/b\"]\n[xid.13]\nseverity = \"info\"\n",
+            "[kmsg]\npath = \"/tmp/k\"\naccept_userspace = true\n[nvml]\nenabled = false\nlibrary = \"/x/libnvidia-ml.so\"\n[state]\ndir = \"/tmp/s\"\n[runbooks]\ndirs = [\"runbooks\", \"runbooks\"]\n[xid.13]\nseverity = \"info\"\n",
             None,
         )
         .unwrap();
@@ -253,7 +257,7 @@ mod tests {
         assert!(c.kmsg.accept_userspace);
         assert!(!c.nvml.enabled);
         assert_eq!(c.state_dir, PathBuf::from("/tmp/s"));
-        assert_eq!(c.runbooks.dirs.len(), 2);
+        assert_eq!(c.runbooks.dirs().len(), 2);
         assert!(c.overrides.get(13).is_some());
     }
 

@@ -238,6 +238,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         output: opts.output,
         stdout: std::io::stdout(),
         alerts: dispatcher.as_ref().map(|(s, _)| s.clone()),
+        runbooks: cfg.runbook_set.clone(),
+        env: runbook_env(cfg),
+        limits: cfg.runbook_limits,
+        permits: Arc::new(tokio::sync::Semaphore::new(
+            cfg.runbooks.max_parallel_runbooks(),
+        )),
+        log: std::collections::VecDeque::with_capacity(LOG_RING),
     };
     out.emit_all(&mut out_buf).await;
     let mut last_seq: Option<u64> = resume_after;
@@ -279,6 +286,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                             }
                             let at = LineOrigin { line: 0, seq: Some(rec.seq), ts_usec: Some(rec.ts_usec), timestamp: Some(format!("[{:>5}.{:06}]", rec.ts_usec / 1_000_000, rec.ts_usec % 1_000_000)) };
                             for line in rec.lines() {
+                                out.remember(rec.seq, rec.ts_usec, line);
                                 if crate::classify::prefix::message_start(line) == Some(0) {
                                     classifier.push(line, &at, &mut findings);
                                 }
@@ -422,14 +430,35 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
     f
 }
 
-/// Hands incidents on: JSON on standard output with `--json`, and to the alert stage.
+/// Kernel log lines kept for runbook excerpts ("the kernel log around the incident").
+const LOG_RING: usize = 2000;
+
+/// Hands incidents on: JSON on standard output with `--json`; to the runbooks and then the alert
+/// stage. A new incident gets its runbook (bounded concurrency, off the processing loop); a digest
+/// goes straight to the alert stage, so a storm never runs a runbook per line.
 struct Emitter {
     output: Output,
     stdout: std::io::Stdout,
     alerts: Option<crate::alert::AlertSender>,
+    runbooks: Arc<crate::runbook::RunbookSet>,
+    env: crate::runbook::RunbookEnv,
+    limits: crate::runbook::RunLimits,
+    permits: Arc<tokio::sync::Semaphore>,
+    log: std::collections::VecDeque<crate::runbook::LogLine>,
 }
 
 impl Emitter {
+    fn remember(&mut self, seq: u64, ts_usec: u64, text: &str) {
+        if self.log.len() == LOG_RING {
+            self.log.pop_front();
+        }
+        self.log.push_back(crate::runbook::LogLine {
+            seq: Some(seq),
+            ts_usec: Some(ts_usec),
+            text: text.to_string(),
+        });
+    }
+
     async fn emit_all(&mut self, incidents: &mut Vec<Incident>) {
         if incidents.is_empty() {
             return;
@@ -444,15 +473,49 @@ impl Emitter {
             let _ = lock.flush();
         }
         for inc in incidents.drain(..) {
-            let Some(sender) = &self.alerts else { continue };
-            let alert = crate::alert::Alert {
-                catalog: Some(catalog_text(&inc)),
-                incident: inc,
-                evidence: Vec::new(),
+            let Some(sender) = self.alerts.clone() else {
+                continue;
             };
-            if let Err(e) = sender.send(alert).await {
-                tracing::error!("alert stage: {e}");
+            let catalog = Some(catalog_text(&inc));
+            if inc.phase != crate::model::IncidentPhase::Opened || inc.test {
+                let alert = crate::alert::Alert {
+                    catalog,
+                    incident: inc,
+                    evidence: Vec::new(),
+                };
+                if let Err(e) = sender.send(alert).await {
+                    tracing::error!("alert stage: {e}");
+                }
+                continue;
             }
+            let lines: Vec<_> = self.log.iter().cloned().collect();
+            let first_seq = inc.findings.first().and_then(|f| f.origin.seq);
+            let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
+            let subject = crate::runbook::Subject::from(&inc).with_kernel_log(lines, anchor);
+            let (set, env, limits, permits) = (
+                self.runbooks.clone(),
+                self.env.clone(),
+                self.limits,
+                self.permits.clone(),
+            );
+            tokio::spawn(async move {
+                let evidence = match permits.acquire_owned().await {
+                    Ok(_permit) => set
+                        .run_for(&subject, &env, &limits)
+                        .await
+                        .into_iter()
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
+                let alert = crate::alert::Alert {
+                    catalog,
+                    incident: inc,
+                    evidence,
+                };
+                if let Err(e) = sender.send(alert).await {
+                    tracing::error!("alert stage: {e}");
+                }
+            });
         }
     }
 }
@@ -502,8 +565,22 @@ pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
 }
 
 /// Real evidence from this machine for `test-alert`: the fallback runbook's checks.
-pub async fn test_evidence(_config: &Config) -> Vec<crate::model::Evidence> {
-    Vec::new()
+pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
+    let Some(rb) = config.runbook_set.fallback() else {
+        return Vec::new();
+    };
+    let subject = crate::runbook::Subject::manual(None, None, None);
+    vec![
+        rb.run(&subject, &runbook_env(config), &config.runbook_limits)
+            .await,
+    ]
+}
+
+/// Where runbooks find programs, sysfs and procfs, as the config says.
+pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
+    let mut env = config.runbooks.env();
+    env.host = config.incidents.host.clone().unwrap_or_else(hostname);
+    env
 }
 
 /// This machine's name, for alerts.

@@ -129,7 +129,13 @@ impl Engine {
     }
 
     /// Applies a reloaded config; open incidents keep their windows.
-    pub fn reconfigure(&mut self, window_ms: u64, max_open: usize, nvml_match_ms: u64, overrides: XidOverrides) {
+    pub fn reconfigure(
+        &mut self,
+        window_ms: u64,
+        max_open: usize,
+        nvml_match_ms: u64,
+        overrides: XidOverrides,
+    ) {
         self.cfg.window_ms = window_ms;
         self.cfg.max_open = max_open;
         self.cfg.nvml_match_ms = nvml_match_ms;

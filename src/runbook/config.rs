@@ -38,6 +38,10 @@ pub struct RunbooksConfig {
     pub max_parallel_steps: Option<u64>,
     /// How many runbooks the daemon runs at the same time. Default 2.
     pub max_parallel_runbooks: Option<u64>,
+    /// Root of sysfs for `read` steps. Default `/sys` (tests and drills use a fixture tree).
+    pub sysfs_root: Option<PathBuf>,
+    /// Root of procfs for `read` steps. Default `/proc`.
+    pub procfs_root: Option<PathBuf>,
 }
 
 impl RunbooksConfig {
@@ -56,6 +60,12 @@ impl RunbooksConfig {
         let mut env = RunbookEnv::system();
         if let Some(p) = &self.search_path {
             env.search_path = p.clone();
+        }
+        if let Some(p) = &self.sysfs_root {
+            env.sysfs_root = p.clone();
+        }
+        if let Some(p) = &self.procfs_root {
+            env.procfs_root = p.clone();
         }
         env
     }

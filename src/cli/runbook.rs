@@ -1,0 +1,76 @@
+//! `xidwatch runbook list | show | run`: the on-call's view of the runbooks.
+
+use anyhow::Context;
+
+use super::{RunbookCommand, EXIT_CONFIG};
+use crate::config::Config;
+use crate::model::PciAddress;
+use crate::runbook::{render_evidence, render_list, render_show, Subject};
+
+fn load(config: Option<&std::path::Path>) -> Option<Config> {
+    match Config::load(config) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("xidwatch: config error: {e}");
+            None
+        }
+    }
+}
+
+pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
+    match cmd {
+        RunbookCommand::List { config } => {
+            let Some(c) = load(config.as_deref()) else {
+                return Ok(EXIT_CONFIG);
+            };
+            print!("{}", render_list(&c.runbook_set));
+            Ok(0)
+        }
+        RunbookCommand::Show { name, config } => {
+            let Some(c) = load(config.as_deref()) else {
+                return Ok(EXIT_CONFIG);
+            };
+            match c.runbook_set.get(&name) {
+                Some(rb) => {
+                    print!("{}", render_show(rb));
+                    Ok(0)
+                }
+                None => {
+                    eprintln!("xidwatch: no runbook named {name:?} (see `xidwatch runbook list`)");
+                    Ok(1)
+                }
+            }
+        }
+        RunbookCommand::Run {
+            name,
+            pci,
+            xid,
+            pid,
+            config,
+        } => {
+            let Some(c) = load(config.as_deref()) else {
+                return Ok(EXIT_CONFIG);
+            };
+            let pci = match pci.as_deref().map(PciAddress::parse).transpose() {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("xidwatch: --pci: {e}");
+                    return Ok(super::EXIT_ERROR);
+                }
+            };
+            let Some(rb) = c.runbook_set.get(&name) else {
+                eprintln!("xidwatch: no runbook named {name:?} (see `xidwatch runbook list`)");
+                return Ok(1);
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            let subject = Subject::manual(pci, xid, pid);
+            let ev =
+                rt.block_on(rb.run(&subject, &crate::daemon::runbook_env(&c), &c.runbook_limits));
+            print!("{}", render_evidence(&ev));
+            Ok(0)
+        }
+    }
+}
