@@ -93,10 +93,25 @@ pub fn explain_text(code: u32) -> String {
     s
 }
 
-/// Which runbook xidwatch runs for this Xid.
+/// Which runbook xidwatch runs for this Xid (with the config in force, else the shipped set).
 pub fn runbook_for(e: &catalog::XidEntry) -> String {
-    format!(
-        "chosen by category {} (see `xidwatch runbook list`)",
-        e.category.as_str()
-    )
+    let set = match crate::config::Config::load(None) {
+        Ok(c) => c.runbook_set,
+        Err(_) => match crate::runbook::RunbookSet::shipped() {
+            Ok(s) => std::sync::Arc::new(s),
+            Err(_) => return "(runbooks could not be loaded: run `xidwatch check`)".into(),
+        },
+    };
+    let mut subject = crate::runbook::Subject::manual(None, Some(e.code), None);
+    subject.category = e.category;
+    subject.severity = e.severity;
+    match set.select_explained(&subject) {
+        Some(sel) => format!(
+            "{} ({}); see `xidwatch runbook show {}`",
+            sel.runbook.name(),
+            sel.reason,
+            sel.runbook.name()
+        ),
+        None => "none".into(),
+    }
 }
