@@ -519,3 +519,68 @@ fn real_kmsg_end_to_end() {
         assert_eq!(digest["count"], 5000, "{err}");
     }
 }
+
+#[test]
+fn reload_applies_valid_changes_and_refuses_invalid_ones() {
+    let s = Setup::new("");
+    let base = std::fs::read_to_string(s.config()).unwrap();
+    let d = s.start();
+    d.wait_stderr("caught up");
+    s.append(&xid_record(0, "17", 48));
+    d.wait_for("the first Xid 48", |l| l.iter().any(|i| i["xid"] == 48));
+
+    // A valid change, applied on SIGHUP: Xid 48 is now ignored.
+    std::fs::write(s.config(), format!("{base}[xid.48]\nignore = true\n")).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) };
+    d.wait_stderr("config reloaded");
+    s.append(&xid_record(1, "2a", 48));
+    s.append(&xid_record(2, "2a", 79));
+    let v = d.wait_for("Xid 79 on 2a", |l| {
+        l.iter()
+            .any(|i| i["xid"] == 79 && i["pci"] == "0000:2a:00.0")
+    });
+    assert!(
+        !v.iter()
+            .any(|i| i["xid"] == 48 && i["pci"] == "0000:2a:00.0"),
+        "{v:#?}"
+    );
+
+    // An invalid change, picked up from the file itself: refused, alerted once, old config kept.
+    std::fs::write(
+        s.config(),
+        format!("{base}[xid.48]\nignore = true\nsevrity = \"info\"\n"),
+    )
+    .unwrap();
+    d.wait_stderr("config reload refused");
+    let v = d.wait_for("the refusal incident", |l| {
+        l.iter().any(|i| i["kind"] == "config_rejected")
+    });
+    let r = v.iter().find(|i| i["kind"] == "config_rejected").unwrap();
+    assert!(
+        r["findings"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sevrity"),
+        "{r}"
+    );
+    s.append(&xid_record(3, "3b", 48));
+    s.append(&xid_record(4, "3b", 79));
+    let v = d.wait_for("Xid 79 on 3b", |l| {
+        l.iter()
+            .any(|i| i["xid"] == 79 && i["pci"] == "0000:3b:00.0")
+    });
+    assert!(
+        !v.iter()
+            .any(|i| i["xid"] == 48 && i["pci"] == "0000:3b:00.0"),
+        "old config must stay: {v:#?}"
+    );
+    let (code, all, _) = d.stop();
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        all.iter()
+            .filter(|i| i["kind"] == "config_rejected")
+            .count(),
+        1
+    );
+}

@@ -47,6 +47,8 @@ pub struct RunOptions {
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
 const FOLD_QUIET: Duration = Duration::from_millis(50);
+/// How long NVML may take to initialise before xidwatch goes on without it.
+const NVML_OPEN_LIMIT: Duration = Duration::from_secs(20);
 /// How often the kmsg position is written while records flow.
 const POSITION_EVERY: Duration = Duration::from_millis(250);
 
@@ -134,9 +136,25 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut nvml_source: Option<NvmlSource> = None;
     if cfg.nvml.enabled {
         let lib = cfg.nvml.library.clone();
-        let opened = tokio::task::spawn_blocking(move || NvmlSource::open(lib.as_deref()))
-            .await
-            .context("NVML start-up task")?;
+        // NVML can hang on a wedged GPU: wait a bounded time, then go on without it, so the
+        // kernel log is watched (and READY=1 sent) whatever the driver does.
+        let (otx, orx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("nvml-open".into())
+            .spawn(move || {
+                let _ = otx.send(NvmlSource::open(lib.as_deref()));
+            })
+            .context("starting NVML")?;
+        let opened = match tokio::time::timeout(NVML_OPEN_LIMIT, orx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(crate::source::nvml::NvmlFailure::Other(
+                "NVML start-up thread ended".into(),
+            )),
+            Err(_) => Err(crate::source::nvml::NvmlFailure::Other(format!(
+                "NVML did not answer within {} s (a wedged GPU or driver)",
+                NVML_OPEN_LIMIT.as_secs()
+            ))),
+        };
         match opened {
             Ok(src) => {
                 for g in src.inventory() {
@@ -207,25 +225,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
 
-    // Alerts: the dispatcher owns the outbox; with --json, standard output belongs to the
-    // incident stream, so the alert stage's own stdout channel is turned off.
-    let mut alert_cfg = cfg.alerts.clone();
-    if opts.output == Output::Json {
-        alert_cfg.stdout.enabled = Some(false);
-    }
-    for w in alert_cfg.secret_warnings(cfg.source.as_deref()) {
-        tracing::warn!("{w}");
-    }
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let has_channels = !alert_cfg.channels().is_empty();
-    let dispatcher = if has_channels {
-        let (sender, handle) =
-            crate::alert::Dispatcher::start(&alert_cfg, &cfg.state_dir, shutdown_rx)
-                .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;
-        Some((sender, handle))
-    } else {
-        None
-    };
+    let mut alerts = AlertStage::start(cfg, opts.output)?;
+    let mut current = cfg.clone();
+    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
+    let (reload_tx, mut reload_rx) = mpsc::channel::<()>(1);
+    let _watcher = watch_config(cfg, reload_tx);
+    let mut last_reload_error: Option<String> = None;
 
     notifier.notify("READY=1");
     tracing::info!(
@@ -237,7 +243,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut out = Emitter {
         output: opts.output,
         stdout: std::io::stdout(),
-        alerts: dispatcher.as_ref().map(|(s, _)| s.clone()),
+        alerts: alerts.sender(),
         runbooks: cfg.runbook_set.clone(),
         env: runbook_env(cfg),
         limits: cfg.runbook_limits,
@@ -280,7 +286,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                         KmsgEvent::Record { rec, at_startup } => {
                             stats.kmsg_records += 1;
                             last_seq = Some(rec.seq);
-                            if !rec.is_kernel() && !cfg.kmsg.accept_userspace {
+                            if !rec.is_kernel() && !current.kmsg.accept_userspace {
                                 stats.kmsg_userspace_ignored += 1;
                                 continue;
                             }
@@ -363,6 +369,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     save_position(&state, boot, last_seq, &mut saved_seq);
                 }
             }
+            _ = sighup.recv() => {
+                reload(&opts, &mut current, &mut engine, &mut out, &mut alerts, &mut last_reload_error, &mut out_buf).await;
+                out.emit_all(&mut out_buf).await;
+            }
+            Some(()) = reload_rx.recv() => {
+                // Editors write a file in several steps: let them finish.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                while reload_rx.try_recv().is_ok() {}
+                reload(&opts, &mut current, &mut engine, &mut out, &mut alerts, &mut last_reload_error, &mut out_buf).await;
+                out.emit_all(&mut out_buf).await;
+            }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
         }
@@ -389,12 +406,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     drop(krx);
     let _ = kthread.join();
     drop(out);
-    let _ = shutdown_tx.send(true);
-    if let Some((sender, handle)) = dispatcher {
-        drop(sender);
-        // The outbox keeps whatever is not delivered yet; give in-flight sends a moment.
-        let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
-    }
+    alerts.stop().await;
     tracing::info!(
         "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
         stats.kmsg_records,
@@ -428,6 +440,178 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
     f.detail = Some(Detail::Overrun { lost });
     f.origin.seq = Some(next_seq);
     f
+}
+
+/// The alert stage as the daemon runs it: restarted whole when a reload changes the channels
+/// (the outbox on disk carries what was not delivered yet).
+struct AlertStage {
+    running: Option<(crate::alert::AlertSender, tokio::task::JoinHandle<()>)>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl AlertStage {
+    fn start(cfg: &Config, output: Output) -> anyhow::Result<AlertStage> {
+        // With --json, standard output belongs to the incident stream.
+        let mut alert_cfg = cfg.alerts.clone();
+        if output == Output::Json {
+            alert_cfg.stdout.enabled = Some(false);
+        }
+        for w in alert_cfg.secret_warnings(cfg.source.as_deref()) {
+            tracing::warn!("{w}");
+        }
+        let (shutdown, rx) = tokio::sync::watch::channel(false);
+        let running = if alert_cfg.channels().is_empty() {
+            None
+        } else {
+            Some(
+                crate::alert::Dispatcher::start(&alert_cfg, &cfg.state_dir, rx)
+                    .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?,
+            )
+        };
+        Ok(AlertStage { running, shutdown })
+    }
+
+    fn sender(&self) -> Option<crate::alert::AlertSender> {
+        self.running.as_ref().map(|(s, _)| s.clone())
+    }
+
+    async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        if let Some((sender, handle)) = self.running {
+            drop(sender);
+            // The outbox keeps whatever is not delivered yet; give in-flight sends a moment.
+            let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+        }
+    }
+}
+
+/// Watches the config file and the runbook directories; any change asks for a reload. The
+/// directory of the config is watched, not the file, since editors replace files by renaming.
+fn watch_config(cfg: &Config, tx: mpsc::Sender<()>) -> Option<::notify::RecommendedWatcher> {
+    use ::notify::Watcher;
+    let path = cfg.source.clone()?;
+    let file_name = path.file_name().map(|n| n.to_os_string());
+    let dir = path
+        .parent()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                p
+            }
+        })?
+        .to_path_buf();
+    let runbook_dirs = cfg.runbooks.dirs();
+    let mut w = match ::notify::recommended_watcher(move |ev: ::notify::Result<::notify::Event>| {
+        let Ok(ev) = ev else { return };
+        if matches!(ev.kind, ::notify::EventKind::Access(_)) {
+            return;
+        }
+        let relevant = ev.paths.iter().any(|p| {
+            p.file_name().map(|n| n.to_os_string()) == file_name
+                || p.extension().is_some_and(|e| e == "toml")
+        });
+        if relevant {
+            let _ = tx.try_send(());
+        }
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(
+                "cannot watch {} for changes ({e}); reload with SIGHUP",
+                path.display()
+            );
+            return None;
+        }
+    };
+    if let Err(e) = w.watch(&dir, ::notify::RecursiveMode::NonRecursive) {
+        tracing::warn!(
+            "cannot watch {} for changes ({e}); reload with SIGHUP",
+            dir.display()
+        );
+        return None;
+    }
+    for d in runbook_dirs {
+        let _ = w.watch(&d, ::notify::RecursiveMode::NonRecursive);
+    }
+    Some(w)
+}
+
+/// Reloads the config (and its runbooks and channels). A config that does not validate is
+/// refused: the old one stays in force, and the refusal is logged and alerted once per distinct
+/// error.
+#[allow(clippy::too_many_arguments)]
+async fn reload(
+    opts: &RunOptions,
+    current: &mut Config,
+    engine: &mut Engine,
+    out: &mut Emitter,
+    alerts: &mut AlertStage,
+    last_error: &mut Option<String>,
+    out_buf: &mut Vec<Incident>,
+) {
+    let Some(path) = current.source.clone() else {
+        tracing::info!(
+            "reload requested, but xidwatch runs on built-in defaults: nothing to reload"
+        );
+        return;
+    };
+    let new = match Config::load(Some(&path)) {
+        Ok(c) => c,
+        Err(e) => {
+            let text = e.to_string();
+            tracing::error!("config reload refused, the previous config stays in force: {text}");
+            if last_error.as_deref() != Some(text.as_str()) {
+                *last_error = Some(text.clone());
+                let mut f = Finding::new(
+                    FindingKind::ConfigRejected,
+                    Severity::Warning,
+                    Category::Informational,
+                    "config reload refused: the previous config stays in force".into(),
+                );
+                f.message = text;
+                engine.push(f, Origin::Probe, now_ms(), false, out_buf);
+            }
+            return;
+        }
+    };
+    *last_error = None;
+    for (what, changed) in [
+        ("kmsg.path", new.kmsg.path != current.kmsg.path),
+        ("state.dir", new.state_dir != current.state_dir),
+        ("nvml", new.nvml != current.nvml),
+    ] {
+        if changed {
+            tracing::warn!("{what} changed: it takes effect at the next restart");
+        }
+    }
+    engine.reconfigure(
+        new.incidents.window_secs * 1000,
+        new.incidents.max_open,
+        new.incidents.nvml_match_ms,
+        new.overrides.clone(),
+    );
+    out.runbooks = new.runbook_set.clone();
+    out.env = runbook_env(&new);
+    out.limits = new.runbook_limits;
+    out.permits = Arc::new(tokio::sync::Semaphore::new(
+        new.runbooks.max_parallel_runbooks(),
+    ));
+    match AlertStage::start(&new, opts.output) {
+        Ok(stage) => {
+            let old = std::mem::replace(alerts, stage);
+            old.stop().await;
+            out.alerts = alerts.sender();
+        }
+        Err(e) => tracing::error!("alert stage not restarted, keeping the old channels: {e:#}"),
+    }
+    // Settings that need a restart keep their old values until then.
+    let mut applied = new;
+    applied.kmsg.path = current.kmsg.path.clone();
+    applied.state_dir = current.state_dir.clone();
+    applied.nvml = current.nvml.clone();
+    *current = applied;
+    tracing::info!("config reloaded from {}", path.display());
 }
 
 /// Kernel log lines kept for runbook excerpts ("the kernel log around the incident").
