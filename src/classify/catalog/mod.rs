@@ -6,6 +6,7 @@
 //! `tests/catalog_current.rs`; that test fails when the generated file is stale. Regenerate with
 //! `XIDWATCH_REGENERATE=1 cargo test --test catalog_current`.
 
+#[rustfmt::skip]
 mod generated;
 
 use crate::model::{Category, NvlinkDecode, Severity};
