@@ -584,3 +584,75 @@ fn reload_applies_valid_changes_and_refuses_invalid_ones() {
         1
     );
 }
+
+#[test]
+fn check_reports_a_runbook_that_would_change_the_machine() {
+    let s = Setup::new("");
+    let rb_dir = s.dir.path().join("runbooks");
+    std::fs::create_dir_all(&rb_dir).unwrap();
+    std::fs::write(
+        rb_dir.join("fix-it.toml"),
+        "title = \"fix it\"\n[[match]]\nxids = [79]\n[guide]\nmeaning = \"x\"\nnext_steps = \"y\"\n\
+         [[step]]\nname = \"reset the gpu\"\nrun = [\"nvidia-smi\", \"-r\", \"-i\", \"{pci}\"]\n",
+    )
+    .unwrap();
+    let cfg = std::fs::read_to_string(s.config()).unwrap();
+    std::fs::write(
+        s.config(),
+        format!(
+            "{cfg}[runbooks]\ndirs = [{:?}, {rb_dir:?}]\n",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("runbooks")
+        ),
+    )
+    .unwrap();
+    for cmd in ["check", "run"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args([cmd, "--config"])
+            .arg(s.config())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(78), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("fix-it.toml") && err.contains("reset the gpu") && err.contains("-r"),
+            "{cmd}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_probe_reports_a_gpu_on_the_bus_that_nvml_cannot_reach() {
+    let (s, script) = nvml_setup("init ok\ndriver_version 550.54.14\ndevice pci=0000:17:00.0 uuid=GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n");
+    for (dev, class) in [
+        ("0000:17:00.0", "0x030200"),
+        ("0000:2a:00.0", "0x030200"),
+        ("0000:00:1f.6", "0x020000"),
+    ] {
+        let d = s.dir.path().join("sys/bus/pci/devices").join(dev);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("vendor"),
+            if dev.starts_with("0000:00") {
+                "0x8086\n"
+            } else {
+                "0x10de\n"
+            },
+        )
+        .unwrap();
+        std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+    }
+    let d = Daemon::start(
+        &s.config(),
+        &[
+            ("XIDWATCH_BOOT_ID_PATH", s.boot().to_str().unwrap()),
+            ("XIDWATCH_FAKE_NVML_SCRIPT", script.to_str().unwrap()),
+        ],
+    );
+    let v = d.wait_for("the missing GPU", |l| {
+        l.iter().any(|i| i["kind"] == "gpu_missing")
+    });
+    let m = v.iter().find(|i| i["kind"] == "gpu_missing").unwrap();
+    assert_eq!(m["pci"], "0000:2a:00.0");
+    assert!(m["title"].as_str().unwrap().contains("is missing"), "{m}");
+    d.stop();
+}

@@ -146,3 +146,48 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
         .unwrap()
         .contains("Xid (PCI:0000:17:00): 79"));
 }
+
+#[test]
+fn test_alert_goes_through_every_channel_and_says_so() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let (url, got) = receiver();
+    let config = format!(
+        "[nvml]\nenabled = false\n[state]\ndir = {:?}\n[runbooks]\nsearch_path = [{:?}]\nsysfs_root = {:?}\nprocfs_root = {:?}\n\
+         [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n\
+         [[alerts.webhook]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9/nothing-listens\"\nformat = \"json\"\ntimeout_secs = 2\n",
+        dir.path().join("state"),
+        root.join("fixtures/fake-tools"),
+        root.join("fixtures/sysfs"),
+        root.join("fixtures/proc"),
+    );
+    let config_path = dir.path().join("xidwatch.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["test-alert", "--config"])
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "one channel is down: {text}");
+    assert!(text.contains("hook") && text.contains("dead"), "{text}");
+    let (_, body) = got.lock().unwrap()[0].clone();
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["test"], true);
+    assert_eq!(
+        doc["evidence"][0]["runbook"], "fallback",
+        "real evidence from this machine"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["test-alert", "--channel", "hook", "--config"])
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
