@@ -5,6 +5,11 @@
 //! one record. `EPIPE` means the ring buffer overwrote our position; the next read returns the
 //! oldest record still held, and the jump in sequence numbers says how many were lost.
 //!
+//! Why not a kmsg crate such as `rmesg`: its readers hand back parsed entries and poll on a timer;
+//! what we need is the raw record (sequence number, facility, continuation fields), the
+//! difference between `EPIPE` and a quiet log, and a wait that costs nothing. That is one `read`
+//! and one `poll`, so it lives here, next to our own record parser.
+//!
 //! A regular file of records (one per line) is followed too, by polling its end every few tens of
 //! milliseconds: tests and drills use that, production never does.
 
