@@ -9,6 +9,7 @@ pub mod install;
 pub mod render;
 pub mod run;
 pub mod scan;
+pub mod status;
 
 use std::path::PathBuf;
 
@@ -47,6 +48,8 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Remove what `install` put in place; the config and state stay unless --purge.
     Uninstall(install::UninstallArgs),
+    /// Is the daemon running, and what does it see? Exit 0 running, 3 not running.
+    Status(status::StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -110,5 +113,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::TestAlert(args) => run::test_alert(&args),
         Command::Install(args) => install::install(&args),
         Command::Uninstall(args) => install::uninstall(&args),
+        Command::Status(args) => status::run(&args),
     }
 }

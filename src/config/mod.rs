@@ -116,6 +116,8 @@ pub struct RawConfig {
     pub xid: BTreeMap<String, XidOverride>,
     /// Alert channels: `[[alerts.webhook]]`, `[[alerts.email]]`, `[[alerts.alertmanager]]`, ...
     pub alerts: crate::alert::AlertConfig,
+    /// `[metrics]`: the optional Prometheus endpoint.
+    pub metrics: crate::daemon::metrics::MetricsConfig,
 }
 
 /// A validated configuration.
@@ -130,6 +132,7 @@ pub struct Config {
     pub incidents: IncidentsConfig,
     pub overrides: XidOverrides,
     pub alerts: crate::alert::AlertConfig,
+    pub metrics: crate::daemon::metrics::MetricsConfig,
 }
 
 /// A config error, always naming the file.
@@ -198,6 +201,7 @@ impl Config {
         if let Err(errors) = raw.alerts.validate() {
             return Err(invalid(errors.join("; ")));
         }
+        raw.metrics.validate().map_err(invalid)?;
         if raw.kmsg.path.as_os_str().is_empty() {
             return Err(invalid(
                 "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
@@ -212,6 +216,7 @@ impl Config {
             incidents: raw.incidents,
             overrides,
             alerts: raw.alerts,
+            metrics: raw.metrics,
         })
     }
 }
