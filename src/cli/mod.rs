@@ -10,6 +10,7 @@ pub mod render;
 pub mod run;
 pub mod runbook;
 pub mod scan;
+pub mod status;
 
 use std::path::PathBuf;
 
@@ -51,6 +52,8 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Remove what `install` put in place; the config and state stay unless --purge.
     Uninstall(install::UninstallArgs),
+    /// Is the daemon running, and what does it see? Exit 0 running, 3 not running.
+    Status(status::StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -147,5 +150,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Runbook(cmd) => runbook::run(cmd),
         Command::Install(args) => install::install(&args),
         Command::Uninstall(args) => install::uninstall(&args),
+        Command::Status(args) => status::run(&args),
     }
 }

@@ -41,6 +41,11 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
             for w in c.alerts.secret_warnings(c.source.as_deref()) {
                 println!("warning: {w}");
             }
+            if let Ok(m) = c.metrics.validate() {
+                for w in m.warnings {
+                    println!("warning: {w}");
+                }
+            }
             let channels = c.alerts.channels();
             match &c.source {
                 Some(p) => println!("{}: ok", p.display()),

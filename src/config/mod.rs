@@ -107,6 +107,8 @@ pub struct RawConfig {
     pub xid: BTreeMap<String, XidOverride>,
     /// Alert channels: `[[alerts.webhook]]`, `[[alerts.email]]`, `[[alerts.alertmanager]]`, ...
     pub alerts: crate::alert::AlertConfig,
+    /// `[metrics]`: the optional Prometheus endpoint.
+    pub metrics: crate::daemon::metrics::MetricsConfig,
 }
 
 /// A validated configuration.
@@ -124,6 +126,7 @@ pub struct Config {
     pub incidents: IncidentsConfig,
     pub overrides: XidOverrides,
     pub alerts: crate::alert::AlertConfig,
+    pub metrics: crate::daemon::metrics::MetricsConfig,
 }
 
 /// A config error, always naming the file.
@@ -200,6 +203,7 @@ impl Config {
                     render_load_errors(&errors).trim_end()
                 ))
             })?;
+        raw.metrics.validate().map_err(invalid)?;
         if raw.kmsg.path.as_os_str().is_empty() {
             return Err(invalid(
                 "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
@@ -216,6 +220,7 @@ impl Config {
             incidents: raw.incidents,
             overrides,
             alerts: raw.alerts,
+            metrics: raw.metrics,
         })
     }
 }

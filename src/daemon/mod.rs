@@ -7,8 +7,11 @@
 //! waits, the kernel ring buffer overwrites, and the loss is reported as an overrun rather than
 //! hidden in an ever-growing queue.
 
+pub mod control;
+pub mod metrics;
 pub mod notify;
 pub mod probe;
+pub mod telemetry;
 
 use std::io::Write;
 use std::path::PathBuf;
