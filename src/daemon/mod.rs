@@ -29,6 +29,7 @@ use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident
 use crate::source::kmsg::follow::{self, KmsgEvent};
 use crate::source::nvml::{NvmlEvent, NvmlSource};
 use crate::state::{self, Position, StateDir};
+use telemetry::{GpuSummary, Telemetry};
 
 /// Where `run` sends incidents when no alert channel takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +96,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         }
     };
     let resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
+    let tel = Arc::new(Telemetry::new());
+    tel.set_xid_overrides(cfg.overrides.clone());
+    tel.set_kmsg_path(&cfg.kmsg.path);
+    tel.set_nvml(
+        false,
+        if cfg.nvml.enabled {
+            "starting"
+        } else {
+            "disabled"
+        },
+    );
     let host = cfg.incidents.host.clone().unwrap_or_else(hostname);
 
     let mut engine = Engine::new(EngineConfig {
@@ -176,6 +188,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 }
                 stats.nvml_up = true;
                 stats.gpus_seen = src.inventory().len();
+                tel.set_nvml(true, "ok");
+                tel.set_gpus(src.inventory().iter().map(GpuSummary::from).collect());
                 tracing::info!(
                     "NVML: {} GPU(s), driver {}",
                     src.inventory().len(),
@@ -211,8 +225,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     "NVML unavailable: {}; watching the kernel log only",
                     failure.describe()
                 );
+                tel.set_nvml(false, &failure.describe());
                 if let Some(f) = failure.to_finding() {
-                    engine.push(f, Origin::Nvml, now_ms(), true, &mut out_buf);
+                    push(
+                        &tel,
+                        &mut engine,
+                        f,
+                        Origin::Nvml,
+                        now_ms(),
+                        true,
+                        &mut out_buf,
+                    );
                 }
             }
         }
@@ -229,6 +252,28 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut watchdog = tokio::time::interval(watchdog_every);
 
     let mut alerts = AlertStage::start(cfg, opts.output)?;
+    set_alert_provider(&tel, &alerts);
+    let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
+    let metrics_settings = cfg.metrics.validate().map_err(|e| anyhow::anyhow!(e))?;
+    for w in &metrics_settings.warnings {
+        tracing::warn!("{w}");
+    }
+    if let Some(addr) = metrics_settings.listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics: listening on {addr}"))?;
+        tracing::info!("metrics on http://{addr}/metrics");
+        tokio::spawn(metrics::serve(l, tel.clone(), ops_rx.clone()));
+    }
+    match control::bind_status_socket(&control::socket_path(&cfg.state_dir)) {
+        Ok(sock) => {
+            tokio::spawn(control::serve_status_on(sock, tel.clone(), ops_rx.clone()));
+        }
+        Err(e) => {
+            tracing::warn!("status socket unavailable ({e:#}); `xidwatch status` reads status.json")
+        }
+    }
+    let mut status_timer = tokio::time::interval(control::STATUS_FILE_INTERVAL);
     let mut current = cfg.clone();
     let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
@@ -254,6 +299,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             cfg.runbooks.max_parallel_runbooks(),
         )),
         log: std::collections::VecDeque::with_capacity(LOG_RING),
+        tel: tel.clone(),
     };
     out.emit_all(&mut out_buf).await;
     let mut last_seq: Option<u64> = resume_after;
@@ -288,9 +334,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     match ev {
                         KmsgEvent::Record { rec, at_startup } => {
                             stats.kmsg_records += 1;
+                            tel.kmsg_records(1);
                             last_seq = Some(rec.seq);
                             if !rec.is_kernel() && !current.kmsg.accept_userspace {
                                 stats.kmsg_userspace_ignored += 1;
+                                tel.kmsg_userspace_ignored(1);
                                 continue;
                             }
                             let at = LineOrigin { line: 0, seq: Some(rec.seq), ts_usec: Some(rec.ts_usec), timestamp: Some(format!("[{:>5}.{:06}]", rec.ts_usec / 1_000_000, rec.ts_usec % 1_000_000)) };
@@ -301,16 +349,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                                 }
                             }
                             for f in findings.drain(..) {
-                                engine.push(f, Origin::Kmsg, now, at_startup, &mut out_buf);
+                                push(&tel, &mut engine, f, Origin::Kmsg, now, at_startup, &mut out_buf);
                             }
                         }
                         KmsgEvent::Overrun { lost, next_seq, at_startup } => {
                             stats.kmsg_lost += lost;
+                            tel.kmsg_lost(lost);
                             tracing::warn!("kernel log overrun: {lost} records lost before record {next_seq}");
-                            engine.push(overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
+                            push(&tel, &mut engine, overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
                         }
                         KmsgEvent::Malformed(why) => {
                             stats.kmsg_malformed += 1;
+                            tel.kmsg_malformed(1);
                             if stats.kmsg_malformed <= 10 || stats.kmsg_malformed.is_power_of_two() {
                                 tracing::warn!("kernel log: skipped a malformed record ({why}); {} so far", stats.kmsg_malformed);
                             }
@@ -331,7 +381,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 out.emit_all(&mut out_buf).await;
                 // Move the position promptly after an incident, otherwise at a steady pace.
                 if (opened || last_save.elapsed() >= POSITION_EVERY) && last_seq != saved_seq {
-                    save_position(&state, boot, last_seq, &mut saved_seq);
+                    save_position(&state, &tel, boot, last_seq, &mut saved_seq);
                     last_save = tokio::time::Instant::now();
                 }
             }
@@ -341,9 +391,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     if let NvmlEvent::Failed(f) = &ev {
                         tracing::warn!("NVML: {}", f.describe());
                         stats.nvml_up = false;
+                        tel.set_nvml(false, &f.describe());
                     }
                     let f = ev.to_finding(&inv);
-                    engine.push(f, Origin::Nvml, now_ms(), false, &mut out_buf);
+                    push(&tel, &mut engine, f, Origin::Nvml, now_ms(), false, &mut out_buf);
                     out.emit_all(&mut out_buf).await;
                 }
             }
@@ -351,7 +402,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 classifier.flush(&mut findings);
                 let now = now_ms();
                 for f in findings.drain(..) {
-                    engine.push(f, Origin::Kmsg, now, false, &mut out_buf);
+                    push(&tel, &mut engine, f, Origin::Kmsg, now, false, &mut out_buf);
                 }
                 out.emit_all(&mut out_buf).await;
             }
@@ -362,14 +413,23 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             _ = probe_timer.tick() => {
                 let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
                 for f in probe.check(reachable.as_deref()) {
-                    engine.push(f, Origin::Probe, now_ms(), false, &mut out_buf);
+                    push(&tel, &mut engine, f, Origin::Probe, now_ms(), false, &mut out_buf);
                 }
                 out.emit_all(&mut out_buf).await;
+            }
+            _ = status_timer.tick() => {
+                tel.set_open_incidents_from(engine.open_incidents());
+                let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = control::write_status_file(&dir, &snap) {
+                        tracing::warn!("{e:#}");
+                    }
+                });
             }
             _ = watchdog.tick() => {
                 notifier.notify("WATCHDOG=1");
                 if last_seq != saved_seq {
-                    save_position(&state, boot, last_seq, &mut saved_seq);
+                    save_position(&state, &tel, boot, last_seq, &mut saved_seq);
                 }
             }
             _ = sighup.recv() => {
@@ -393,10 +453,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     classifier.flush(&mut findings);
     for f in findings.drain(..) {
-        engine.push(f, Origin::Kmsg, now_ms(), false, &mut out_buf);
+        push(
+            &tel,
+            &mut engine,
+            f,
+            Origin::Kmsg,
+            now_ms(),
+            false,
+            &mut out_buf,
+        );
     }
     out.emit_all(&mut out_buf).await;
-    save_position(&state, boot, last_seq, &mut saved_seq);
+    save_position(&state, &tel, boot, last_seq, &mut saved_seq);
     state
         .save_json(
             "incidents.json",
@@ -410,6 +478,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let _ = kthread.join();
     drop(out);
     alerts.stop().await;
+    let _ = ops_shutdown.send(true);
+    tel.set_open_incidents_from(engine.open_incidents());
+    if let Err(e) = control::write_status_file(&cfg.state_dir, &tel.snapshot()) {
+        tracing::warn!("{e:#}");
+    }
     tracing::info!(
         "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
         stats.kmsg_records,
@@ -421,8 +494,29 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn save_position(state: &StateDir, boot: [u8; 16], last_seq: Option<u64>, saved: &mut Option<u64>) {
+/// Counts a finding for metrics and status, then hands it to the incident engine.
+fn push(
+    tel: &Telemetry,
+    engine: &mut Engine,
+    f: Finding,
+    origin: Origin,
+    now: u64,
+    at_startup: bool,
+    out: &mut Vec<Incident>,
+) {
+    tel.record_finding(&f);
+    engine.push(f, origin, now, at_startup, out);
+}
+
+fn save_position(
+    state: &StateDir,
+    tel: &Telemetry,
+    boot: [u8; 16],
+    last_seq: Option<u64>,
+    saved: &mut Option<u64>,
+) {
     let Some(seq) = last_seq else { return };
+    tel.set_kmsg_position(&state::hex(&boot), seq);
     match state.save_position(&Position {
         boot_id: boot,
         last_seq: seq,
@@ -443,6 +537,13 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
     f.detail = Some(Detail::Overrun { lost });
     f.origin.seq = Some(next_seq);
     f
+}
+
+fn set_alert_provider(tel: &Telemetry, alerts: &AlertStage) {
+    match alerts.sender() {
+        Some(s) => tel.set_alert_status_provider(Some(Arc::new(move || s.status()))),
+        None => tel.set_alert_status_provider(None),
+    }
 }
 
 /// The alert stage as the daemon runs it: restarted whole when a reload changes the channels
@@ -564,6 +665,7 @@ async fn reload(
         Err(e) => {
             let text = e.to_string();
             tracing::error!("config reload refused, the previous config stays in force: {text}");
+            out.tel.config_reloaded(false, now_ms());
             if last_error.as_deref() != Some(text.as_str()) {
                 *last_error = Some(text.clone());
                 let mut f = Finding::new(
@@ -573,6 +675,7 @@ async fn reload(
                     "config reload refused: the previous config stays in force".into(),
                 );
                 f.message = text;
+                out.tel.record_finding(&f);
                 engine.push(f, Origin::Probe, now_ms(), false, out_buf);
             }
             return;
@@ -614,6 +717,9 @@ async fn reload(
     applied.state_dir = current.state_dir.clone();
     applied.nvml = current.nvml.clone();
     *current = applied;
+    out.tel.set_xid_overrides(current.overrides.clone());
+    out.tel.config_reloaded(true, now_ms());
+    set_alert_provider(&out.tel, alerts);
     tracing::info!("config reloaded from {}", path.display());
 }
 
@@ -632,6 +738,7 @@ struct Emitter {
     limits: crate::runbook::RunLimits,
     permits: Arc<tokio::sync::Semaphore>,
     log: std::collections::VecDeque<crate::runbook::LogLine>,
+    tel: Arc<Telemetry>,
 }
 
 impl Emitter {
@@ -649,6 +756,9 @@ impl Emitter {
     async fn emit_all(&mut self, incidents: &mut Vec<Incident>) {
         if incidents.is_empty() {
             return;
+        }
+        for inc in incidents.iter() {
+            self.tel.record_incident(inc);
         }
         if self.output == Output::Json {
             let mut lock = self.stdout.lock();
