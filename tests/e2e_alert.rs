@@ -9,8 +9,11 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Requests received: headers (lower-case names) and body.
+type Received = Arc<Mutex<Vec<(Vec<(String, String)>, String)>>>;
+
 /// A minimal HTTP/1.1 receiver: records each POST body and answers 200.
-fn receiver() -> (String, Arc<Mutex<Vec<(Vec<(String, String)>, String)>>>) {
+fn receiver() -> (String, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/alerts", listener.local_addr().unwrap());
     let got = Arc::new(Mutex::new(Vec::new()));
@@ -70,7 +73,7 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
     );
     let config_path = dir.path().join("xidwatch.toml");
     std::fs::write(&config_path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
         .arg(&config_path)
         .env_remove("NOTIFY_SOCKET")

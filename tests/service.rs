@@ -99,7 +99,10 @@ fn runs_as_the_unit_would() {
     std::thread::spawn(move || {
         use std::io::BufRead;
         let mut all = String::new();
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             all.push_str(&line);
             all.push('\n');
             if line.contains("fell off the bus") {
@@ -107,7 +110,8 @@ fn runs_as_the_unit_would() {
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(15)).expect("the report on standard output");
+    rx.recv_timeout(Duration::from_secs(15))
+        .expect("the report on standard output");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     loop {

@@ -75,7 +75,7 @@ impl Channel {
 
 /// Builds every enabled channel (or only `only`, by name). Errors name the channel.
 pub fn build_all(cfg: &AlertConfig, only: Option<&str>) -> Result<Vec<Channel>, AlertError> {
-    let want = |name: &str| only.map_or(true, |o| o == name);
+    let want = |name: &str| only.is_none_or(|o| o == name);
     let err = |channel: &str, message: String| AlertError::Channel {
         channel: channel.to_string(),
         message,

@@ -758,7 +758,7 @@ pub(crate) fn check_http_url(text: &str) -> Result<reqwest::Url, String> {
         "http" | "https" => {}
         other => return Err(format!("scheme {other:?} is not http or https")),
     }
-    if url.host_str().map_or(true, str::is_empty) {
+    if url.host_str().is_none_or(str::is_empty) {
         return Err("the URL has no host".to_string());
     }
     Ok(url)

@@ -60,7 +60,7 @@ fn split_kmsg(line: &str) -> Option<SplitLine> {
         return None;
     }
     let (seq, ts): (u64, u64) = (seq.parse().ok()?, ts.parse().ok()?);
-    let msg = unescape(line[semi + 1..].as_bytes());
+    let msg = unescape(&line.as_bytes()[semi + 1..]);
     let messages: Vec<String> = msg
         .split('\n')
         .map(str::trim_end)

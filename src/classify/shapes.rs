@@ -378,7 +378,7 @@ fn is_gsp_dump_line(body: &str) -> bool {
         || after_gpu.starts_with("entry function")
         || t.starts_with("_kgsp")
         || t.starts_with("****")
-        || (body.starts_with(char::is_whitespace) && t.starts_with(|c: char| c == '#' || c == '-'))
+        || (body.starts_with(char::is_whitespace) && t.starts_with(['#', '-']))
 }
 
 fn is_harmless_nvrm(body: &str) -> bool {

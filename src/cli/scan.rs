@@ -44,6 +44,9 @@ struct JsonFinding<'a> {
     raw: &'a [String],
 }
 
+/// One runbook run per (kind, Xid, GPU) when `--runbooks` is given.
+type SubjectKey = (FindingKind, Option<u32>, Option<PciAddress>);
+
 /// Per-GPU tallies for the closing summary.
 #[derive(Default)]
 struct Tally {
@@ -62,8 +65,7 @@ struct Output<W: Write> {
     per_gpu: BTreeMap<Option<PciAddress>, Tally>,
     counts: BTreeMap<Severity, u64>,
     /// With `--runbooks`: one subject per (kind, Xid, GPU) at warning or above.
-    subjects:
-        Option<BTreeMap<(FindingKind, Option<u32>, Option<PciAddress>), crate::runbook::Subject>>,
+    subjects: Option<BTreeMap<SubjectKey, crate::runbook::Subject>>,
 }
 
 impl<W: Write> Output<W> {

@@ -5,10 +5,11 @@
 //! - the same (GPU, kind, Xid): a repeat, counted exactly;
 //! - "caused by previous Xid N", Xid 45 (cleanup after another error) or Xid 154 (recovery action
 //!   for the error before it): an echo of the open incident;
-//! - the same family (bus: Xid 79, fallen off the bus, AER, GPU lost/missing; memory: 48, 63, 64,
-//!   92, 94, 95, 140, ECC events; GSP: 119, 120, GSP errors): an echo, unless it ranks higher
-//!   than the incident's cause, in which case it opens a new incident that absorbs the old one
-//!   (an AER warning followed by Xid 79 becomes one critical Xid 79 incident).
+//! - the same family (bus: Xid 79, fallen off the bus, AER, GPU lost/missing; memory: 48, 63,
+//!   64, 92, 94, 95, 140, ECC events; GSP: 119, 120, GSP errors): an echo, unless it ranks
+//!   higher than the incident's cause, in which case it opens a new incident that absorbs the
+//!   old one (an AER warning followed by Xid 79 becomes one critical Xid 79 incident).
+//!
 //! The first occurrence opens an incident at once; when its window closes, a digest with exact
 //! counts follows if anything was folded in after the first alert.
 

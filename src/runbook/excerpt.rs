@@ -83,7 +83,7 @@ pub fn excerpt(spec: &KmsgSpec, s: &Subject, max_bytes: usize) -> Excerpt {
         }
         let text = lines[i].text.to_lowercase();
         (grep.is_empty() || grep.iter().any(|g| text.contains(g.as_str())))
-            && gpu.as_ref().map_or(true, |a| text.contains(a.as_str()))
+            && gpu.as_ref().is_none_or(|a| text.contains(a.as_str()))
     };
     let chosen: Vec<usize> = match spec.window {
         Window::Lines { before, after } => {

@@ -544,7 +544,7 @@ pub(super) fn decode(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         s.push_str(&sanitize(chunk.valid()));
-        s.extend(std::iter::repeat('?').take(chunk.invalid().len()));
+        s.extend(std::iter::repeat_n('?', chunk.invalid().len()));
     }
     s
 }
