@@ -87,8 +87,10 @@ pub fn scan_mapped(
     if map[0] == 0x1f && map[1] == 0x8b {
         return None;
     }
-    let mut st = ScanStats::default();
-    st.bytes = map.len() as u64;
+    let mut st = ScanStats {
+        bytes: map.len() as u64,
+        ..ScanStats::default()
+    };
     if let Some(i) = memchr::memchr(0, &map[..map.len().min(BINARY_SNIFF)]) {
         st.notes
             .push(binary_note(bytecount::count(&map[..i], b'\n') as u64 + 1));
