@@ -138,6 +138,22 @@ pub struct ExplainArgs {
     pub list: bool,
 }
 
+/// Loads the config for a subcommand; on error prints it (file, line, key) and gives the exit
+/// status to return.
+pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Config, u8> {
+    crate::config::Config::load(path).map_err(|e| {
+        eprintln!("xidwatch: config error: {e}");
+        EXIT_CONFIG
+    })
+}
+
+/// A runtime for one subcommand: single-threaded, timers and I/O on.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
 /// Runs a parsed command line; returns the process exit status.
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
     logging::init(&cli.log_format);

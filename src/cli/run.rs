@@ -5,16 +5,11 @@ use crate::config::Config;
 use crate::daemon::{self, Output, RunOptions};
 
 pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
-    let config = match Config::load(args.config.as_deref()) {
+    let config = match super::load_config(args.config.as_deref()) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("xidwatch: config error: {e}");
-            return Ok(EXIT_CONFIG);
-        }
+        Err(code) => return Ok(code),
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime()?;
     let opts = RunOptions {
         config,
         output: if args.json {
@@ -71,16 +66,11 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
 /// `xidwatch test-alert`: one synthetic incident through every configured channel (or one), with
 /// a report per channel. Exit 0 only when every channel accepted it.
 pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
-    let config = match Config::load(args.config.as_deref()) {
+    let config = match super::load_config(args.config.as_deref()) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("xidwatch: config error: {e}");
-            return Ok(EXIT_CONFIG);
-        }
+        Err(code) => return Ok(code),
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime()?;
     let evidence = rt.block_on(crate::daemon::test_evidence(&config));
     let opts = crate::alert::TestAlertOptions {
         channel: args.channel.clone(),

@@ -2,33 +2,24 @@
 
 use anyhow::Context;
 
-use super::{RunbookCommand, EXIT_CONFIG};
-use crate::config::Config;
+use super::RunbookCommand;
 use crate::model::PciAddress;
 use crate::runbook::{render_evidence, render_list, render_show, Subject};
-
-fn load(config: Option<&std::path::Path>) -> Option<Config> {
-    match Config::load(config) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            eprintln!("xidwatch: config error: {e}");
-            None
-        }
-    }
-}
 
 pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
     match cmd {
         RunbookCommand::List { config } => {
-            let Some(c) = load(config.as_deref()) else {
-                return Ok(EXIT_CONFIG);
+            let c = match super::load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
             };
             print!("{}", render_list(&c.runbook_set));
             Ok(0)
         }
         RunbookCommand::Show { name, config } => {
-            let Some(c) = load(config.as_deref()) else {
-                return Ok(EXIT_CONFIG);
+            let c = match super::load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
             };
             match c.runbook_set.get(&name) {
                 Some(rb) => {
@@ -48,8 +39,9 @@ pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
             pid,
             config,
         } => {
-            let Some(c) = load(config.as_deref()) else {
-                return Ok(EXIT_CONFIG);
+            let c = match super::load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
             };
             let pci = match pci.as_deref().map(PciAddress::parse).transpose() {
                 Ok(p) => p,

@@ -86,9 +86,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<u8> {
             return Ok(EXIT_CONFIG);
         }
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = super::runtime()?;
     let mut report = rt.block_on(gather(state_dir));
     report.notes.extend(note);
     if args.json {
