@@ -16,38 +16,44 @@ type Received = Arc<Mutex<Vec<(Vec<(String, String)>, String)>>>;
 fn receiver() -> (String, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got = Arc::new(Mutex::new(Vec::new()));
+    let got: Received = Arc::new(Mutex::new(Vec::new()));
     let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let mut headers = Vec::new();
-            let mut len = 0usize;
-            let mut line = String::new();
-            r.read_line(&mut line).unwrap();
-            loop {
-                line.clear();
-                if r.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.parse().unwrap();
-                    }
-                    headers.push((k.to_ascii_lowercase(), v.to_string()));
-                }
-            }
-            let mut body = vec![0; len];
-            r.read_exact(&mut body).unwrap();
-            g.lock()
-                .unwrap()
-                .push((headers, String::from_utf8(body).unwrap()));
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
+    std::thread::spawn(move || serve(listener, g));
     (url, got)
+}
+
+fn serve(listener: TcpListener, got: Received) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let mut r = BufReader::new(conn.try_clone().unwrap());
+        let mut headers = Vec::new();
+        let mut len = 0usize;
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            continue;
+        }
+        loop {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                break;
+            }
+            if let Some((k, v)) = line.trim_end().split_once(": ") {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.parse().unwrap_or(0);
+                }
+                headers.push((k.to_ascii_lowercase(), v.to_string()));
+            }
+        }
+        let mut body = vec![0; len];
+        if r.read_exact(&mut body).is_err() {
+            continue;
+        }
+        got.lock()
+            .unwrap()
+            .push((headers, String::from_utf8_lossy(&body).into_owned()));
+        let _ =
+            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    }
 }
 
 #[test]
@@ -193,4 +199,156 @@ fn test_alert_goes_through_every_channel_and_says_so() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+fn webhook_config(dir: &Path, kmsg: &Path, url: &str, extra: &str) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = format!(
+        "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n\
+         [runbooks]\nsearch_path = [{:?}]\nsysfs_root = {:?}\nprocfs_root = {:?}\n{extra}\
+         [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
+        dir.join("state"),
+        root.join("fixtures/fake-tools"),
+        root.join("fixtures/sysfs"),
+        root.join("fixtures/proc"),
+    );
+    let path = dir.join("xidwatch.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    let mut storm = String::new();
+    for seq in 0..2000u64 {
+        storm.push_str(&format!(
+            "4,{seq},{},-;NVRM: Xid (PCI:0000:17:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0)\n",
+            1000 + seq
+        ));
+    }
+    std::fs::write(&kmsg, storm).unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(dir.path(), &kmsg, &url, "[incidents]\nwindow_secs = 1\n");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("two alerts", Duration::from_secs(30), || {
+        got.lock().unwrap().len() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let docs: Vec<serde_json::Value> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, b)| serde_json::from_str(b).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2, "one alert and one digest, not one per line");
+    let opened = docs.iter().find(|d| d["phase"] == "opened").unwrap();
+    let digest = docs.iter().find(|d| d["phase"] == "digest").unwrap();
+    assert_eq!(opened["evidence"][0]["runbook"], "application");
+    assert_eq!(digest["count"], 2000);
+    assert_eq!(
+        digest["evidence"].as_array().map_or(0, |e| e.len()),
+        0,
+        "no runbook per repeat"
+    );
+    assert_eq!(opened["id"], digest["id"]);
+}
+
+#[test]
+fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(
+        &kmsg,
+        "3,0,1,-;NVRM: Xid (PCI:0000:17:00): 48, pid=1, name=x, DBE\n",
+    )
+    .unwrap();
+    // A port nothing listens on yet: delivery fails and is retried.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let url = format!("http://127.0.0.1:{port}/alerts");
+    let config = webhook_config(dir.path(), &kmsg, &url, "");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = spawn();
+    let outbox = dir.path().join("state/alert-outbox");
+    let queued = || {
+        std::fs::read_dir(&outbox)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        e.path().extension().is_some_and(|x| x == "json")
+                            && e.file_name() != "meta.json"
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    wait_until("the alert in the outbox", Duration::from_secs(30), || {
+        queued() >= 1
+    });
+    first.kill().unwrap(); // SIGKILL: no chance to clean up
+    first.wait().unwrap();
+    assert!(queued() >= 1, "the outbox keeps the alert across a SIGKILL");
+
+    // The receiver comes up on that port; a restarted daemon delivers what the outbox holds, and
+    // the kernel log is not re-read (the position was saved), so there is exactly one alert.
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let got: Received = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    std::thread::spawn(move || serve(listener, g));
+    let mut second = spawn();
+    wait_until("the redelivered alert", Duration::from_secs(30), || {
+        !got.lock().unwrap().is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    second.wait().unwrap();
+    let bodies = got.lock().unwrap().clone();
+    let ids: std::collections::BTreeSet<String> = bodies
+        .iter()
+        .map(|(_, b)| {
+            serde_json::from_str::<serde_json::Value>(b).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "one incident, whatever the retries: {bodies:#?}"
+    );
+    assert_eq!(queued(), 0, "delivered alerts leave the outbox");
 }
