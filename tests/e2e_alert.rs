@@ -238,7 +238,7 @@ fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
     }
     std::fs::write(&kmsg, storm).unwrap();
     let (url, got) = receiver();
-    let config = webhook_config(dir.path(), &kmsg, &url, "[incidents]\nwindow_secs = 1\n");
+    let config = webhook_config(dir.path(), &kmsg, &url, "[incidents]\nwindow_secs = 3\n");
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
         .arg(&config)
