@@ -677,3 +677,90 @@ fn the_probe_reports_a_gpu_on_the_bus_that_nvml_cannot_reach() {
     assert!(m["title"].as_str().unwrap().contains("is missing"), "{m}");
     d.stop();
 }
+
+/// As an ordinary user: state under the user's own state directory, and a clear word when the
+/// kernel log cannot be read. Needs root to become another user (CI runs as root); skipped
+/// otherwise.
+#[test]
+fn as_an_ordinary_user() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("skipped: needs root and setpriv to run as another user");
+        return;
+    }
+    // A world-readable copy of everything the user needs, outside any private directory.
+    let dir = tempfile::Builder::new()
+        .prefix("xidwatch-user-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("xidwatch");
+    std::fs::copy(env!("CARGO_BIN_EXE_xidwatch"), &bin).unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let secret = dir.path().join("kmsg-root-only");
+    std::fs::write(&secret, xid_record(0, "17", 79)).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let open = dir.path().join("kmsg-readable");
+    std::fs::write(&open, xid_record(0, "17", 79)).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = |kmsg: &Path| {
+        let p = dir.path().join(format!(
+            "{}.toml",
+            kmsg.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::write(
+            &p,
+            format!("[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        p
+    };
+    let as_nobody = |cfg: &Path| {
+        let mut c = Command::new("/usr/bin/setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin)
+            .args(["run", "--json", "--config"])
+            .arg(cfg)
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::null());
+        c
+    };
+    let out = as_nobody(&config(&secret)).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied") && err.contains("CAP_SYSLOG"),
+        "{err}"
+    );
+
+    let mut child = as_nobody(&config(&open))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = home.join(".local/state/xidwatch/position.json");
+    let start = Instant::now();
+    while !state.exists() {
+        assert!(
+            start.elapsed() < LIMIT,
+            "no state under the user's state directory"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"xid\":79"));
+}
