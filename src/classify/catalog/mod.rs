@@ -3,8 +3,8 @@
 //! on-call guidance).
 //!
 //! `generated.rs` is produced from `nvidia/*.csv` and `xidwatch.toml` by the generator in
-//! `tests/catalog_current.rs`; that test fails when the generated file is stale. Regenerate with
-//! `XIDWATCH_REGENERATE=1 cargo test --test catalog_current`.
+//! `tests/it/catalog_current.rs`; that test fails when the generated file is stale. Regenerate with
+//! `XIDWATCH_REGENERATE=1 cargo test --test it catalog_current`.
 
 #[rustfmt::skip]
 mod generated;

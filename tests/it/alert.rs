@@ -1108,7 +1108,7 @@ async fn sigkill_mid_delivery_then_restart() {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "sigkill_child_process",
+            "alert::sigkill_child_process",
             "--nocapture",
             "--test-threads=1",
         ])

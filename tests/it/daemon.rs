@@ -739,7 +739,7 @@ fn as_an_ordinary_user() {
         "{err}"
     );
 
-    let mut child = as_nobody(&config(&open))
+    let child = as_nobody(&config(&open))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -1,0 +1,14 @@
+//! Every integration test of xidwatch, compiled as one test binary: one link instead of one per
+//! file, and one place to see what is covered. Each module tests one capability end to end.
+
+mod alert;
+mod catalog_current;
+mod classify;
+mod daemon;
+mod e2e_alert;
+mod install;
+mod nvml;
+mod ops;
+mod runbook;
+mod scan_cli;
+mod service;
