@@ -182,11 +182,27 @@ fn boot_time_faults_then_live_ones_and_no_duplicate_after_restart() {
     assert_eq!(all.len(), 1, "only the new record: {all:#?}");
     assert_eq!(v[0]["xid"], 119);
 
+    // Records lost while xidwatch was down (the ring wrapped): reported as an overrun.
+    s.append(&xid_record(9, "3b", 120));
+    let d = s.start();
+    let v = d.wait_for("the overrun across the restart", |l| {
+        l.iter().any(|i| i["kind"] == "kmsg_overrun")
+    });
+    let o = v.iter().find(|i| i["kind"] == "kmsg_overrun").unwrap();
+    assert!(
+        o["title"].as_str().unwrap().contains("5 records lost"),
+        "{o}"
+    );
+    d.stop();
+
     // A new boot: the whole buffer is read again, once.
     std::fs::write(s.boot(), "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0\n").unwrap();
     let d = s.start();
     d.wait_for("the whole buffer again", |l| {
-        l.iter().filter(|i| i["phase"] == "opened").count() == 3
+        l.iter()
+            .filter(|i| i["phase"] == "opened" && i["kind"] == "xid")
+            .count()
+            == 4
     });
     d.stop();
 }

@@ -239,3 +239,131 @@ fn explain_prints_the_entry_and_the_list() {
     let out = bin().args(["explain", "--list"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 172);
 }
+
+/// A config that points runbooks at the fake tools and fake sysfs/procfs trees.
+fn fake_machine_config(dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let p = dir.join("xidwatch.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[runbooks]\nsearch_path = [{:?}]\nsysfs_root = {:?}\nprocfs_root = {:?}\n",
+            root.join("fixtures/fake-tools"),
+            root.join("fixtures/sysfs"),
+            root.join("fixtures/proc")
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn scan_with_runbooks_labels_the_evidence_as_this_machine_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fake_machine_config(dir.path());
+    let out = bin()
+        .args(["scan", "--runbooks"])
+        .arg(&cfg)
+        .arg(fixture("mixed.log"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text.contains("Evidence from THIS machine"), "{text}");
+    assert!(text.contains("NOW, not from when the log was written"));
+    assert!(
+        text.contains("runbook fallen-off-bus for 0000:17:00.0"),
+        "{text}"
+    );
+    // The fake sysfs has 0000:17:00.0 on a degraded link: its note reaches the output.
+    assert!(text.contains("GT/s"), "{text}");
+
+    let out = bin()
+        .args(["scan", "--json", "--runbooks"])
+        .arg(&cfg)
+        .arg(fixture("mixed.log"))
+        .output()
+        .unwrap();
+    let v = json_lines(&out);
+    let ev: Vec<_> = v.iter().filter(|o| o["type"] == "evidence").collect();
+    assert!(!ev.is_empty());
+    assert!(ev
+        .iter()
+        .all(|e| e["note"].as_str().unwrap().contains("now")));
+}
+
+#[test]
+fn runbook_commands_list_show_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fake_machine_config(dir.path());
+    let out = bin()
+        .args(["runbook", "list", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in [
+        "fallen-off-bus",
+        "memory",
+        "gsp",
+        "nvlink",
+        "application",
+        "thermal-power",
+        "recovery-action",
+        "driver",
+        "sxid",
+        "fallback",
+    ] {
+        assert!(text.contains(name), "{name} not listed: {text}");
+    }
+    let out = bin()
+        .args(["runbook", "show", "memory", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nvidia-smi"));
+    let out = bin()
+        .args(["runbook", "show", "nope", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let out = bin()
+        .args([
+            "runbook",
+            "run",
+            "fallen-off-bus",
+            "--pci",
+            "0000:17:00.0",
+            "--xid",
+            "79",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("What it means") && text.contains("Evidence"),
+        "{text}"
+    );
+    let out = bin()
+        .args([
+            "runbook",
+            "run",
+            "fallen-off-bus",
+            "--pci",
+            "17:00.0; reboot",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an address that does not parse never reaches a command"
+    );
+}
