@@ -672,6 +672,11 @@ mod tests {
         })
     }
 
+    /// Feeds a kernel-log finding at time `now`.
+    fn feed(e: &mut Engine, f: Finding, now: u64, out: &mut Vec<Incident>) {
+        e.push(f, Origin::Kmsg, now, false, out);
+    }
+
     fn xid(pci: &str, x: u32, sev: Severity, seq: u64) -> Finding {
         let mut f = Finding::new(FindingKind::Xid, sev, Category::Driver, format!("Xid {x}"));
         f.xid = Some(x);
@@ -685,11 +690,10 @@ mod tests {
         let mut e = engine();
         let mut out = Vec::new();
         for i in 0..5000 {
-            e.push(
+            feed(
+                &mut e,
                 xid("0000:17:00.0", 13, Severity::Warning, i),
-                Origin::Kmsg,
                 1000 + i,
-                false,
                 &mut out,
             );
         }
@@ -706,11 +710,10 @@ mod tests {
     fn echoes_fold_into_their_cause() {
         let mut e = engine();
         let mut out = Vec::new();
-        e.push(
+        feed(
+            &mut e,
             xid("0000:17:00.0", 79, Severity::Critical, 1),
-            Origin::Kmsg,
             0,
-            false,
             &mut out,
         );
         let mut fob = Finding::new(
@@ -731,25 +734,22 @@ mod tests {
             false,
             &mut out,
         );
-        e.push(
+        feed(
+            &mut e,
             xid("0000:2a:00.0", 48, Severity::Critical, 5),
-            Origin::Kmsg,
             4,
-            false,
             &mut out,
         );
-        e.push(
+        feed(
+            &mut e,
             xid("0000:2a:00.0", 63, Severity::Warning, 6),
-            Origin::Kmsg,
             5,
-            false,
             &mut out,
         );
-        e.push(
+        feed(
+            &mut e,
             xid("0000:2a:00.0", 154, Severity::Critical, 7),
-            Origin::Kmsg,
             6,
-            false,
             &mut out,
         );
         assert_eq!(out.len(), 2, "{out:#?}");
@@ -775,11 +775,10 @@ mod tests {
         );
         aer.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
         e.push(aer, Origin::Kmsg, 0, false, &mut out);
-        e.push(
+        feed(
+            &mut e,
             xid("0000:17:00.0", 79, Severity::Critical, 2),
-            Origin::Kmsg,
             1,
-            false,
             &mut out,
         );
         assert_eq!(out.len(), 2);
@@ -807,33 +806,29 @@ mod tests {
             ..engine().cfg
         });
         let mut out = Vec::new();
-        e.push(
+        feed(
+            &mut e,
             xid("0000:17:00.0", 43, Severity::Warning, 1),
-            Origin::Kmsg,
             0,
-            false,
             &mut out,
         );
-        e.push(
+        feed(
+            &mut e,
             xid("0000:17:00.0", 13, Severity::Warning, 2),
-            Origin::Kmsg,
             0,
-            false,
             &mut out,
         );
-        e.push(
+        feed(
+            &mut e,
             xid("0000:17:00.0", 13, Severity::Warning, 3),
-            Origin::Kmsg,
             1,
-            false,
             &mut out,
         );
         assert!(out.is_empty());
-        e.push(
+        feed(
+            &mut e,
             xid("0000:17:00.0", 13, Severity::Warning, 4),
-            Origin::Kmsg,
             2,
-            false,
             &mut out,
         );
         assert_eq!((out.len(), out[0].count), (1, 3));
@@ -841,11 +836,10 @@ mod tests {
         let saved = serde_json::to_string(&e.snapshot()).unwrap();
         let mut e2 = Engine::new(e.cfg.clone());
         e2.restore(serde_json::from_str(&saved).unwrap());
-        e2.push(
+        feed(
+            &mut e2,
             xid("0000:17:00.0", 13, Severity::Warning, 5),
-            Origin::Kmsg,
             3,
-            false,
             &mut out,
         );
         e2.tick(20_000, &mut out);

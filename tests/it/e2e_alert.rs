@@ -58,7 +58,6 @@ fn serve(listener: TcpListener, got: Received) {
 
 #[test]
 fn xid_79_reaches_the_webhook_with_runbook_evidence() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let kmsg = dir.path().join("kmsg");
     std::fs::write(
@@ -67,18 +66,12 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
     )
     .unwrap();
     let (url, got) = receiver();
-    let config = format!(
-        "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n\
-         [runbooks]\nsearch_path = [{:?}]\nsysfs_root = {:?}\nprocfs_root = {:?}\n\
-         [incidents]\nhost = \"gpu-node-7\"\n\
-         [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
-        dir.path().join("state"),
-        root.join("fixtures/fake-tools"),
-        root.join("fixtures/sysfs"),
-        root.join("fixtures/proc"),
+    let config_path = webhook_config(
+        dir.path(),
+        &kmsg,
+        &url,
+        "[incidents]\nhost = \"gpu-node-7\"\n",
     );
-    let config_path = dir.path().join("xidwatch.toml");
-    std::fs::write(&config_path, config).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
         .arg(&config_path)
