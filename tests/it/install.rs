@@ -467,4 +467,17 @@ fn the_default_config_parses_as_shipped_and_with_every_key_uncommented() {
             "alerts.{kind}"
         );
     }
+    // Every uncommented key is one the daemon accepts with a valid value (the alert channels'
+    // env: secrets exist only on a real machine, and the runbook directories are the repo's).
+    let mut daemon_keys = all.clone();
+    daemon_keys.remove("alerts");
+    daemon_keys["runbooks"]["dirs"] = toml::Value::Array(vec![toml::Value::String(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("runbooks")
+            .display()
+            .to_string(),
+    )]);
+    if let Err(e) = xidwatch::config::Config::from_toml(&daemon_keys.to_string(), None) {
+        panic!("the example config does not load: {e}");
+    }
 }
