@@ -191,7 +191,9 @@ pub async fn gather(state_dir: PathBuf) -> Report {
     match file {
         Some(snap) => {
             let age = now.saturating_sub(snap.taken_ms);
-            let alive = snap.pid != std::process::id() && control::process_alive(snap.pid);
+            let alive = snap.stopped_ms.is_none()
+                && snap.pid != std::process::id()
+                && control::process_alive(snap.pid);
             let fresh = age <= 3 * STATUS_FILE_INTERVAL.as_millis() as u64;
             let daemon = if answered || alive {
                 if !fresh {

@@ -250,6 +250,17 @@ pub fn process_alive(pid: u32) -> bool {
     if !exists {
         return false;
     }
+    // A zombie (exited, not yet reaped) is not running.
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        if let Some(state) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+        {
+            if state == "Z" || state == "X" {
+                return false;
+            }
+        }
+    }
     match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
         Ok(comm) => comm.trim().starts_with("xidwatch"),
         Err(_) => true,

@@ -480,7 +480,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     alerts.stop().await;
     let _ = ops_shutdown.send(true);
     tel.set_open_incidents_from(engine.open_incidents());
-    if let Err(e) = control::write_status_file(&cfg.state_dir, &tel.snapshot()) {
+    let mut last = tel.snapshot();
+    last.stopped_ms = Some(now_ms());
+    if let Err(e) = control::write_status_file(&cfg.state_dir, &last) {
         tracing::warn!("{e:#}");
     }
     tracing::info!(

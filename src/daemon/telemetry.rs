@@ -210,6 +210,9 @@ pub struct StatusSnapshot {
     pub config: ConfigHealth,
     /// The alert stage; `None` when no alert channel is configured.
     pub alerts: Option<AlertStatus>,
+    /// Set in the last snapshot a daemon writes when it stops cleanly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_ms: Option<u64>,
 }
 
 impl StatusSnapshot {
@@ -557,6 +560,7 @@ impl Telemetry {
                 reload_failures: self.reload_failures.load(Ordering::Relaxed),
             },
             alerts: provided.or_else(|| inner.alerts.clone()),
+            stopped_ms: None,
         }
     }
 }

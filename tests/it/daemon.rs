@@ -782,3 +782,31 @@ fn as_an_ordinary_user() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"xid\":79"));
 }
+
+#[test]
+fn status_follows_the_daemon_up_and_down() {
+    let s = Setup::new("");
+    s.append(&xid_record(0, "17", 79));
+    let status = || {
+        Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args(["status", "--config"])
+            .arg(s.config())
+            .output()
+            .unwrap()
+    };
+    let d = s.start();
+    d.wait_for("the incident", |l| l.iter().any(|i| i["xid"] == 79));
+    let out = status();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("running") && text.contains("fell off the bus"),
+        "{text}"
+    );
+    let (code, _, _) = d.stop();
+    assert_eq!(code, Some(0));
+    let out = status();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("not running"), "{text}");
+}
