@@ -31,6 +31,9 @@ pub enum Origin {
     Probe,
 }
 
+/// NVML Xid events waiting for their kernel-log twin, at most.
+const MAX_WAITING: usize = 1024;
+
 /// Findings kept in an incident as samples; the rest are counted.
 const MAX_SAMPLES: usize = 10;
 
@@ -185,6 +188,11 @@ impl Engine {
         // The kernel log is the source of truth for Xids: an NVML Xid waits for its twin.
         if origin == Origin::Nvml && f.kind == FindingKind::Xid {
             if self.fold_nvml(&f) {
+                return;
+            }
+            if self.waiting.len() >= MAX_WAITING {
+                // An NVML event storm: report rather than queue without bound.
+                self.place(f, now_ms, at_startup, runbook, out);
                 return;
             }
             self.waiting.push(Waiting {
