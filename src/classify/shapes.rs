@@ -318,6 +318,27 @@ fn parse_nvrm(m: &str) -> Shape {
     {
         return Shape::ApiMismatchTail;
     }
+    if body.contains("does not have the necessary power cables connected") {
+        return Shape::InitFailure {
+            pci: addr,
+            what: "the GPU's auxiliary power cables are not connected".into(),
+            code: None,
+        };
+    }
+    if body.contains("PCI I/O region assigned to your NVIDIA device is invalid") {
+        return Shape::InitFailure {
+            pci: addr,
+            what: "the PCI I/O region assigned to the GPU is invalid".into(),
+            code: None,
+        };
+    }
+    if body.contains("RC watchdog") && body.contains("probably locked") {
+        return Shape::DriverError {
+            pci: addr,
+            text: body.to_string(),
+            critical: true,
+        };
+    }
     if body.contains("nvGpuOpsReportFatalError") || body.contains("global fatal error") {
         return Shape::DriverError {
             pci: addr,

@@ -375,6 +375,9 @@ fn driver_communication_failures() {
         ("NVRM: GPU0 GSP RPC buffer contains function 76 (GSP_RM_CONTROL) and data 0x0000000020800a4c 0x0.", FindingKind::DriverError, None),
         ("NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring os reboot to recover.", FindingKind::DriverError, None),
         ("NVRM: GPU 0000:17:00.0: Failed to allocate memory for the GPU object", FindingKind::DriverError, Some("0000:17:00.0")),
+        ("NVRM: GPU 0000:17:00.0: GPU does not have the necessary power cables connected.", FindingKind::DriverInitFailure, Some("0000:17:00.0")),
+        ("NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:", FindingKind::DriverInitFailure, None),
+        ("NVRM: krcWatchdogRecovery_IMPL: RC watchdog: GPU is probably locked!  Notify Timeout Seconds: 7", FindingKind::DriverError, None),
     ] {
         let f = one(text);
         assert_eq!(f.kind, kind, "{text}");
