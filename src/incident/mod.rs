@@ -13,7 +13,7 @@
 //! The first occurrence opens an incident at once; when its window closes, a digest with exact
 //! counts follows if anything was folded in after the first alert.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -117,7 +117,8 @@ pub struct EngineStats {
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
-    open: Vec<Open>,
+    /// Keyed by (GPU, kind, Xid): a repeat in a storm is one hash lookup, however many are open.
+    open: HashMap<Key, Open>,
     waiting: Vec<Waiting>,
     pub stats: EngineStats,
 }
@@ -126,7 +127,7 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         Engine {
             cfg,
-            open: Vec::new(),
+            open: HashMap::new(),
             waiting: Vec::new(),
             stats: EngineStats::default(),
         }
@@ -153,13 +154,13 @@ impl Engine {
 
     /// Open incidents, for `status`.
     pub fn open_incidents(&self) -> impl Iterator<Item = &Incident> {
-        self.open.iter().map(|o| &o.inc)
+        self.open.values().map(|o| &o.inc)
     }
 
     /// The earliest time `tick` has work to do.
     pub fn next_deadline(&self) -> Option<u64> {
         self.open
-            .iter()
+            .values()
             .map(|o| o.deadline_ms)
             .chain(self.waiting.iter().map(|w| w.deadline_ms))
             .min()
@@ -213,13 +214,11 @@ impl Engine {
     }
 
     fn fold_nvml(&mut self, f: &Finding) -> bool {
-        for o in &mut self.open {
-            if o.key == (f.pci, FindingKind::Xid, f.xid) {
-                self.stats.nvml_folded += 1;
-                return true;
-            }
+        let found = self.open.contains_key(&(f.pci, FindingKind::Xid, f.xid));
+        if found {
+            self.stats.nvml_folded += 1;
         }
-        false
+        found
     }
 
     fn place(
@@ -233,8 +232,7 @@ impl Engine {
         let key: Key = (f.pci, f.kind, f.xid);
         let (family, rank) = family_rank(&f);
         // 1. A repeat of an open incident.
-        if let Some(i) = self.open.iter().position(|o| o.key == key) {
-            let o = &mut self.open[i];
+        if let Some(o) = self.open.get_mut(&key) {
             o.inc.count += 1;
             o.inc.last_seen_ms = o.inc.last_seen_ms.max(now_ms);
             push_sample(&mut o.inc, f);
@@ -252,35 +250,34 @@ impl Engine {
                 || (f.kind == FindingKind::Xid && matches!(f.xid, Some(45 | 154)));
             let target = self
                 .open
-                .iter()
-                .enumerate()
-                .filter(|(_, o)| o.key.0 == f.pci)
-                .filter(|(_, o)| {
+                .values()
+                .filter(|o| o.key.0 == f.pci)
+                .filter(|o| {
                     (f.caused_by.is_some() && f.caused_by == o.key.2)
                         || (is_echo_kind && f.caused_by.is_none())
                         || (family != Family::None && o.family == family)
                 })
-                .max_by_key(|(_, o)| {
+                .max_by_key(|o| {
                     (
                         f.caused_by.is_some() && f.caused_by == o.key.2,
                         o.inc.last_seen_ms,
                     )
                 })
-                .map(|(i, _)| i);
-            if let Some(i) = target {
-                if family != Family::None
-                    && self.open[i].family == family
-                    && rank > self.open[i].rank
-                {
+                .map(|o| (o.key, o.family, o.rank));
+            if let Some((tk, tfamily, trank)) = target {
+                if family != Family::None && tfamily == family && rank > trank {
                     // Supersede: the new cause opens the incident; the old one becomes its echo.
-                    let old = self.open.remove(i);
-                    self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
-                    if let Some(n) = self.open.last_mut() {
-                        absorb(n, old);
+                    if let Some(old) = self.open.remove(&tk) {
+                        self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
+                        if let Some(n) = self.open.get_mut(&key) {
+                            absorb(n, old);
+                        }
                     }
                     return;
                 }
-                let o = &mut self.open[i];
+                let Some(o) = self.open.get_mut(&tk) else {
+                    return;
+                };
                 o.echo_total += 1;
                 o.inc.last_seen_ms = o.inc.last_seen_ms.max(now_ms);
                 bump_echo(&mut o.inc, &f);
@@ -319,12 +316,10 @@ impl Engine {
             // Full: close the oldest now, with its digest, rather than grow.
             let oldest = self
                 .open
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, o)| o.inc.first_seen_ms)
-                .map(|(i, _)| i);
-            if let Some(i) = oldest {
-                let o = self.open.remove(i);
+                .values()
+                .min_by_key(|o| (o.inc.first_seen_ms, o.inc.id.clone()))
+                .map(|o| o.key);
+            if let Some(o) = oldest.and_then(|k| self.open.remove(&k)) {
                 self.stats.evicted += 1;
                 self.close(o, out);
             }
@@ -369,18 +364,21 @@ impl Engine {
             self.stats.opened += 1;
             out.push(inc.clone());
         }
-        self.open.push(Open {
-            inc,
+        self.open.insert(
             key,
-            family,
-            rank,
-            deadline_ms: now_ms + window_ms,
-            min_count,
-            emitted,
-            told_count: 1,
-            told_echoes: 0,
-            echo_total: 0,
-        });
+            Open {
+                inc,
+                key,
+                family,
+                rank,
+                deadline_ms: now_ms + window_ms,
+                min_count,
+                emitted,
+                told_count: 1,
+                told_echoes: 0,
+                echo_total: 0,
+            },
+        );
     }
 
     /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
@@ -395,15 +393,26 @@ impl Engine {
                 i += 1;
             }
         }
-        let mut i = 0;
-        while i < self.open.len() {
-            if self.open[i].deadline_ms <= now_ms {
-                let o = self.open.swap_remove(i);
+        let mut due: Vec<(u64, u64, Key)> = self
+            .open
+            .values()
+            .filter(|o| o.deadline_ms <= now_ms)
+            .map(|o| (o.deadline_ms, o.inc.first_seen_ms, o.key))
+            .collect();
+        // Digests in a stable order: the earliest window first.
+        due.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for (_, _, k) in due {
+            if let Some(o) = self.open.remove(&k) {
                 self.close(o, out);
-            } else {
-                i += 1;
             }
         }
+    }
+
+    /// Open incidents, oldest first: a stable order for digests and saved state.
+    fn drain_oldest_first(&mut self) -> Vec<Open> {
+        let mut all: Vec<Open> = self.open.drain().map(|(_, o)| o).collect();
+        all.sort_by(|a, b| (a.inc.first_seen_ms, &a.inc.id).cmp(&(b.inc.first_seen_ms, &b.inc.id)));
+        all
     }
 
     fn close(&mut self, o: Open, out: &mut Vec<Incident>) {
@@ -421,21 +430,24 @@ impl Engine {
 
     /// Closes every open incident now (digests included), e.g. for `scan`.
     pub fn close_all(&mut self, out: &mut Vec<Incident>) {
-        for o in std::mem::take(&mut self.open) {
+        for o in self.drain_oldest_first() {
             self.close(o, out);
         }
         for w in std::mem::take(&mut self.waiting) {
             self.place(w.finding, 0, false, None, out);
         }
-        for o in std::mem::take(&mut self.open) {
+        for o in self.drain_oldest_first() {
             self.close(o, out);
         }
     }
 
     /// What survives a restart: open incidents with their exact counts.
     pub fn snapshot(&self) -> Vec<Persisted> {
-        self.open
-            .iter()
+        let mut open: Vec<&Open> = self.open.values().collect();
+        open.sort_by(|a, b| {
+            (a.inc.first_seen_ms, &a.inc.id).cmp(&(b.inc.first_seen_ms, &b.inc.id))
+        });
+        open.into_iter()
             .map(|o| Persisted {
                 id: o.inc.id.clone(),
                 pci: o.key.0,
@@ -499,39 +511,43 @@ impl Engine {
                     FindingKind::parse(&k).map(|kind| EchoCount { kind, xid, count })
                 })
                 .collect();
-            self.open.push(Open {
-                inc: Incident {
-                    id: p.id,
-                    phase: IncidentPhase::Opened,
-                    host: self.cfg.host.clone(),
-                    boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
-                    kind,
-                    xid: p.xid,
-                    pci: p.pci,
-                    gpu,
-                    severity: p.severity,
-                    category: p.category,
-                    title: p.title,
-                    first_seen_ms: p.first_seen_ms,
-                    last_seen_ms: p.last_seen_ms,
-                    count: p.count,
-                    findings: vec![f],
-                    echoes,
-                    found_at_startup: p.found_at_startup,
-                    runbook_override: None,
-                    dropped_alerts_before: 0,
-                    test: false,
+            let key: Key = (p.pci, kind, p.xid);
+            self.open.insert(
+                key,
+                Open {
+                    inc: Incident {
+                        id: p.id,
+                        phase: IncidentPhase::Opened,
+                        host: self.cfg.host.clone(),
+                        boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
+                        kind,
+                        xid: p.xid,
+                        pci: p.pci,
+                        gpu,
+                        severity: p.severity,
+                        category: p.category,
+                        title: p.title,
+                        first_seen_ms: p.first_seen_ms,
+                        last_seen_ms: p.last_seen_ms,
+                        count: p.count,
+                        findings: vec![f],
+                        echoes,
+                        found_at_startup: p.found_at_startup,
+                        runbook_override: None,
+                        dropped_alerts_before: 0,
+                        test: false,
+                    },
+                    key,
+                    family: p.family,
+                    rank: p.rank,
+                    deadline_ms: p.deadline_ms,
+                    min_count: p.min_count,
+                    emitted: p.emitted,
+                    told_count: p.told_count,
+                    told_echoes: p.told_echoes,
+                    echo_total: p.echo_total,
                 },
-                key: (p.pci, kind, p.xid),
-                family: p.family,
-                rank: p.rank,
-                deadline_ms: p.deadline_ms,
-                min_count: p.min_count,
-                emitted: p.emitted,
-                told_count: p.told_count,
-                told_echoes: p.told_echoes,
-                echo_total: p.echo_total,
-            });
+            );
         }
     }
 }
