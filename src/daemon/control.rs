@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::telemetry::{StatusSnapshot, Telemetry};
 
@@ -95,39 +95,27 @@ pub async fn serve_status(
 pub async fn serve_status_on(
     listener: UnixListener,
     telemetry: Arc<Telemetry>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let daemon_uid = euid();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        if *shutdown.borrow() {
-            break;
-        }
-        tokio::select! {
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
+    let limits = super::serve::Limits {
+        name: "status socket",
+        max_connections: MAX_CONNECTIONS,
+        per_connection: WRITE_TIMEOUT,
+    };
+    let l = &listener;
+    super::serve::accept_loop(
+        limits,
+        move || async move { l.accept().await.map(|(stream, _)| stream) },
+        shutdown,
+        |stream| {
+            let t = telemetry.clone();
+            async move {
+                let _ = answer(stream, &t, daemon_uid).await;
             }
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let Ok(permit) = slots.clone().try_acquire_owned() else {
-                        drop(stream);
-                        continue;
-                    };
-                    let t = telemetry.clone();
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(WRITE_TIMEOUT, answer(stream, &t, daemon_uid)).await;
-                        drop(permit);
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("status socket: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            },
-        }
-    }
+        },
+    )
+    .await;
 }
 
 async fn answer(

@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::telemetry::{StatusSnapshot, Telemetry, RUNBOOK_BUCKETS};
 
@@ -356,42 +356,29 @@ impl Collector for SnapshotCollector {
 pub async fn serve(
     listener: TcpListener,
     telemetry: Arc<Telemetry>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     if let Ok(addr) = listener.local_addr() {
         tracing::info!("metrics: serving http://{addr}/metrics");
     }
-    loop {
-        if *shutdown.borrow() {
-            break;
-        }
-        tokio::select! {
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
+    let limits = super::serve::Limits {
+        name: "metrics",
+        max_connections: MAX_CONNECTIONS,
+        per_connection: CONNECTION_TIMEOUT,
+    };
+    let l = &listener;
+    super::serve::accept_loop(
+        limits,
+        move || async move { l.accept().await.map(|(stream, _)| stream) },
+        shutdown,
+        |stream| {
+            let t = telemetry.clone();
+            async move {
+                let _ = handle(stream, &t).await;
             }
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let Ok(permit) = slots.clone().try_acquire_owned() else {
-                        // Full: close at once rather than queue without bound.
-                        drop(stream);
-                        continue;
-                    };
-                    let t = telemetry.clone();
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(CONNECTION_TIMEOUT, handle(stream, &t)).await;
-                        drop(permit);
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("metrics: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            },
-        }
-    }
+        },
+    )
+    .await;
 }
 
 /// What a request head asks for.

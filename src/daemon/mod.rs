@@ -11,6 +11,7 @@ pub mod control;
 pub mod metrics;
 pub mod notify;
 pub mod probe;
+pub mod serve;
 pub mod telemetry;
 
 use std::io::Write;
