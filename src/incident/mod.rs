@@ -400,7 +400,7 @@ impl Engine {
             .map(|o| (o.deadline_ms, o.inc.first_seen_ms, o.key))
             .collect();
         // Digests in a stable order: the earliest window first.
-        due.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        due.sort();
         for (_, _, k) in due {
             if let Some(o) = self.open.remove(&k) {
                 self.close(o, out);
