@@ -118,10 +118,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         boot_id: boot_hex.clone(),
         overrides: cfg.overrides.clone(),
     });
-    if let Ok(Some(saved)) = state.load_json::<SavedIncidents>("incidents.json") {
-        if saved.boot_id == boot_hex {
-            engine.restore(saved.open);
-        }
+    match state.load_json::<SavedIncidents>("incidents.json") {
+        Ok(Some(saved)) if saved.boot_id == boot_hex => engine.restore(saved.open),
+        Ok(_) => {}
+        // Say so, and go on: the kernel log position still prevents duplicates; only the counts
+        // of incidents open before the restart start again.
+        Err(e) => tracing::warn!("{e:#}; open incidents of the previous run are not restored"),
     }
 
     let stop = Arc::new(AtomicBool::new(false));

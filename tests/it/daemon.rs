@@ -810,3 +810,31 @@ fn status_follows_the_daemon_up_and_down() {
     assert_eq!(out.status.code(), Some(3), "{text}");
     assert!(text.contains("not running"), "{text}");
 }
+
+#[test]
+fn corrupt_state_files_are_named_and_survived() {
+    let s = Setup::new("");
+    s.append(&xid_record(0, "17", 79));
+    let state = s.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("position.json"), b"{\"boot_id\": 12").unwrap();
+    std::fs::write(state.join("incidents.json"), b"\xff\xfe not json").unwrap();
+    let d = s.start();
+    d.wait_for("the Xid despite the broken state", |l| {
+        l.iter().any(|i| i["xid"] == 79)
+    });
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("position.json") && err.contains("corrupt"),
+        "{err}"
+    );
+    assert!(
+        err.contains("incidents.json") && err.contains("corrupt"),
+        "{err}"
+    );
+    // The files are whole again after a clean stop.
+    let pos: Value =
+        serde_json::from_slice(&std::fs::read(state.join("position.json")).unwrap()).unwrap();
+    assert_eq!(pos["last_seq"], 0);
+}
