@@ -838,3 +838,42 @@ fn corrupt_state_files_are_named_and_survived() {
         serde_json::from_slice(&std::fs::read(state.join("position.json")).unwrap()).unwrap();
     assert_eq!(pos["last_seq"], 0);
 }
+
+#[test]
+fn logs_as_json_lines_for_log_shippers() {
+    let s = Setup::new("");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["--log-format", "json", "run", "--config"])
+        .arg(s.config())
+        .env("XIDWATCH_BOOT_ID_PATH", s.boot())
+        .env("XIDWATCH_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    {
+        use std::io::Read;
+        let mut pipe = child.stderr.take().unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        while !err.contains("caught up") {
+            assert!(start.elapsed() < LIMIT, "{err}");
+            let n = pipe.read(&mut buf).unwrap();
+            err.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        pipe.read_to_string(&mut err).unwrap();
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    for line in err.lines().filter(|l| !l.is_empty()) {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{v}"
+        );
+    }
+}
