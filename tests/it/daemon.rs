@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -92,8 +92,7 @@ impl Daemon {
 
     /// SIGTERM, then the exit status and everything printed.
     fn stop(mut self) -> (Option<i32>, Vec<Value>, String) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        super::support::sigterm(&self.child);
         let status = self.child.wait().unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let lines = self.lines.lock().unwrap().clone();
@@ -321,20 +320,7 @@ fn config_errors_name_the_key_and_exit_78() {
 // ---- NVML through the real nvml-wrapper and the fake library ----
 
 fn fake_library() -> PathBuf {
-    static FAKE: OnceLock<PathBuf> = OnceLock::new();
-    FAKE.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "fake-nvml", "--manifest-path"])
-            .arg(manifest.join("Cargo.toml"))
-            .status()
-            .expect("run cargo build -p fake-nvml");
-        assert!(status.success());
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map_or(manifest.join("target"), |d| manifest.join(d));
-        target.join("debug").join("libnvidia_ml.so")
-    })
-    .clone()
+    super::support::fake_nvml_library()
 }
 
 fn nvml_setup(script: &str) -> (Setup, PathBuf) {
@@ -570,8 +556,7 @@ fn reload_applies_valid_changes_and_refuses_invalid_ones() {
 
     // A valid change, applied on SIGHUP: Xid 48 is now ignored.
     std::fs::write(s.config(), format!("{base}[xid.48]\nignore = true\n")).unwrap();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) };
+    super::support::signal(&d.child, libc::SIGHUP);
     d.wait_stderr("config reloaded");
     s.append(&xid_record(1, "2a", 48));
     s.append(&xid_record(2, "2a", 79));
@@ -771,8 +756,7 @@ fn as_an_ordinary_user() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    super::support::sigterm(&child);
     let out = child.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -863,8 +847,7 @@ fn logs_as_json_lines_for_log_shippers() {
             let n = pipe.read(&mut buf).unwrap();
             err.push_str(&String::from_utf8_lossy(&buf[..n]));
         }
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        super::support::sigterm(&child);
         pipe.read_to_string(&mut err).unwrap();
     }
     assert_eq!(child.wait().unwrap().code(), Some(0));

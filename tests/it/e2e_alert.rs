@@ -90,8 +90,7 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    super::support::sigterm(&child);
     let out = child.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -245,8 +244,7 @@ fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
         got.lock().unwrap().len() >= 2
     });
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    super::support::sigterm(&child);
     child.wait().unwrap();
     let docs: Vec<serde_json::Value> = got
         .lock()
@@ -325,8 +323,7 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
         !got.lock().unwrap().is_empty()
     });
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    super::support::sigterm(&second);
     second.wait().unwrap();
     let bodies = got.lock().unwrap().clone();
     let ids: std::collections::BTreeSet<String> = bodies

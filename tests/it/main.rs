@@ -12,3 +12,4 @@ mod ops;
 mod runbook;
 mod scan_cli;
 mod service;
+mod support;

@@ -6,10 +6,9 @@
 //! `LOCK` for its whole run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,30 +17,12 @@ use xidwatch::model::{Category, FindingKind, PciAddress, Severity};
 use xidwatch::source::nvml::{GpuInfo, NvmlEvent, NvmlFailure, NvmlSource};
 
 static LOCK: Mutex<()> = Mutex::new(());
-static FAKE: OnceLock<PathBuf> = OnceLock::new();
 
 const UUID0: &str = "GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f";
 const UUID1: &str = "GPU-0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0";
 
-/// Builds the fake once per test binary and returns the path of the `.so`.
 fn fake_library() -> PathBuf {
-    FAKE.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "fake-nvml", "--manifest-path"])
-            .arg(manifest.join("Cargo.toml"))
-            .status()
-            .expect("run cargo build -p fake-nvml");
-        assert!(status.success(), "cargo build -p fake-nvml failed");
-        let target = match std::env::var_os("CARGO_TARGET_DIR") {
-            Some(dir) => manifest.join(dir),
-            None => manifest.join("target"),
-        };
-        let lib = target.join("debug").join("libnvidia_ml.so");
-        assert!(lib.is_file(), "fake NVML not found at {}", lib.display());
-        lib
-    })
-    .clone()
+    super::support::fake_nvml_library()
 }
 
 /// Holds the lock and the script for one scenario. The lock is the last field so it is released

@@ -112,8 +112,7 @@ fn runs_as_the_unit_would() {
     });
     rx.recv_timeout(Duration::from_secs(15))
         .expect("the report on standard output");
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    super::support::sigterm(&child);
     loop {
         let n = sock.recv(&mut buf).expect("STOPPING=1");
         if &buf[..n] == b"STOPPING=1" {

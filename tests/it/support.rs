@@ -1,0 +1,38 @@
+//! Helpers shared by the integration tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+
+/// Builds the fake `libnvidia-ml.so` (`tests/fake-nvml`) once per test run and returns its path.
+pub fn fake_nvml_library() -> PathBuf {
+    static FAKE: OnceLock<PathBuf> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "fake-nvml", "--manifest-path"])
+            .arg(manifest.join("Cargo.toml"))
+            .status()
+            .expect("run cargo build -p fake-nvml");
+        assert!(status.success(), "cargo build -p fake-nvml failed");
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(dir) => manifest.join(dir),
+            None => manifest.join("target"),
+        };
+        let lib = target.join("debug").join("libnvidia_ml.so");
+        assert!(lib.is_file(), "fake NVML not found at {}", lib.display());
+        lib
+    })
+    .clone()
+}
+
+/// Asks a child process to stop as systemd would.
+pub fn sigterm(child: &Child) {
+    signal(child, libc::SIGTERM);
+}
+
+/// Sends `sig` to a child of this test.
+pub fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of our own, not yet reaped, child.
+    unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+}
