@@ -119,7 +119,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         overrides: cfg.overrides.clone(),
     });
     match state.load_json::<SavedIncidents>("incidents.json") {
-        Ok(Some(saved)) if saved.boot_id == boot_hex => engine.restore(saved.open),
+        Ok(Some(saved)) if saved.boot_id == boot_hex => {
+            engine.restore(saved.open);
+            // Restored once: after a crash, an old snapshot must not come back a second time.
+            if let Err(e) = std::fs::remove_file(state.path().join("incidents.json")) {
+                tracing::warn!("removing incidents.json after restoring it: {e}");
+            }
+        }
         Ok(_) => {}
         // Say so, and go on: the kernel log position still prevents duplicates; only the counts
         // of incidents open before the restart start again.
@@ -303,6 +309,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         )),
         log: std::collections::VecDeque::with_capacity(LOG_RING),
         tel: tel.clone(),
+        tasks: tokio::task::JoinSet::new(),
+        inflight: Arc::default(),
+        stop_runbooks: tokio::sync::watch::channel(false).0,
     };
     out.emit_all(&mut out_buf).await;
     let mut last_seq: Option<u64> = resume_after;
@@ -383,8 +392,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 let opened = !out_buf.is_empty();
                 out.emit_all(&mut out_buf).await;
                 // Move the position promptly after an incident, otherwise at a steady pace.
-                if (opened || last_save.elapsed() >= POSITION_EVERY) && last_seq != saved_seq {
-                    save_position(&state, &tel, boot, last_seq, &mut saved_seq);
+                let ckpt = out.checkpoint(last_seq);
+                if (opened || last_save.elapsed() >= POSITION_EVERY) && ckpt != saved_seq {
+                    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
                     last_save = tokio::time::Instant::now();
                 }
             }
@@ -421,6 +431,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 out.emit_all(&mut out_buf).await;
             }
             _ = status_timer.tick() => {
+                // Runbooks finish between records: let the position catch up.
+                let ckpt = out.checkpoint(last_seq);
+                if ckpt != saved_seq {
+                    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
+                }
                 tel.set_open_incidents_from(engine.open_incidents());
                 let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
                 tokio::task::spawn_blocking(move || {
@@ -431,8 +446,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
             _ = watchdog.tick() => {
                 notifier.notify("WATCHDOG=1");
-                if last_seq != saved_seq {
-                    save_position(&state, &tel, boot, last_seq, &mut saved_seq);
+                let ckpt = out.checkpoint(last_seq);
+                if ckpt != saved_seq {
+                    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
                 }
             }
             _ = sighup.recv() => {
@@ -467,7 +483,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         );
     }
     out.emit_all(&mut out_buf).await;
-    save_position(&state, &tel, boot, last_seq, &mut saved_seq);
+    // Runbooks still running give up; their alerts go out without evidence rather than not at all.
+    out.finish().await;
+    let ckpt = out.checkpoint(last_seq);
+    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
     state
         .save_json(
             "incidents.json",
@@ -744,9 +763,54 @@ struct Emitter {
     permits: Arc<tokio::sync::Semaphore>,
     log: std::collections::VecDeque<crate::runbook::LogLine>,
     tel: Arc<Telemetry>,
+    /// Runbooks running for new incidents; their alerts are not in the outbox yet.
+    tasks: tokio::task::JoinSet<()>,
+    /// First kernel log sequence number of each incident whose alert waits for its runbook.
+    /// The saved position never moves past them, so a crash meanwhile re-reads the record and
+    /// the incident (same id) is opened and alerted again rather than lost.
+    inflight: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, usize>>>,
+    /// Tells running runbooks to give up (shutdown).
+    stop_runbooks: tokio::sync::watch::Sender<bool>,
+}
+
+/// New incidents waiting for (or running) their runbook, at most.
+const MAX_WAITING_RUNBOOKS: usize = 64;
+
+/// How long shutdown waits for runbook tasks to hand their alerts over.
+const RUNBOOK_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+fn lock_inflight(
+    m: &std::sync::Mutex<std::collections::BTreeMap<u64, usize>>,
+) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, usize>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Emitter {
+    /// The position that may be saved: `last_seq`, or just before the first record of an
+    /// incident whose alert is still waiting for its runbook.
+    fn checkpoint(&self, last_seq: Option<u64>) -> Option<u64> {
+        match lock_inflight(&self.inflight).keys().next() {
+            Some(&first) => {
+                let before = first.checked_sub(1)?;
+                last_seq.map(|l| l.min(before))
+            }
+            None => last_seq,
+        }
+    }
+
+    /// Stops waiting runbooks and lets every task hand its alert over.
+    async fn finish(&mut self) {
+        let _ = self.stop_runbooks.send(true);
+        let drained = tokio::time::timeout(RUNBOOK_SHUTDOWN_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("runbook tasks did not finish in time; their incidents are re-read at the next start");
+            self.tasks.abort_all();
+        }
+    }
+
     fn remember(&mut self, seq: u64, ts_usec: u64, text: &str) {
         if self.log.len() == LOG_RING {
             self.log.pop_front();
@@ -774,6 +838,7 @@ impl Emitter {
             }
             let _ = lock.flush();
         }
+        while self.tasks.try_join_next().is_some() {}
         for inc in incidents.drain(..) {
             let Some(sender) = self.alerts.clone() else {
                 continue;
@@ -790,25 +855,64 @@ impl Emitter {
                 }
                 continue;
             }
+            if self.tasks.len() >= MAX_WAITING_RUNBOOKS {
+                // More new incidents than runbooks can keep up with: alert now, without evidence,
+                // rather than queue tasks (each holding a log excerpt) without bound.
+                tracing::warn!(
+                    "{} runbooks waiting: incident {} is alerted without evidence",
+                    self.tasks.len(),
+                    inc.id
+                );
+                let alert = crate::alert::Alert {
+                    catalog,
+                    incident: inc,
+                    evidence: Vec::new(),
+                };
+                if let Err(e) = sender.send(alert).await {
+                    tracing::error!("alert stage: {e}");
+                }
+                continue;
+            }
             let lines: Vec<_> = self.log.iter().cloned().collect();
             let first_seq = inc.findings.first().and_then(|f| f.origin.seq);
             let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
             let subject = crate::runbook::Subject::from(&inc).with_kernel_log(lines, anchor);
-            let (set, env, limits, permits) = (
+            let (set, env, limits, permits, tel) = (
                 self.runbooks.clone(),
                 self.env.clone(),
                 self.limits,
                 self.permits.clone(),
+                self.tel.clone(),
             );
-            tokio::spawn(async move {
-                let evidence = match permits.acquire_owned().await {
-                    Ok(_permit) => set
-                        .run_for(&subject, &env, &limits)
-                        .await
-                        .into_iter()
-                        .collect(),
-                    Err(_) => Vec::new(),
+            let inflight = self.inflight.clone();
+            if let Some(seq) = first_seq {
+                *lock_inflight(&inflight).entry(seq).or_default() += 1;
+            }
+            let mut stop = self.stop_runbooks.subscribe();
+            self.tasks.spawn(async move {
+                let run = async {
+                    match permits.acquire_owned().await {
+                        Ok(_permit) => set.run_for(&subject, &env, &limits).await,
+                        Err(_) => None,
+                    }
                 };
+                let evidence: Vec<crate::model::Evidence> = tokio::select! {
+                    ev = run => ev.into_iter().collect(),
+                    _ = stop.wait_for(|stop| *stop) => {
+                        tracing::warn!("shutting down: incident {} is alerted without its runbook's evidence", inc.id);
+                        Vec::new()
+                    }
+                };
+                for ev in &evidence {
+                    let ok = !ev.steps.iter().any(|s| {
+                        matches!(
+                            s.status,
+                            crate::model::StepStatus::Failed { .. }
+                                | crate::model::StepStatus::TimedOut { .. }
+                        )
+                    });
+                    tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
+                }
                 let alert = crate::alert::Alert {
                     catalog,
                     incident: inc,
@@ -816,6 +920,15 @@ impl Emitter {
                 };
                 if let Err(e) = sender.send(alert).await {
                     tracing::error!("alert stage: {e}");
+                }
+                if let Some(seq) = first_seq {
+                    let mut m = lock_inflight(&inflight);
+                    if let Some(n) = m.get_mut(&seq) {
+                        *n -= 1;
+                        if *n == 0 {
+                            m.remove(&seq);
+                        }
+                    }
                 }
             });
         }
