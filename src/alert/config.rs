@@ -644,8 +644,13 @@ impl AlertConfig {
                 errs.push(format!("{key}.urls: at least one URL is needed"));
             }
             for (j, u) in a.urls.iter().enumerate() {
-                if let Err(msg) = check_http_url(u) {
-                    errs.push(format!("{key}.urls[{j}]: {msg}"));
+                match check_http_url(u) {
+                    Err(msg) => errs.push(format!("{key}.urls[{j}]: {msg}")),
+                    // URLs are not secrets (they appear in logs and Debug): no credentials in them.
+                    Ok(url) if !url.username().is_empty() || url.password().is_some() => errs.push(
+                        format!("{key}.urls[{j}]: credentials in the URL are refused; put them in `headers` (a secret)"),
+                    ),
+                    Ok(_) => {}
                 }
             }
             for name in a.labels.keys() {
@@ -717,7 +722,7 @@ impl AlertConfig {
         if let (Some(path), false) = (config_path, inline.is_empty()) {
             if let Some(mode) = readable_by_others(path) {
                 out.push(format!(
-                    "{} holds secrets inline ({}) and is readable by group or others (mode {:o}); run chmod 600 or use env:/file: secrets",
+                    "{} holds secrets inline ({}) and is readable by others (mode {:o}); run chmod o-r or use env:/file: secrets",
                     path.display(),
                     inline.join(", "),
                     mode
@@ -728,7 +733,7 @@ impl AlertConfig {
             if let Secret::File(p) = s {
                 if let Some(mode) = readable_by_others(p) {
                     out.push(format!(
-                        "{key}: secret file {} is readable by group or others (mode {:o}); run chmod 600",
+                        "{key}: secret file {} is readable by others (mode {:o}); run chmod o-r",
                         p.display(),
                         mode
                     ));
@@ -739,10 +744,12 @@ impl AlertConfig {
     }
 }
 
+/// The mode, when the file is readable by others (everyone). Group-readable is fine: the
+/// installer makes the config `0640 root:xidwatch` so the service's own group can read it.
 fn readable_by_others(path: &Path) -> Option<u32> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
-    (mode & 0o044 != 0).then_some(mode)
+    (mode & 0o004 != 0).then_some(mode)
 }
 
 fn is_label_name(s: &str) -> bool {
@@ -948,7 +955,7 @@ mod tests {
             to = []
             [[alerts.alertmanager]]
             name = "am"
-            urls = ["http://127.0.0.1:9093", "nope"]
+            urls = ["http://127.0.0.1:9093", "nope", "http://admin:hunter2@127.0.0.1:9093"]
             labels = { severity = "x", "bad-name" = "y" }
             "#,
         );
@@ -962,10 +969,12 @@ mod tests {
             "alerts.email[0] (mail).from",
             "alerts.email[0] (mail).to: at least one",
             "alerts.alertmanager[0] (am).urls[1]",
+            "alerts.alertmanager[0] (am).urls[2]: credentials in the URL are refused",
             "alerts.alertmanager[0] (am).labels: \"severity\" is set by xidwatch",
             "alerts.alertmanager[0] (am).labels: \"bad-name\"",
         ] {
             assert!(all.contains(want), "missing {want:?} in:\n{all}");
+            assert!(!all.contains("hunter2"), "a credential leaked into:\n{all}");
         }
     }
 
@@ -1010,6 +1019,11 @@ mod tests {
         let w = cfg.secret_warnings(Some(&path));
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("alerts.webhook[0].url"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(
+            cfg.secret_warnings(Some(&path)).is_empty(),
+            "0640 root:xidwatch is how the installer leaves it"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(cfg.secret_warnings(Some(&path)).is_empty());
     }
