@@ -167,7 +167,7 @@ impl Config {
         let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Invalid {
             path: shown.clone(),
-            message: e.to_string().trim_end().to_string(),
+            message: describe_toml_error(text, &e),
         })?;
         Config::from_raw(raw, path)
     }
@@ -223,6 +223,58 @@ impl Config {
             metrics: raw.metrics,
         })
     }
+}
+
+/// A parse error as "line L, column C, key `section.key`: what was wrong", without quoting the
+/// file: toml's own message shows the offending line, and that line may hold a webhook URL or a
+/// password that must not reach a log or an alert. Quoted values in the message are elided too.
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = elide_quoted(e.message().trim());
+    let Some(span) = e.span() else { return msg };
+    let start = span.start.min(text.len());
+    let before = &text[..start];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count() + 1;
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"'))
+        .filter(|k| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        });
+    let section = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    let key = match (section, key) {
+        (Some(s), Some(k)) => format!(", key `{s}.{k}`"),
+        (None, Some(k)) => format!(", key `{k}`"),
+        _ => String::new(),
+    };
+    format!("line {line_no}, column {col}{key}: {msg}")
+}
+
+/// `invalid type: string "hunter2", expected a boolean` -> `invalid type: string "…", ...`.
+fn elide_quoted(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut inside = false;
+    for c in msg.chars() {
+        if c == '"' {
+            if inside {
+                out.push('…');
+            }
+            inside = !inside;
+            out.push(c);
+        } else if !inside {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `$STATE_DIRECTORY` under systemd; `/var/lib/xidwatch` as root; the user's state directory
@@ -292,6 +344,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("incidents.window_secs"), "{e}");
+        // Neither the message nor the line it points at repeats a value: it may be a secret.
+        let e = Config::from_toml(
+            "[[alerts.webhook]]\nname = \"slack\"\nurl = https://hooks.example.com/T0/B0/hunter2\nformat = \"slack\"\n",
+            Some(p),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 3") && e.contains("alerts.webhook.url") && !e.contains("hunter2"),
+            "{e}"
+        );
+        let e = Config::from_toml("[kmsg]\naccept_userspace = \"hunter2\"\n", Some(p))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kmsg.accept_userspace") && !e.contains("hunter2"),
+            "{e}"
+        );
         let e = Config::from_toml("[bogus]\n", Some(p))
             .unwrap_err()
             .to_string();
