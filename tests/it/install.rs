@@ -467,10 +467,18 @@ fn the_default_config_parses_as_shipped_and_with_every_key_uncommented() {
             "alerts.{kind}"
         );
     }
-    // Every uncommented key is one the daemon accepts with a valid value (the alert channels'
-    // env: secrets exist only on a real machine, and the runbook directories are the repo's).
-    let mut daemon_keys = all.clone();
-    daemon_keys.remove("alerts");
+    // Every uncommented key is one the daemon accepts with a valid value, alert channels
+    // included (their file: secrets pointed at test files; the runbook directories are the
+    // repo's).
+    let secrets = tempfile::tempdir().unwrap();
+    for name in ["slack-url", "smtp-password"] {
+        std::fs::write(secrets.path().join(name), "https://hooks.example.com/x\n").unwrap();
+    }
+    let uncommented = uncommented.replace(
+        "file:/etc/xidwatch/",
+        &format!("file:{}/", secrets.path().display()),
+    );
+    let mut daemon_keys: toml::Table = uncommented.parse().unwrap();
     daemon_keys["runbooks"]["dirs"] = toml::Value::Array(vec![toml::Value::String(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("runbooks")
