@@ -150,7 +150,9 @@ pub fn postable(
         ann.insert("evidence".into(), cut(excerpt.trim_end(), EVIDENCE_MAX));
     }
 
-    let ends_ms = now_ms.max(doc.last_seen_ms) + resolve_after_secs * 1000;
+    let ends_ms = now_ms
+        .max(doc.last_seen_ms)
+        .saturating_add(resolve_after_secs.saturating_mul(1000));
     PostableAlert {
         labels,
         annotations: ann,

@@ -429,7 +429,7 @@ impl RateLimiter {
     /// `None` when a send may go now; otherwise the time it may.
     pub(crate) fn check(&mut self, now_ms: u64) -> Option<u64> {
         let l = self.limit?;
-        let window = l.window_secs * 1000;
+        let window = l.window_secs.saturating_mul(1000);
         while self.sent.front().is_some_and(|t| t + window <= now_ms) {
             self.sent.pop_front();
         }
@@ -563,7 +563,8 @@ impl Worker {
                 let attempts = attempts + 1;
                 let too_many = self.retry.max_attempts > 0 && attempts >= self.retry.max_attempts;
                 let too_old = self.retry.max_age_secs > 0
-                    && now.saturating_sub(enqueued_ms) > self.retry.max_age_secs * 1000;
+                    && now.saturating_sub(enqueued_ms)
+                        > self.retry.max_age_secs.saturating_mul(1000);
                 let give_up = e.is_permanent() || too_many || too_old;
                 if let Some(st) = st {
                     st.last_failure_ms = Some(now);

@@ -57,10 +57,13 @@ impl XidOverrides {
             if value.min_count == Some(0) {
                 return Err(format!("xid.{key}.min_count: expected at least 1"));
             }
-            if value.window_secs == Some(0) {
-                return Err(format!(
-                    "xid.{key}.window_secs: expected a number of seconds above 0"
-                ));
+            if let Some(w) = value.window_secs {
+                if w == 0 || w > crate::config::MAX_WINDOW_SECS {
+                    return Err(format!(
+                        "xid.{key}.window_secs = {w}: expected seconds from 1 to {} (30 days)",
+                        crate::config::MAX_WINDOW_SECS
+                    ));
+                }
             }
             map.insert(code, value);
         }

@@ -12,6 +12,9 @@ use std::sync::Arc;
 use crate::classify::{XidOverride, XidOverrides};
 use crate::runbook::{render_load_errors, RunLimits, RunbookSet, RunbooksConfig};
 
+/// The longest correlation window (and probe interval) accepted: 30 days.
+pub const MAX_WINDOW_SECS: u64 = 30 * 24 * 3600;
+
 /// Where the packaged install keeps the config.
 pub const DEFAULT_PATH: &str = "/etc/xidwatch/xidwatch.toml";
 
@@ -179,10 +182,23 @@ impl Config {
             message,
         };
         let overrides = XidOverrides::from_table(raw.xid).map_err(invalid)?;
-        if raw.incidents.window_secs == 0 {
-            return Err(invalid(
-                "incidents.window_secs: expected a number of seconds above 0".into(),
-            ));
+        if raw.incidents.window_secs == 0 || raw.incidents.window_secs > MAX_WINDOW_SECS {
+            return Err(invalid(format!(
+                "incidents.window_secs = {}: expected seconds from 1 to {MAX_WINDOW_SECS} (30 days)",
+                raw.incidents.window_secs
+            )));
+        }
+        if raw.incidents.nvml_match_ms > 60_000 {
+            return Err(invalid(format!(
+                "incidents.nvml_match_ms = {}: expected at most 60000",
+                raw.incidents.nvml_match_ms
+            )));
+        }
+        if raw.nvml.probe_interval_secs > MAX_WINDOW_SECS {
+            return Err(invalid(format!(
+                "nvml.probe_interval_secs = {}: expected at most {MAX_WINDOW_SECS}",
+                raw.nvml.probe_interval_secs
+            )));
         }
         if raw.incidents.max_open == 0 {
             return Err(invalid("incidents.max_open: expected at least 1".into()));
@@ -340,6 +356,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("xid.abc"), "{e}");
+        for bad in [
+            "[incidents]\nwindow_secs = 9000000000000000000\n",
+            "[incidents]\nnvml_match_ms = 9000000000000000000\n",
+            "[xid.13]\nwindow_secs = 9000000000000000000\n",
+            "[runbooks]\nmax_parallel_runbooks = 0\n",
+        ] {
+            let e = Config::from_toml(bad, Some(p)).unwrap_err().to_string();
+            let key = bad
+                .lines()
+                .nth(1)
+                .and_then(|l| l.split(' ').next())
+                .unwrap_or("");
+            assert!(e.contains(key), "{bad}: {e}");
+        }
         let e = Config::from_toml("[incidents]\nwindow_secs = 0\n", Some(p))
             .unwrap_err()
             .to_string();

@@ -111,7 +111,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let host = cfg.incidents.host.clone().unwrap_or_else(hostname);
 
     let mut engine = Engine::new(EngineConfig {
-        window_ms: cfg.incidents.window_secs * 1000,
+        window_ms: cfg.incidents.window_secs.saturating_mul(1000),
         max_open: cfg.incidents.max_open,
         nvml_match_ms: cfg.incidents.nvml_match_ms,
         host: host.clone(),
@@ -716,7 +716,7 @@ async fn reload(
         }
     }
     engine.reconfigure(
-        new.incidents.window_secs * 1000,
+        new.incidents.window_secs.saturating_mul(1000),
         new.incidents.max_open,
         new.incidents.nvml_match_ms,
         new.overrides.clone(),

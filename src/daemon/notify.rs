@@ -19,7 +19,8 @@ impl Notifier {
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|us| *us > 0)
-            .map(|us| Duration::from_micros(us / 2));
+            // Never below 1 ms: a zero period would spin (and tokio refuses it).
+            .map(|us| Duration::from_micros((us / 2).max(1000)));
         let sock = std::env::var_os("NOTIFY_SOCKET").and_then(|p| {
             let s = p.to_string_lossy().into_owned();
             let d = UnixDatagram::unbound().ok()?;

@@ -198,7 +198,7 @@ impl Engine {
             }
             self.waiting.push(Waiting {
                 finding: f,
-                deadline_ms: now_ms + self.cfg.nvml_match_ms,
+                deadline_ms: now_ms.saturating_add(self.cfg.nvml_match_ms),
             });
             return;
         }
@@ -334,7 +334,7 @@ impl Engine {
         let min_count = ov.and_then(|o| o.min_count).unwrap_or(1);
         let window_ms = ov
             .and_then(|o| o.window_secs)
-            .map_or(self.cfg.window_ms, |s| s * 1000);
+            .map_or(self.cfg.window_ms, |s| s.saturating_mul(1000));
         let first_mark = f.origin.seq.unwrap_or(now_ms);
         let id = incident_id(&self.cfg.boot_id, &key, first_mark);
         let inc = Incident {
@@ -371,7 +371,7 @@ impl Engine {
                 key,
                 family,
                 rank,
-                deadline_ms: now_ms + window_ms,
+                deadline_ms: now_ms.saturating_add(window_ms),
                 min_count,
                 emitted,
                 told_count: 1,

@@ -85,6 +85,13 @@ impl RunbooksConfig {
             Some(n) if n >= 1 && n <= max => Ok(n as usize),
             Some(n) => Err(format!("[runbooks] {key} = {n}: give 1 to {max}")),
         };
+        if let Some(n) = self.max_parallel_runbooks {
+            if !(1..=64).contains(&n) {
+                return Err(format!(
+                    "[runbooks] max_parallel_runbooks = {n}: give 1 to 64"
+                ));
+            }
+        }
         Ok(RunLimits {
             max_budget: secs(self.max_budget_secs, "max_budget_secs", d.max_budget)?,
             max_step_timeout: secs(
