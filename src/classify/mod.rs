@@ -91,6 +91,9 @@ pub struct Classifier {
     /// GPUs known to be NVIDIA devices (named by a driver line), for AER severity.
     nvidia_devices: HashSet<PciAddress>,
     last_identity: Option<PciAddress>,
+    /// The latest Xid and its GPU: "RC all channels for critical error N" names no GPU and
+    /// follows the Xid N it is about.
+    last_xid: Option<(u32, PciAddress)>,
     driver_version: Option<String>,
     /// Lines that matched a tag but no shape, counted for `--verbose` style reporting.
     pub unclassified: u64,
@@ -345,8 +348,9 @@ impl Classifier {
                 out.push(self.enrich(f));
             }
             Shape::RcAllChannels { code } => {
+                let pci = self.last_xid.filter(|(x, _)| *x == code).map(|(_, p)| p);
                 if code == 79 {
-                    let f = base(
+                    let mut f = base(
                         FindingKind::FallenOffBus,
                         Severity::Critical,
                         Category::Pcie,
@@ -354,7 +358,8 @@ impl Classifier {
                         msg,
                         at,
                     );
-                    out.push(f);
+                    f.pci = pci;
+                    out.push(self.enrich(f));
                 } else {
                     let (sev, cat) = catalog::lookup(code)
                         .map_or((Severity::Warning, Category::Driver), |e| {
@@ -369,7 +374,8 @@ impl Classifier {
                         at,
                     );
                     f.caused_by = Some(code);
-                    out.push(f);
+                    f.pci = pci;
+                    out.push(self.enrich(f));
                 }
             }
             Shape::TheNvidiaGpu { pci, .. } => {
@@ -488,6 +494,17 @@ impl Classifier {
             Shape::Sxid(s) => self.sxid(s, msg, at),
             Shape::Aer(a) => self.aer(a, msg, at, out),
             Shape::DriverLoaded { version } => self.driver_version = Some(version),
+            Shape::UnreadableXid => {
+                let f = base(
+                    FindingKind::Xid,
+                    Severity::Warning,
+                    Category::Driver,
+                    "an Xid line in a shape xidwatch cannot read (reported as it is)",
+                    msg,
+                    at,
+                );
+                out.push(f);
+            }
             Shape::Harmless => {}
             Shape::Other => self.unclassified += 1,
         }
@@ -495,6 +512,7 @@ impl Classifier {
 
     fn xid_finding(&mut self, x: XidLine, msg: &str, at: &LineOrigin) -> Finding {
         self.nvidia_devices.insert(x.pci);
+        self.last_xid = Some((x.xid, x.pci));
         let entry = catalog::lookup(x.xid);
         let (severity, category, title) = match entry {
             Some(e) => (

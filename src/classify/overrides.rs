@@ -70,6 +70,11 @@ impl XidOverrides {
         Ok(XidOverrides(map))
     }
 
+    /// Every override, by Xid.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &XidOverride)> {
+        self.0.iter().map(|(k, v)| (*k, v))
+    }
+
     pub fn get(&self, xid: u32) -> Option<&XidOverride> {
         self.0.get(&xid)
     }

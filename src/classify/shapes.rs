@@ -69,6 +69,8 @@ pub enum Shape {
     DriverLoaded {
         version: String,
     },
+    /// An `NVRM: Xid` line whose fields could not be read.
+    UnreadableXid,
     /// Known harmless lines.
     Harmless,
     /// An NVIDIA-tagged line we do not classify.
@@ -141,8 +143,8 @@ fn re() -> &'static Re {
         let r = |s: &str| Regex::new(&s.replace("ADDR", ADDR)).expect("built-in regex");
         Re {
             // Anchor on "): <number>": the first number after "Xid" is the PCI domain.
-            xid: r(r"^Xid \((?:PCI:)?(ADDR)\): (\d{1,10})(?:,\s*(.*))?$"),
-            pid_name: r(r"^(?:pid=('?<unknown>'?|\d+),?\s*)?(?:name=([^,]*),?\s*)?(.*)$"),
+            xid: r(r"^Xid \((?:PCI:)?(ADDR)\):\s*(\d{1,10})(?:(?:,\s*|\s+)(.*))?$"),
+            pid_name: r(r"^(?:pid=('?<unknown>'?|'?\d+'?),?\s*)?(?:name=([^,]*),?\s*)?(.*)$"),
             gpu_uuid: r(r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})"),
             serial: r(r"^GPU Board Serial Number: (\S{1,64})"),
             gpu_prefix: r(r"^GPU (ADDR): (.*)$"),
@@ -199,7 +201,8 @@ fn parse_nvrm(m: &str) -> Shape {
     if m.starts_with("Xid ") {
         return match parse_xid(m) {
             Some(x) => Shape::Xid(x),
-            None => Shape::Other,
+            // Never silent: an Xid line in a shape we do not know is still reported.
+            None => Shape::UnreadableXid,
         };
     }
     if let Some(c) = r.gpu_uuid.captures(m) {
@@ -424,7 +427,9 @@ pub fn parse_xid(m: &str) -> Option<XidLine> {
     let tail = c.get(3).map_or("", |x| x.as_str());
     let (mut pid, mut process, mut rest) = (None, None, tail.to_string());
     if let Some(pc) = r.pid_name.captures(tail) {
-        pid = pc.get(1).and_then(|p| p.as_str().parse().ok());
+        pid = pc
+            .get(1)
+            .and_then(|p| p.as_str().trim_matches('\'').parse().ok());
         process = pc
             .get(2)
             .map(|n| n.as_str().trim())
@@ -558,15 +563,27 @@ mod tests {
     }
 
     #[test]
-    fn not_xids() {
+    fn unreadable_xid_lines_are_not_dropped() {
+        for m in [
+            "NVRM: Xid (PCI:0000:17:00) 79 no colon",
+            "NVRM: Xid (garbage): 79, x",
+            "NVRM: Xid (PCI:0000:17:00): 99999999999, x",
+        ] {
+            assert_eq!(parse(m), Shape::UnreadableXid, "{m}");
+        }
+        assert_eq!(parse("NVRM: Xidious text"), Shape::Other);
+        // Spacing variants are read, not merely reported.
         assert_eq!(
-            parse("NVRM: Xid (PCI:0000:17:00) 79 no colon"),
-            Shape::Other
+            xid("NVRM: Xid (PCI:0000:17:00): 79 GPU has fallen off the bus.").xid,
+            79
         );
-        assert_eq!(parse("NVRM: Xid (garbage): 79, x"), Shape::Other);
         assert_eq!(
-            parse("NVRM: Xid (PCI:0000:17:00): 99999999999, x"),
-            Shape::Other
+            xid("NVRM: Xid (PCI:0000:17:00):79, pid=1, name=x, y").pid,
+            Some(1)
+        );
+        assert_eq!(
+            xid("NVRM: Xid (PCI:0000:17:00): 13, pid='1234', name=x, y").pid,
+            Some(1234)
         );
     }
 

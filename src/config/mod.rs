@@ -220,6 +220,18 @@ impl Config {
                 ))
             })?;
         raw.metrics.validate().map_err(invalid)?;
+        // A misspelt runbook name must not fall back silently to the matching rules.
+        for (xid, o) in overrides.iter() {
+            if let Some(name) = &o.runbook {
+                if runbook_set.get(name).is_none() {
+                    let known: Vec<&str> = runbook_set.iter().map(|r| r.name()).collect();
+                    return Err(invalid(format!(
+                        "xid.{xid}.runbook: no runbook named {name:?} (known: {})",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
         if raw.kmsg.path.as_os_str().is_empty() {
             return Err(invalid(
                 "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
@@ -390,6 +402,13 @@ mod tests {
             .to_string();
         assert!(
             e.contains("kmsg.accept_userspace") && !e.contains("hunter2"),
+            "{e}"
+        );
+        let e = Config::from_toml("[xid.79]\nrunbook = \"falen-off-bus\"\n", Some(p))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("xid.79.runbook") && e.contains("falen-off-bus"),
             "{e}"
         );
         let e = Config::from_toml("[bogus]\n", Some(p))

@@ -406,7 +406,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                         stats.nvml_up = false;
                         tel.set_nvml(false, &f.describe());
                     }
-                    let f = ev.to_finding(&inv);
+                    let mut f = ev.to_finding(&inv);
+                    if f.kind == FindingKind::Xid {
+                        crate::classify::catalog::apply_to(&mut f);
+                    }
                     push(&tel, &mut engine, f, Origin::Nvml, now_ms(), false, &mut out_buf);
                     out.emit_all(&mut out_buf).await;
                 }

@@ -339,6 +339,12 @@ fn fallen_off_the_bus_without_an_xid() {
         assert_eq!(f.origin.lines, lines, "{text}");
         assert_eq!(f.origin.raw.len(), 3);
     }
+    // After its Xid, the RC line is about the same GPU (so it folds into that incident).
+    let f = classify("NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=x, GPU has fallen off the bus.\nNVRM: RC all channels for critical error 79.");
+    assert_eq!(
+        f[1].pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:17:00.0")
+    );
     let f = one("NVRM: RC all channels for critical error 79.");
     assert_eq!(f.kind, FindingKind::FallenOffBus);
 }

@@ -343,7 +343,8 @@ fn nvml_events_enrich_and_fold_into_kernel_log_incidents() {
          device pci=0000:17:00.0 uuid=GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f serial=1650923011234 name=NVIDIA_H100\n\
          device pci=0000:2a:00.0 uuid=GPU-0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0 serial=1650923011235 name=NVIDIA_H100\n\
          event after_ms=300 gpu=0 type=xid data=79\n\
-         event after_ms=50 gpu=1 type=dbe\n",
+         event after_ms=50 gpu=1 type=dbe\n\
+         event after_ms=10 gpu=1 type=xid data=48\n",
     );
     s.append(&xid_record(0, "17", 79));
     let d = Daemon::start(
@@ -369,8 +370,19 @@ fn nvml_events_enrich_and_fold_into_kernel_log_incidents() {
         (ecc["pci"].as_str(), ecc["severity"].as_str()),
         (Some("0000:2a:00.0"), Some("critical"))
     );
+    // An Xid only NVML saw (none in the kernel log) is reported after the matching window,
+    // with the catalog's severity: 48 is critical, and it outranks the ECC event it follows.
+    let v = d.wait_for("the NVML-only Xid 48", |l| l.iter().any(|i| i["xid"] == 48));
+    let x48 = v.iter().find(|i| i["xid"] == 48).unwrap();
+    assert_eq!(x48["severity"], "critical", "{x48}");
+    assert!(
+        x48["findings"][0]["title"]
+            .as_str()
+            .unwrap()
+            .contains("reported by NVML"),
+        "{x48}"
+    );
     // The NVML copy of Xid 79 was folded, not reported twice.
-    std::thread::sleep(Duration::from_millis(300));
     let (code, all, err) = d.stop();
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(all.iter().filter(|i| i["xid"] == 79).count(), 1, "{all:#?}");

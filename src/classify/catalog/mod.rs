@@ -85,6 +85,25 @@ pub fn entries() -> &'static [XidEntry] {
     generated::XIDS
 }
 
+/// Gives an Xid finding that came from somewhere other than a kernel log line (NVML) the
+/// catalog's severity, category and name, as the classifier gives its own.
+pub fn apply_to(f: &mut crate::model::Finding) {
+    let Some(code) = f.xid else { return };
+    match lookup(code) {
+        Some(e) => {
+            f.severity = e.severity;
+            f.category = e.category;
+            f.title = format!("Xid {code} {} (reported by NVML)", e.mnemonic);
+        }
+        None => {
+            f.severity = Severity::Warning;
+            f.title = format!(
+                "unknown Xid {code} (the catalog may be older than the driver; reported by NVML)"
+            );
+        }
+    }
+}
+
 /// The entry for a code, or `None` for a code newer than the catalog.
 pub fn lookup(code: u32) -> Option<&'static XidEntry> {
     let i = generated::XIDS
