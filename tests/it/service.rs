@@ -128,11 +128,11 @@ fn runs_as_the_unit_would() {
     );
     // State went where systemd's StateDirectory= says.
     assert!(state.join("position.json").is_file());
-    // Under journald: no timestamps of our own (journald adds them).
+    // Under journald: a syslog priority prefix journald maps to the level, and no timestamps of
+    // our own (journald adds them).
     let err = String::from_utf8_lossy(&out.stderr);
     let first = err.lines().next().unwrap_or("");
-    assert!(
-        first.starts_with(" INFO") || first.starts_with("INFO"),
-        "{err}"
-    );
+    assert!(first.starts_with("<6>kernel log"), "{err}");
+    assert!(!first.contains("202"), "no timestamp: {err}");
+    assert!(err.lines().all(|l| l.starts_with('<')), "{err}");
 }
