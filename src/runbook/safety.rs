@@ -635,6 +635,8 @@ fn program_rules(program: &str, args: &[String]) -> Result<(), Refusal> {
                 "--smart-relinquish-var",
                 "--setup-keys",
                 "--update-catalog",
+                // Writes the cursor to a file of the caller's choosing.
+                "--cursor-file",
             ];
             match a.has_long(WRITES) {
                 Some(o) => refuse(
@@ -1425,6 +1427,11 @@ mod tests {
             "journal",
         );
         refused(&["journalctl", "--rotate"], Rule::LogControl, "journal");
+        refused(
+            &["journalctl", "-k", "--cursor-file=/etc/x"],
+            Rule::LogControl,
+            "journal",
+        );
         allowed(&["journalctl", "-k", "-b", "-n", "200", "--no-pager"]);
         refused(
             &["sysctl", "-w", "kernel.panic=1"],
