@@ -287,7 +287,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
     let (reload_tx, mut reload_rx) = mpsc::channel::<()>(1);
-    let _watcher = watch_config(cfg, reload_tx);
+    // Held for as long as the loop runs: dropping it stops the watching.
+    let mut _watcher = watch_config(cfg, reload_tx.clone());
     let mut last_reload_error: Option<String> = None;
 
     notifier.notify("READY=1");
@@ -456,6 +457,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
             _ = sighup.recv() => {
                 reload(&opts, &mut current, &mut engine, &mut out, &mut alerts, &mut last_reload_error, &mut out_buf).await;
+                // The runbook directories may have changed (or appeared): watch what is in force now.
+                _watcher = watch_config(&current, reload_tx.clone());
                 out.emit_all(&mut out_buf).await;
             }
             Some(()) = reload_rx.recv() => {
@@ -463,6 +466,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 while reload_rx.try_recv().is_ok() {}
                 reload(&opts, &mut current, &mut engine, &mut out, &mut alerts, &mut last_reload_error, &mut out_buf).await;
+                // The runbook directories may have changed (or appeared): watch what is in force now.
+                _watcher = watch_config(&current, reload_tx.clone());
                 out.emit_all(&mut out_buf).await;
             }
             _ = sigterm.recv() => break,

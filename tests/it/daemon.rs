@@ -872,3 +872,35 @@ fn logs_as_json_lines_for_log_shippers() {
         );
     }
 }
+
+#[test]
+fn a_changed_runbook_directory_is_reloaded_and_checked() {
+    let s = Setup::new("");
+    let rb = s.dir.path().join("runbooks");
+    std::fs::create_dir_all(&rb).unwrap();
+    let cfg = std::fs::read_to_string(s.config()).unwrap();
+    std::fs::write(
+        s.config(),
+        format!(
+            "{cfg}[runbooks]\ndirs = [{:?}, {rb:?}]\n",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("runbooks")
+        ),
+    )
+    .unwrap();
+    let d = s.start();
+    d.wait_stderr("caught up");
+    // A runbook that asks for a reboot appears: the reload refuses it and says which file.
+    std::fs::write(
+        rb.join("bad.toml"),
+        "title = \"bad\"\n[[match]]\nxids = [79]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\
+         [[step]]\nname = \"fix it\"\nrun = [\"reboot\"]\n",
+    )
+    .unwrap();
+    let v = d.wait_for("the refused runbook", |l| {
+        l.iter().any(|i| i["kind"] == "config_rejected")
+    });
+    let r = v.iter().find(|i| i["kind"] == "config_rejected").unwrap();
+    let msg = r["findings"][0]["message"].as_str().unwrap();
+    assert!(msg.contains("bad.toml") && msg.contains("reboot"), "{msg}");
+    d.stop();
+}
