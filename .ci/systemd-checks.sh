@@ -128,9 +128,12 @@ route() { # expected-receivers label=value...
         fail "route for $* should reach $want"
     echo "$* -> $want"
 }
-route gpu-pagerduty,gpu-slack alertname=GpuCriticalFault severity=critical host=n1 gpu=0000:3b:00.0
-route gpu-slack alertname=GpuXidRateHigh severity=warning host=n1 gpu=0000:3b:00.0
-route gpu-email,gpu-slack alertname=XidwatchDown severity=warning host=n1
+route gpu-pagerduty,gpu-slack alertname=GpuCriticalFault severity=critical host=n1 pci=0000:3b:00.0
+route gpu-slack alertname=GpuXidRateHigh severity=warning host=n1 pci=0000:3b:00.0
+route gpu-email,gpu-slack alertname=XidwatchDown severity=warning host=n1 component=watcher
+# xidwatch's own GPU alerts (alertname Xidwatch<Kind>) are GPU faults, not watcher health.
+route gpu-pagerduty,gpu-slack alertname=XidwatchXid severity=critical host=n1 gpu=3 pci=0000:3b:00.0 xid=79
+route gpu-slack alertname=XidwatchXid severity=warning host=n1 gpu=3 pci=0000:3b:00.0 xid=13
 
 step "deploy/kubernetes parses"
 python3 - deploy/kubernetes/*.yaml <<'EOF'
