@@ -260,6 +260,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
 
+    // Runbook `nvml` steps are answered through the same NVML handle.
+    let nvml_probe: Option<Arc<dyn crate::runbook::NvmlProbe>> = nvml_source
+        .clone()
+        .map(|s| Arc::new(s) as Arc<dyn crate::runbook::NvmlProbe>);
     let mut alerts = AlertStage::start(cfg, opts.output)?;
     set_alert_provider(&tel, &alerts);
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
@@ -303,7 +307,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         stdout: std::io::stdout(),
         alerts: alerts.sender(),
         runbooks: cfg.runbook_set.clone(),
-        env: runbook_env(cfg),
+        env: {
+            let mut env = runbook_env(cfg);
+            env.nvml = nvml_probe.clone();
+            env
+        },
         limits: cfg.runbook_limits,
         permits: Arc::new(tokio::sync::Semaphore::new(
             cfg.runbooks.max_parallel_runbooks(),
@@ -730,7 +738,9 @@ async fn reload(
         new.overrides.clone(),
     );
     out.runbooks = new.runbook_set.clone();
+    let nvml = out.env.nvml.take();
     out.env = runbook_env(&new);
+    out.env.nvml = nvml;
     out.limits = new.runbook_limits;
     out.permits = Arc::new(tokio::sync::Semaphore::new(
         new.runbooks.max_parallel_runbooks(),

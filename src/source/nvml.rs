@@ -686,3 +686,158 @@ fn events_of(
     }
     events
 }
+
+/// Runbook `nvml` steps, answered through the same NVML handle the source uses. Queries the
+/// wrapper has no call for (remapped rows, NVLink counters) say so instead of guessing; the
+/// shipped runbooks also ask nvidia-smi for those.
+impl crate::runbook::NvmlProbe for NvmlSource {
+    fn query(
+        &self,
+        query: crate::runbook::NvmlQuery,
+        gpu: PciAddress,
+    ) -> Result<String, crate::runbook::NvmlError> {
+        use crate::runbook::{NvmlError as E, NvmlQuery as Q};
+        use nvml_wrapper::enum_wrappers::device::{
+            Clock, EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+        };
+        let info = self
+            .inventory
+            .iter()
+            .find(|g| g.pci == gpu)
+            .ok_or(E::GpuNotFound)?;
+        let fail = |e: NvmlError| match e {
+            NvmlError::NotSupported => E::NotSupported,
+            other => E::Failed(other.to_string()),
+        };
+        if query == Q::Identity {
+            return Ok(format!(
+                "index: {}\npci: {}\nname: {}\nuuid: {}\nserial: {}\ndriver: {}",
+                info.index,
+                info.pci,
+                info.name.as_deref().unwrap_or("?"),
+                info.uuid.as_deref().unwrap_or("?"),
+                info.serial.as_deref().unwrap_or("?"),
+                self.driver_version.as_deref().unwrap_or("?"),
+            ));
+        }
+        let d = self.nvml.device_by_index(info.index).map_err(fail)?;
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| out.push_str(&format!("{k}: {v}\n"));
+        match query {
+            Q::EccErrors => {
+                for (name, err, counter) in [
+                    (
+                        "corrected_volatile",
+                        MemoryError::Corrected,
+                        EccCounter::Volatile,
+                    ),
+                    (
+                        "uncorrected_volatile",
+                        MemoryError::Uncorrected,
+                        EccCounter::Volatile,
+                    ),
+                    (
+                        "corrected_aggregate",
+                        MemoryError::Corrected,
+                        EccCounter::Aggregate,
+                    ),
+                    (
+                        "uncorrected_aggregate",
+                        MemoryError::Uncorrected,
+                        EccCounter::Aggregate,
+                    ),
+                ] {
+                    line(
+                        name,
+                        d.total_ecc_errors(err, counter).map_err(fail)?.to_string(),
+                    );
+                }
+            }
+            Q::RetiredPages => {
+                line(
+                    "pending_retirement",
+                    d.are_pages_pending_retired().map_err(fail)?.to_string(),
+                );
+                for (name, cause) in [
+                    (
+                        "retired_single_bit",
+                        RetirementCause::MultipleSingleBitEccErrors,
+                    ),
+                    ("retired_double_bit", RetirementCause::DoubleBitEccError),
+                ] {
+                    line(
+                        name,
+                        d.retired_pages(cause).map_err(fail)?.len().to_string(),
+                    );
+                }
+            }
+            Q::Temperature => line(
+                "gpu_celsius",
+                d.temperature(TemperatureSensor::Gpu)
+                    .map_err(fail)?
+                    .to_string(),
+            ),
+            Q::Power => {
+                line(
+                    "draw_milliwatts",
+                    d.power_usage().map_err(fail)?.to_string(),
+                );
+                line(
+                    "limit_milliwatts",
+                    d.enforced_power_limit().map_err(fail)?.to_string(),
+                );
+            }
+            Q::Clocks => {
+                for (name, clock) in [
+                    ("graphics", Clock::Graphics),
+                    ("sm", Clock::SM),
+                    ("memory", Clock::Memory),
+                ] {
+                    let now = d.clock_info(clock).map_err(fail)?;
+                    let max = d.max_clock_info(clock).map_err(fail)?;
+                    line(&format!("{name}_mhz"), format!("{now} of {max}"));
+                }
+            }
+            Q::ThrottleReasons => line(
+                "active",
+                format!("{:?}", d.current_throttle_reasons().map_err(fail)?),
+            ),
+            Q::PcieLink => {
+                line(
+                    "gen",
+                    format!(
+                        "{} of {}",
+                        d.current_pcie_link_gen().map_err(fail)?,
+                        d.max_pcie_link_gen().map_err(fail)?
+                    ),
+                );
+                line(
+                    "width",
+                    format!(
+                        "x{} of x{}",
+                        d.current_pcie_link_width().map_err(fail)?,
+                        d.max_pcie_link_width().map_err(fail)?
+                    ),
+                );
+                line(
+                    "replay_counter",
+                    d.pcie_replay_counter().map_err(fail)?.to_string(),
+                );
+            }
+            Q::Processes => {
+                for p in d.running_compute_processes().map_err(fail)? {
+                    let mem = match p.used_gpu_memory {
+                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => {
+                            format!("{} MiB", b >> 20)
+                        }
+                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => "?".into(),
+                    };
+                    line(&format!("pid {}", p.pid), mem);
+                }
+            }
+            Q::RemappedRows | Q::Nvlink => return Err(E::NotSupported),
+            Q::Identity => {}
+        }
+        Ok(out)
+    }
+}

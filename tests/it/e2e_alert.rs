@@ -415,13 +415,14 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         "the runbook was still running"
     );
 
-    let second = spawn();
+    let mut second = spawn();
     wait_until(
         "the alert after the restart",
         Duration::from_secs(30),
         || !got.lock().unwrap().is_empty(),
     );
     super::support::sigterm(&second);
+    second.wait().unwrap();
     let doc: serde_json::Value = serde_json::from_str(&got.lock().unwrap()[0].1).unwrap();
     assert_eq!(doc["xid"], 48);
     assert_eq!(doc["evidence"][0]["runbook"], "slow");

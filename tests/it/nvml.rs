@@ -131,6 +131,33 @@ fn inventory_is_read_through_nvml_wrapper() {
 }
 
 #[test]
+fn runbook_nvml_steps_are_answered_through_the_same_handle() {
+    use xidwatch::runbook::{NvmlError as E, NvmlProbe, NvmlQuery as Q};
+    let s = scenario(TWO_GPUS);
+    let src = s.open().expect("open fake NVML");
+    let id = src
+        .query(Q::Identity, pci("0000:17:00.0"))
+        .expect("identity");
+    assert!(
+        id.contains(UUID0) && id.contains("serial: 1650923011234"),
+        "{id}"
+    );
+    assert_eq!(
+        src.query(Q::Identity, pci("0000:99:00.0")),
+        Err(E::GpuNotFound)
+    );
+    assert_eq!(
+        src.query(Q::RemappedRows, pci("0000:17:00.0")),
+        Err(E::NotSupported)
+    );
+    // The fake exports no ECC call: the answer says why instead of inventing numbers.
+    assert!(matches!(
+        src.query(Q::EccErrors, pci("0000:17:00.0")),
+        Err(E::Failed(_) | E::NotSupported)
+    ));
+}
+
+#[test]
 fn events_arrive_in_order_with_the_right_gpu() {
     let s = scenario(&format!(
         "{TWO_GPUS}
