@@ -3,7 +3,7 @@
 # generated log (mostly ordinary kernel lines, 1 in 1,000 an NVIDIA line), both pinned to one core.
 # Prints both throughputs and their ratio. Target: ratio >= 0.5.
 #
-#   bench/scan.sh            # 4,000,000 lines (about 450 MB)
+#   bench/scan.sh            # 4,000,000 lines (about 340 MiB)
 #   LINES=1000000 bench/scan.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -437,7 +437,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
             _ = probe_timer.tick() => {
                 let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
-                for f in probe.check(reachable.as_deref()) {
+                for mut f in probe.check(reachable.as_deref()) {
+                    // What NVML told us about this GPU when it could still see it.
+                    if let Some(g) = nvml_source.as_ref().and_then(|s| s.inventory().iter().find(|g| Some(g.pci) == f.pci)) {
+                        f.gpu = GpuIdentity { index: Some(g.index), uuid: g.uuid.clone(), serial: g.serial.clone(), name: g.name.clone() };
+                    }
                     push(&tel, &mut engine, f, Origin::Probe, now_ms(), false, &mut out_buf);
                 }
                 out.emit_all(&mut out_buf).await;
@@ -726,6 +730,11 @@ async fn reload(
         ("kmsg.path", new.kmsg.path != current.kmsg.path),
         ("state.dir", new.state_dir != current.state_dir),
         ("nvml", new.nvml != current.nvml),
+        (
+            "incidents.host",
+            new.incidents.host != current.incidents.host,
+        ),
+        ("metrics", new.metrics != current.metrics),
     ] {
         if changed {
             tracing::warn!("{what} changed: it takes effect at the next restart");
@@ -758,6 +767,8 @@ async fn reload(
     applied.kmsg.path = current.kmsg.path.clone();
     applied.state_dir = current.state_dir.clone();
     applied.nvml = current.nvml.clone();
+    applied.incidents.host = current.incidents.host.clone();
+    applied.metrics = current.metrics.clone();
     *current = applied;
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());
