@@ -9,6 +9,7 @@
 pub mod alert;
 pub mod classify;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod incident;

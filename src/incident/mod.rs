@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::classify::XidOverrides;
+use crate::clock::Now;
 use crate::model::{
     Category, EchoCount, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, PciAddress,
     Severity,
@@ -80,7 +81,12 @@ struct Open {
     key: Key,
     family: Family,
     rank: u8,
+    /// When the window closes, on the monotonic clock.
     deadline_ms: u64,
+    /// When it opened and when it last grew, on the monotonic clock (decisions never use the
+    /// wall-clock `first_seen_ms`/`last_seen_ms`, which are for display).
+    opened_mono_ms: u64,
+    last_mono_ms: u64,
     /// Occurrences needed before the first alert (per-Xid threshold).
     min_count: u64,
     emitted: bool,
@@ -171,10 +177,11 @@ impl Engine {
         &mut self,
         mut f: Finding,
         origin: Origin,
-        now_ms: u64,
+        now: impl Into<Now>,
         at_startup: bool,
         out: &mut Vec<Incident>,
     ) {
+        let now = now.into();
         self.stats.findings += 1;
         if f.kind == FindingKind::GpuIdentity {
             return;
@@ -193,12 +200,12 @@ impl Engine {
             }
             if self.waiting.len() >= MAX_WAITING {
                 // An NVML event storm: report rather than queue without bound.
-                self.place(f, now_ms, at_startup, runbook, out);
+                self.place(f, now, at_startup, runbook, out);
                 return;
             }
             self.waiting.push(Waiting {
                 finding: f,
-                deadline_ms: now_ms.saturating_add(self.cfg.nvml_match_ms),
+                deadline_ms: now.mono_ms.saturating_add(self.cfg.nvml_match_ms),
             });
             return;
         }
@@ -210,7 +217,7 @@ impl Engine {
                 .retain(|w| !(w.finding.pci == pci && w.finding.xid == xid));
             self.stats.nvml_folded += (before - self.waiting.len()) as u64;
         }
-        self.place(f, now_ms, at_startup, runbook, out);
+        self.place(f, now, at_startup, runbook, out);
     }
 
     fn fold_nvml(&mut self, f: &Finding) -> bool {
@@ -224,7 +231,7 @@ impl Engine {
     fn place(
         &mut self,
         f: Finding,
-        now_ms: u64,
+        now: Now,
         at_startup: bool,
         runbook: Option<String>,
         out: &mut Vec<Incident>,
@@ -234,7 +241,8 @@ impl Engine {
         // 1. A repeat of an open incident.
         if let Some(o) = self.open.get_mut(&key) {
             o.inc.count += 1;
-            o.inc.last_seen_ms = o.inc.last_seen_ms.max(now_ms);
+            o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
+            o.last_mono_ms = now.mono_ms;
             push_sample(&mut o.inc, f);
             if !o.emitted && o.inc.count >= o.min_count {
                 o.emitted = true;
@@ -260,7 +268,7 @@ impl Engine {
                 .max_by_key(|o| {
                     (
                         f.caused_by.is_some() && f.caused_by == o.key.2,
-                        o.inc.last_seen_ms,
+                        o.last_mono_ms,
                     )
                 })
                 .map(|o| (o.key, o.family, o.rank));
@@ -268,7 +276,7 @@ impl Engine {
                 if family != Family::None && tfamily == family && rank > trank {
                     // Supersede: the new cause opens the incident; the old one becomes its echo.
                     if let Some(old) = self.open.remove(&tk) {
-                        self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
+                        self.open_new(f, key, family, rank, now, at_startup, runbook, out);
                         if let Some(n) = self.open.get_mut(&key) {
                             absorb(n, old);
                         }
@@ -279,7 +287,8 @@ impl Engine {
                     return;
                 };
                 o.echo_total += 1;
-                o.inc.last_seen_ms = o.inc.last_seen_ms.max(now_ms);
+                o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
+                o.last_mono_ms = now.mono_ms;
                 bump_echo(&mut o.inc, &f);
                 if f.severity > o.inc.severity && o.emitted {
                     // Never hide a worse signal inside a digest: raise it now.
@@ -297,7 +306,7 @@ impl Engine {
                 return;
             }
         }
-        self.open_new(f, key, family, rank, now_ms, at_startup, runbook, out);
+        self.open_new(f, key, family, rank, now, at_startup, runbook, out);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -307,17 +316,18 @@ impl Engine {
         key: Key,
         family: Family,
         rank: u8,
-        now_ms: u64,
+        now: Now,
         at_startup: bool,
         runbook: Option<String>,
         out: &mut Vec<Incident>,
     ) {
         if self.open.len() >= self.cfg.max_open {
-            // Full: close the oldest now, with its digest, rather than grow.
+            // Full: close the oldest now, with its digest, rather than grow. "Oldest" by the
+            // monotonic clock: the wall clock may have stepped since.
             let oldest = self
                 .open
                 .values()
-                .min_by_key(|o| (o.inc.first_seen_ms, o.inc.id.clone()))
+                .min_by_key(|o| (o.opened_mono_ms, o.inc.id.clone()))
                 .map(|o| o.key);
             if let Some(o) = oldest.and_then(|k| self.open.remove(&k)) {
                 self.stats.evicted += 1;
@@ -335,7 +345,7 @@ impl Engine {
         let window_ms = ov
             .and_then(|o| o.window_secs)
             .map_or(self.cfg.window_ms, |s| s.saturating_mul(1000));
-        let first_mark = f.origin.seq.unwrap_or(now_ms);
+        let first_mark = f.origin.seq.unwrap_or(now.wall_ms);
         let id = incident_id(&self.cfg.boot_id, &key, first_mark);
         let inc = Incident {
             id,
@@ -349,8 +359,8 @@ impl Engine {
             severity: f.severity,
             category: f.category,
             title: title(&f),
-            first_seen_ms: now_ms,
-            last_seen_ms: now_ms,
+            first_seen_ms: now.wall_ms,
+            last_seen_ms: now.wall_ms,
             count: 1,
             findings: vec![f],
             echoes: Vec::new(),
@@ -371,7 +381,9 @@ impl Engine {
                 key,
                 family,
                 rank,
-                deadline_ms: now_ms.saturating_add(window_ms),
+                deadline_ms: now.mono_ms.saturating_add(window_ms),
+                opened_mono_ms: now.mono_ms,
+                last_mono_ms: now.mono_ms,
                 min_count,
                 emitted,
                 told_count: 1,
@@ -383,12 +395,14 @@ impl Engine {
 
     /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
     /// the kernel log.
-    pub fn tick(&mut self, now_ms: u64, out: &mut Vec<Incident>) {
+    pub fn tick(&mut self, now: impl Into<Now>, out: &mut Vec<Incident>) {
+        let now = now.into();
+        let now_ms = now.mono_ms;
         let mut i = 0;
         while i < self.waiting.len() {
             if self.waiting[i].deadline_ms <= now_ms {
                 let w = self.waiting.swap_remove(i);
-                self.place(w.finding, now_ms, false, None, out);
+                self.place(w.finding, now, false, None, out);
             } else {
                 i += 1;
             }
@@ -397,7 +411,7 @@ impl Engine {
             .open
             .values()
             .filter(|o| o.deadline_ms <= now_ms)
-            .map(|o| (o.deadline_ms, o.inc.first_seen_ms, o.key))
+            .map(|o| (o.deadline_ms, o.opened_mono_ms, o.key))
             .collect();
         // Digests in a stable order: the earliest window first.
         due.sort();
@@ -434,7 +448,7 @@ impl Engine {
             self.close(o, out);
         }
         for w in std::mem::take(&mut self.waiting) {
-            self.place(w.finding, 0, false, None, out);
+            self.place(w.finding, Now::from(0), false, None, out);
         }
         for o in self.drain_oldest_first() {
             self.close(o, out);
@@ -476,6 +490,7 @@ impl Engine {
                 family: o.family,
                 rank: o.rank,
                 deadline_ms: o.deadline_ms,
+                opened_mono_ms: o.opened_mono_ms,
                 min_count: o.min_count,
                 emitted: o.emitted,
                 told_count: o.told_count,
@@ -541,6 +556,8 @@ impl Engine {
                     family: p.family,
                     rank: p.rank,
                     deadline_ms: p.deadline_ms,
+                    opened_mono_ms: p.opened_mono_ms,
+                    last_mono_ms: p.opened_mono_ms,
                     min_count: p.min_count,
                     emitted: p.emitted,
                     told_count: p.told_count,
@@ -571,7 +588,10 @@ pub struct Persisted {
     sample: Vec<String>,
     family: Family,
     rank: u8,
+    /// Monotonic (`CLOCK_BOOTTIME`): restored only within the same boot.
     deadline_ms: u64,
+    #[serde(default)]
+    opened_mono_ms: u64,
     min_count: u64,
     emitted: bool,
     told_count: u64,
@@ -707,6 +727,59 @@ mod tests {
         f.pci = Some(PciAddress::parse(pci).unwrap());
         f.origin.seq = Some(seq);
         f
+    }
+
+    /// A wall-clock step (NTP, `date -s`, a resumed VM) must not decide anything: the window is
+    /// measured on the monotonic clock, the wall clock only labels what people read.
+    #[test]
+    fn wall_clock_steps_neither_close_nor_freeze_incidents() {
+        const DAY: u64 = 86_400_000;
+        for step in [DAY * 365, 0u64.wrapping_sub(DAY * 365)] {
+            let mut e = engine();
+            let mut out = Vec::new();
+            let wall0 = 1_800_000_000_000u64;
+            let at = |mono: u64, wall: u64| Now {
+                mono_ms: mono,
+                wall_ms: wall,
+            };
+            e.push(
+                xid("0000:17:00.0", 13, Severity::Warning, 1),
+                Origin::Kmsg,
+                at(10_000, wall0),
+                false,
+                &mut out,
+            );
+            assert_eq!(out.len(), 1);
+            // The wall clock jumps a year (forward, or back) one second later.
+            let stepped = wall0.wrapping_add(step);
+            e.push(
+                xid("0000:17:00.0", 13, Severity::Warning, 2),
+                Origin::Kmsg,
+                at(11_000, stepped),
+                false,
+                &mut out,
+            );
+            e.tick(at(11_000, stepped), &mut out);
+            assert_eq!(out.len(), 1, "a step must not close the window early: {out:#?}");
+            assert_eq!(e.open_count(), 1);
+            // The window closes when 60 s have passed on the monotonic clock, whatever the wall
+            // clock says.
+            e.tick(at(10_000 + 59_999, stepped), &mut out);
+            assert_eq!(out.len(), 1);
+            e.tick(at(10_000 + 60_000, stepped), &mut out);
+            assert_eq!(out.len(), 2, "the window closes on time: {out:#?}");
+            assert_eq!((out[1].phase, out[1].count), (IncidentPhase::Digest, 2));
+            // A new occurrence after the window opens a new incident: one new page, not a storm.
+            e.push(
+                xid("0000:17:00.0", 13, Severity::Warning, 3),
+                Origin::Kmsg,
+                at(10_000 + 61_000, stepped),
+                false,
+                &mut out,
+            );
+            assert_eq!(out.len(), 3);
+            assert_eq!(e.next_deadline(), Some(10_000 + 61_000 + 60_000));
+        }
     }
 
     #[test]
