@@ -8,14 +8,14 @@
 //! signal, so the dispatcher never holds up shutdown: an interrupted send stays in the outbox
 //! and goes out after the restart.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::channel::{build_all, Channel};
 use super::config::{AlertConfig, ChannelCommon, ChannelKind, RateLimit, RetryConfig};
@@ -47,6 +47,8 @@ pub enum SendError {
     Full(Box<Alert>),
     #[error("the alert dispatcher has stopped")]
     Closed(Box<Alert>),
+    #[error("the alert dispatcher has stopped")]
+    Stopped,
 }
 
 /// One channel's state, for `xidwatch status`.
@@ -131,10 +133,39 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What the dispatcher answers once it holds an alert safely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// Fsynced in the outbox, or wanted by no channel, or dropped by the outbox's policy (and
+    /// counted): a crash can no longer lose it.
+    Durable,
+}
+
+/// What travels from the daemon to the dispatcher, in order.
+enum Envelope {
+    Alert {
+        alert: Alert,
+        /// Held this long for its runbook's evidence.
+        hold: Option<Duration>,
+        /// Why it carries no evidence, when it was decided up front.
+        note: Option<String>,
+        ack: Option<oneshot::Sender<Ack>>,
+    },
+    /// The evidence of an alert handed over earlier with a hold.
+    Evidence(Alert),
+    /// A runbook that will not report (it was stopped): send the held alert as it is.
+    Release { id: String, note: String },
+    Reconfigure {
+        cfg: Box<AlertConfig>,
+        reply: oneshot::Sender<Result<Vec<String>, AlertError>>,
+    },
+}
+
 /// The daemon's handle: hands alerts to the dispatcher and reads its status. Cheap to clone.
+/// It stays valid for the whole run: a reload reconfigures the dispatcher in place.
 #[derive(Clone)]
 pub struct AlertSender {
-    tx: mpsc::Sender<Alert>,
+    tx: mpsc::Sender<Envelope>,
     shared: Arc<Shared>,
 }
 
@@ -144,21 +175,98 @@ impl std::fmt::Debug for AlertSender {
     }
 }
 
+fn closed(e: mpsc::error::SendError<Envelope>) -> SendError {
+    match e.0 {
+        Envelope::Alert { alert, .. } | Envelope::Evidence(alert) => {
+            SendError::Closed(Box::new(alert))
+        }
+        _ => SendError::Stopped,
+    }
+}
+
 impl AlertSender {
     /// Hands an alert over, waiting while the queue is full.
     pub async fn send(&self, alert: Alert) -> Result<(), SendError> {
         self.tx
-            .send(alert)
+            .send(Envelope::Alert {
+                alert,
+                hold: None,
+                note: None,
+                ack: None,
+            })
             .await
-            .map_err(|e| SendError::Closed(Box::new(e.0)))
+            .map_err(closed)
+    }
+
+    /// Hands an alert over, waiting while the queue is full (back-pressure), and returns what
+    /// resolves once the alert is durable. With `hold`, the alert is written at once but not
+    /// sent until [`AlertSender::attach_evidence`] brings its evidence or the hold ends.
+    pub async fn submit(
+        &self,
+        alert: Alert,
+        hold: Option<Duration>,
+        note: Option<String>,
+    ) -> Result<oneshot::Receiver<Ack>, SendError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Envelope::Alert {
+                alert,
+                hold,
+                note,
+                ack: Some(tx),
+            })
+            .await
+            .map_err(closed)?;
+        Ok(rx)
+    }
+
+    /// The evidence of an alert submitted with a hold (same incident id and phase).
+    pub async fn attach_evidence(&self, alert: Alert) -> Result<(), SendError> {
+        self.tx.send(Envelope::Evidence(alert)).await.map_err(closed)
+    }
+
+    /// Ends the hold of an alert whose runbook will not report, with a note saying why.
+    pub async fn release(&self, id: String, note: String) -> Result<(), SendError> {
+        self.tx
+            .send(Envelope::Release { id, note })
+            .await
+            .map_err(closed)
+    }
+
+    /// Applies a new `[alerts]` config in place: channels whose own settings did not change
+    /// keep their worker (and what it is sending); changed ones are rebuilt; removed ones stop.
+    /// On error nothing changes. Returns warnings for the log.
+    pub async fn reconfigure(&self, cfg: &AlertConfig) -> Result<Vec<String>, AlertError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Envelope::Reconfigure {
+                cfg: Box::new(cfg.clone()),
+                reply,
+            })
+            .await
+            .map_err(|_| AlertError::Config(vec!["the alert dispatcher has stopped".into()]))?;
+        rx.await
+            .map_err(|_| AlertError::Config(vec!["the alert dispatcher has stopped".into()]))?
     }
 
     /// Hands an alert over without waiting.
     pub fn try_send(&self, alert: Alert) -> Result<(), SendError> {
-        self.tx.try_send(alert).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(a) => SendError::Full(Box::new(a)),
-            mpsc::error::TrySendError::Closed(a) => SendError::Closed(Box::new(a)),
-        })
+        self.tx
+            .try_send(Envelope::Alert {
+                alert,
+                hold: None,
+                note: None,
+                ack: None,
+            })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(Envelope::Alert { alert, .. }) => {
+                    SendError::Full(Box::new(alert))
+                }
+                mpsc::error::TrySendError::Closed(env) => {
+                    closed(mpsc::error::SendError(env))
+                }
+                mpsc::error::TrySendError::Full(_) => SendError::Stopped,
+            })
     }
 
     /// A snapshot of every channel and of the outbox.
@@ -185,11 +293,6 @@ impl Dispatcher {
             tracing::warn!("{w}");
         }
         let channels = build_all(cfg, None)?;
-        let commons: BTreeMap<String, ChannelCommon> = cfg
-            .channels()
-            .into_iter()
-            .map(|c| (c.name.clone(), c))
-            .collect();
 
         let dir = state_dir.join(OUTBOX_DIR);
         let (mut ob, warnings) = Outbox::open(
@@ -216,77 +319,37 @@ impl Dispatcher {
                 "alerts left in the outbox by an earlier run will be sent"
             );
         }
-
-        let stats = channels
-            .iter()
-            .map(|c| {
-                (
-                    c.name().to_string(),
-                    ChannelStatus {
-                        name: c.name().to_string(),
-                        kind: c.kind(),
-                        queued: 0,
-                        delivered_total: 0,
-                        failed_total: 0,
-                        retries_total: 0,
-                        last_success_ms: None,
-                        last_failure_ms: None,
-                        last_error: None,
-                    },
-                )
-            })
-            .collect();
         let shared = Arc::new(Shared {
             outbox: Mutex::new(ob),
-            stats: Mutex::new(stats),
+            stats: Mutex::new(BTreeMap::new()),
             accepted_total: Mutex::new(0),
             status_path: Mutex::new(state_dir.join(STATUS_FILE)),
         });
-        shared.write_status();
         let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
-
-        let mut workers = Vec::new();
-        let mut wakers = Vec::new();
-        for ch in channels {
-            let notify = Arc::new(Notify::new());
-            wakers.push((ch.name().to_string(), notify.clone()));
-            let common = commons.get(ch.name()).cloned();
-            let w = Worker {
-                rate: RateLimiter::new(common.and_then(|c| c.rate_limit)),
-                channel: ch,
-                shared: shared.clone(),
-                notify,
-                retry: cfg.retry.clone(),
-                backoff: Backoff::new(&cfg.retry),
-                shutdown: shutdown.clone(),
-            };
-            workers.push(tokio::spawn(w.run()));
-        }
-        let intake = Intake {
+        let (retry_tx, _) = watch::channel(cfg.retry.clone());
+        let mut intake = Intake {
             rx,
             shared: shared.clone(),
-            commons: commons.into_values().collect(),
-            wakers,
+            commons: cfg.channels(),
+            workers: BTreeMap::new(),
+            retry: retry_tx,
             reports_dir: state_dir.join(REPORTS_DIR),
             keep_reports: cfg.outbox.keep_reports,
             shutdown,
+            unpersisted: Vec::new(),
+            disk_errors: ErrorGate::default(),
         };
-        let intake = tokio::spawn(intake.run());
-        let handle = tokio::spawn(async move {
-            let _ = intake.await;
-            for w in workers {
-                let _ = w.await;
-            }
-        });
+        for ch in channels {
+            intake.spawn_worker(cfg, ch);
+        }
+        shared.write_status();
+        let handle = tokio::spawn(intake.run());
         Ok((AlertSender { tx, shared }, handle))
     }
 }
 
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::wall_ms()
 }
 
 /// Resolves when shutdown is asked for (or its sender is gone).
@@ -301,41 +364,244 @@ async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
     }
 }
 
+/// One channel's settings as configured: a reload rebuilds the channel only when these change.
+#[derive(Clone, PartialEq)]
+enum ChannelSpec {
+    Stdout(super::config::StdoutConfig),
+    Webhook(super::config::WebhookConfig),
+    Email(super::config::EmailConfig),
+    Alertmanager(super::config::AlertmanagerConfig),
+}
+
+fn spec_of(cfg: &AlertConfig, name: &str) -> Option<(ChannelSpec, Option<ChannelCommon>)> {
+    let common = cfg.channels().into_iter().find(|c| c.name == name);
+    let spec = if name == super::config::STDOUT_CHANNEL {
+        ChannelSpec::Stdout(cfg.stdout.clone())
+    } else if let Some(w) = cfg.webhook.iter().find(|w| w.name == name) {
+        ChannelSpec::Webhook(w.clone())
+    } else if let Some(e) = cfg.email.iter().find(|e| e.name == name) {
+        ChannelSpec::Email(e.clone())
+    } else {
+        ChannelSpec::Alertmanager(cfg.alertmanager.iter().find(|a| a.name == name)?.clone())
+    };
+    Some((spec, common))
+}
+
+struct WorkerHandle {
+    spec: Option<(ChannelSpec, Option<ChannelCommon>)>,
+    notify: Arc<Notify>,
+    stop: watch::Sender<bool>,
+    join: JoinHandle<()>,
+}
+
+/// Logs an error the first time, then at most once a minute with the count in between, so a
+/// full disk is one line a minute, not hundreds a second.
+#[derive(Default)]
+struct ErrorGate {
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl ErrorGate {
+    fn report(&mut self, msg: &str) {
+        let now = std::time::Instant::now();
+        match self.last {
+            Some(t) if now.duration_since(t) < Duration::from_secs(60) => self.suppressed += 1,
+            _ => {
+                if self.suppressed > 0 {
+                    tracing::error!(
+                        "{msg} ({} similar errors in the last minute)",
+                        self.suppressed
+                    );
+                } else {
+                    tracing::error!("{msg}");
+                }
+                self.last = Some(now);
+                self.suppressed = 0;
+            }
+        }
+    }
+}
+
 struct Intake {
-    rx: mpsc::Receiver<Alert>,
+    rx: mpsc::Receiver<Envelope>,
     shared: Arc<Shared>,
     commons: Vec<ChannelCommon>,
-    wakers: Vec<(String, Arc<Notify>)>,
+    workers: BTreeMap<String, WorkerHandle>,
+    retry: watch::Sender<RetryConfig>,
     reports_dir: PathBuf,
     keep_reports: usize,
     shutdown: watch::Receiver<bool>,
+    /// Alerts in memory whose outbox file could not be written yet, with their acks: they are
+    /// written again every second, and acknowledged only then.
+    unpersisted: Vec<(u64, oneshot::Sender<Ack>)>,
+    disk_errors: ErrorGate,
 }
 
+/// How often alerts that could not be written are tried again.
+const PERSIST_RETRY: Duration = Duration::from_secs(1);
+
 impl Intake {
+    fn spawn_worker(&mut self, cfg: &AlertConfig, ch: Channel) {
+        let name = ch.name().to_string();
+        let spec = spec_of(cfg, &name);
+        let common = spec.as_ref().and_then(|(_, c)| c.clone());
+        let notify = Arc::new(Notify::new());
+        let (stop, stop_rx) = watch::channel(false);
+        lock(&self.shared.stats).insert(
+            name.clone(),
+            ChannelStatus {
+                name: name.clone(),
+                kind: ch.kind(),
+                queued: 0,
+                delivered_total: 0,
+                failed_total: 0,
+                retries_total: 0,
+                last_success_ms: None,
+                last_failure_ms: None,
+                last_error: None,
+            },
+        );
+        let w = Worker {
+            rate: RateLimiter::new(common.and_then(|c| c.rate_limit)),
+            channel: Arc::new(ch),
+            shared: self.shared.clone(),
+            notify: notify.clone(),
+            retry: self.retry.subscribe(),
+            shutdown: self.shutdown.clone(),
+            stop: stop_rx,
+        };
+        let join = tokio::spawn(w.run());
+        self.workers.insert(
+            name,
+            WorkerHandle {
+                spec,
+                notify,
+                stop,
+                join,
+            },
+        );
+    }
+
     async fn run(mut self) {
+        let mut persist_timer = tokio::time::interval(PERSIST_RETRY);
+        persist_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut sd = self.shutdown.clone();
             tokio::select! {
                 biased;
                 _ = shutdown_requested(&mut sd) => break,
                 msg = self.rx.recv() => match msg {
-                    Some(alert) => self.accept(alert).await,
+                    Some(env) => self.handle(env).await,
+                    // Every sender is gone: keep delivering until shutdown.
                     None => {
-                        // Every sender is gone; the workers go on until shutdown.
-                        return;
+                        shutdown_requested(&mut sd).await;
+                        break;
                     }
                 },
+                _ = persist_timer.tick(), if !self.unpersisted.is_empty() => self.persist_again().await,
             }
         }
         // Persist what was handed over before shutdown; it is sent after the restart.
         self.rx.close();
-        while let Ok(alert) = self.rx.try_recv() {
-            self.accept(alert).await;
+        while let Ok(env) = self.rx.try_recv() {
+            self.handle(env).await;
+        }
+        self.persist_again().await;
+        for (_, w) in std::mem::take(&mut self.workers) {
+            let _ = w.stop.send(true);
+            let _ = w.join.await;
         }
     }
 
-    async fn accept(&mut self, alert: Alert) {
+    async fn handle(&mut self, env: Envelope) {
+        match env {
+            Envelope::Alert {
+                alert,
+                hold,
+                note,
+                ack,
+            } => self.accept(alert, hold, note, ack).await,
+            Envelope::Evidence(alert) => self.attach(alert).await,
+            Envelope::Release { id, note } => {
+                if lock(&self.shared.outbox).release(&id, &note) {
+                    self.wake_all();
+                }
+            }
+            Envelope::Reconfigure { cfg, reply } => {
+                let _ = reply.send(self.reconfigure(&cfg));
+            }
+        }
+    }
+
+    fn wake_all(&self) {
+        for w in self.workers.values() {
+            w.notify.notify_one();
+        }
+    }
+
+    fn reconfigure(&mut self, cfg: &AlertConfig) -> Result<Vec<String>, AlertError> {
+        cfg.validate().map_err(AlertError::Config)?;
+        let warnings = cfg.secret_warnings(None);
+        // Build every new or changed channel first: a failure leaves everything as it was.
+        let mut rebuilt = Vec::new();
+        for c in cfg.channels() {
+            let unchanged = self
+                .workers
+                .get(&c.name)
+                .is_some_and(|w| w.spec == spec_of(cfg, &c.name));
+            if !unchanged {
+                let mut built = build_all(cfg, Some(&c.name))?;
+                if let Some(ch) = built.pop() {
+                    rebuilt.push(ch);
+                }
+            }
+        }
+        let keep: Vec<String> = cfg.channels().into_iter().map(|c| c.name).collect();
+        let gone: Vec<String> = self
+            .workers
+            .keys()
+            .filter(|n| !keep.contains(n) || rebuilt.iter().any(|c| c.name() == n.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(w) = self.workers.remove(&name) {
+                // Its in-flight sends stay pending in the outbox; the new worker (if any)
+                // sends them again under the same Idempotency-Key.
+                let _ = w.stop.send(true);
+                w.join.abort();
+            }
+            if !keep.contains(&name) {
+                lock(&self.shared.stats).remove(&name);
+            }
+        }
+        for (id, ch) in lock(&self.shared.outbox).retire_channels(&keep) {
+            tracing::error!(incident = %id, channel = %ch, "alert waiting for a channel that is no longer configured; not sent there");
+        }
+        for ch in rebuilt {
+            tracing::info!(channel = %ch.name(), "alert channel (re)built");
+            self.spawn_worker(cfg, ch);
+        }
+        self.commons = cfg.channels();
+        self.keep_reports = cfg.outbox.keep_reports;
+        self.retry.send_replace(cfg.retry.clone());
+        lock(&self.shared.outbox).set_limits(Limits {
+            max_count: cfg.outbox.max_count,
+            max_bytes: cfg.outbox.max_bytes,
+        });
+        self.wake_all();
+        Ok(warnings)
+    }
+
+    async fn accept(
+        &mut self,
+        alert: Alert,
+        hold: Option<Duration>,
+        note: Option<String>,
+        ack: Option<oneshot::Sender<Ack>>,
+    ) {
         let mut doc = AlertDocument::build(&alert);
+        doc.evidence_note = note;
         let targets: Vec<String> = self
             .commons
             .iter()
@@ -344,24 +610,23 @@ impl Intake {
             .collect();
         if targets.is_empty() {
             tracing::debug!(incident = %doc.id, severity = %doc.severity, "alert below every channel's minimum severity; not sent");
+            if let Some(a) = ack {
+                let _ = a.send(Ack::Durable);
+            }
             return;
         }
         let shared = self.shared.clone();
         let reports_dir = self.reports_dir.clone();
-        let keep = self.keep_reports;
+        // The readable report is written when the evidence is there.
+        let keep = if hold.is_some() { 0 } else { self.keep_reports };
         let now = now_ms();
+        let held_until = hold.map(|h| {
+            crate::clock::mono_ms().saturating_add(u64::try_from(h.as_millis()).unwrap_or(u64::MAX))
+        });
         let result = tokio::task::spawn_blocking(move || {
-            if keep > 0 {
-                let name = format!("{}.txt", doc.file_stem());
-                let path = reports_dir.join(&name);
-                doc.report_path = Some(path.display().to_string());
-                if let Err(e) = write_report(&reports_dir, &name, &doc, keep) {
-                    doc.report_path = None;
-                    tracing::warn!(incident = %doc.id, "cannot keep the full report on the host: {e}");
-                }
-            }
+            keep_report(&reports_dir, &mut doc, keep);
             let id = doc.id.clone();
-            let pushed = lock(&shared.outbox).push(doc, &targets, now);
+            let pushed = lock(&shared.outbox).push_held(doc, &targets, now, held_until);
             shared.write_status();
             (id, pushed)
         })
@@ -376,15 +641,105 @@ impl Intake {
         for d in &pushed.dropped {
             tracing::error!(incident = %d.id, severity = %d.severity, "alert outbox full: dropped alert \"{}\"; the next alert reports the count", d.headline);
         }
-        if let Some(e) = &pushed.write_error {
-            tracing::error!(incident = %id, "cannot write the alert outbox ({e}); sending from memory, a crash now would lose it");
+        match (&pushed.write_error, pushed.seq) {
+            (Some(e), Some(seq)) => {
+                self.disk_errors.report(&format!(
+                    "cannot write the alert outbox ({e}); alert {id} is sent from memory and written again every second"
+                ));
+                if let Some(a) = ack {
+                    self.unpersisted.push((seq, a));
+                }
+            }
+            _ => {
+                if let Some(e) = &pushed.write_error {
+                    self.disk_errors
+                        .report(&format!("cannot write the alert outbox: {e}"));
+                }
+                if let Some(a) = ack {
+                    let _ = a.send(Ack::Durable);
+                }
+            }
         }
         if pushed.seq.is_some() {
             *lock(&self.shared.accepted_total) += 1;
-            for (_, n) in &self.wakers {
-                n.notify_one();
+            self.wake_all();
+        }
+    }
+
+    /// Writes again the alerts that could not be written; acknowledges those that now are.
+    async fn persist_again(&mut self) {
+        if self.unpersisted.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let seqs: Vec<u64> = self.unpersisted.iter().map(|(s, _)| *s).collect();
+        let results = tokio::task::spawn_blocking(move || {
+            let mut ob = lock(&shared.outbox);
+            seqs.into_iter()
+                .map(|s| ob.persist(s))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let waiting = std::mem::take(&mut self.unpersisted);
+        for ((seq, ack), r) in waiting.into_iter().zip(
+            results
+                .into_iter()
+                .map(Some)
+                .chain(std::iter::repeat_with(|| None)),
+        ) {
+            match r {
+                Some(Ok(_)) => {
+                    let _ = ack.send(Ack::Durable);
+                }
+                Some(Err(e)) => {
+                    self.disk_errors
+                        .report(&format!("cannot write the alert outbox ({e})"));
+                    self.unpersisted.push((seq, ack));
+                }
+                None => self.unpersisted.push((seq, ack)),
             }
         }
+    }
+
+    async fn attach(&mut self, alert: Alert) {
+        let mut doc = AlertDocument::build(&alert);
+        let shared = self.shared.clone();
+        let reports_dir = self.reports_dir.clone();
+        let keep = self.keep_reports;
+        let done = tokio::task::spawn_blocking(move || {
+            keep_report(&reports_dir, &mut doc, keep);
+            let id = doc.id.clone();
+            let r = lock(&shared.outbox).attach(doc);
+            shared.write_status();
+            (id, r)
+        })
+        .await;
+        match done {
+            Ok((_, Some((_, None)))) => self.wake_all(),
+            Ok((id, Some((_, Some(e))))) => {
+                self.disk_errors.report(&format!(
+                    "cannot write the evidence of alert {id} to the outbox ({e}); it is sent from memory"
+                ));
+                self.wake_all();
+            }
+            Ok((id, None)) => tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)"),
+            Err(e) => tracing::error!("alert intake failed: {e}"),
+        }
+    }
+}
+
+/// Writes the readable report beside the outbox when asked to, and notes where in the document.
+fn keep_report(dir: &Path, doc: &mut AlertDocument, keep: usize) {
+    if keep == 0 {
+        return;
+    }
+    let name = format!("{}.txt", doc.file_stem());
+    let path = dir.join(&name);
+    doc.report_path = Some(path.display().to_string());
+    if let Err(e) = write_report(dir, &name, doc, keep) {
+        doc.report_path = None;
+        tracing::warn!(incident = %doc.id, "cannot keep the full report on the host: {e}");
     }
 }
 
@@ -448,92 +803,135 @@ impl RateLimiter {
 }
 
 struct Worker {
-    channel: Channel,
+    channel: Arc<Channel>,
     shared: Arc<Shared>,
     notify: Arc<Notify>,
     rate: RateLimiter,
-    retry: RetryConfig,
-    backoff: Backoff,
+    retry: watch::Receiver<RetryConfig>,
     shutdown: watch::Receiver<bool>,
+    /// This worker alone stops (its channel was removed or rebuilt by a reload).
+    stop: watch::Receiver<bool>,
 }
 
-enum Next {
-    Send(u64, Arc<AlertDocument>, u32, u64),
-    Wait(Option<u64>),
+/// Sends to one channel at the same time, at most: a receiver that accepts a request and never
+/// answers holds one of these until the request times out, not the whole queue.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// One finished attempt.
+struct Attempt {
+    seq: u64,
+    doc: Arc<AlertDocument>,
+    attempts: u32,
+    enqueued_ms: u64,
+    result: Result<(), super::DeliveryError>,
 }
 
 impl Worker {
     async fn run(mut self) {
         let name = self.channel.name().to_string();
         let mut sd = self.shutdown.clone();
+        let mut stop = self.stop.clone();
+        let mut inflight: JoinSet<Attempt> = JoinSet::new();
+        let mut busy: HashSet<u64> = HashSet::new();
+        let mut tasks: std::collections::HashMap<tokio::task::Id, u64> = Default::default();
         loop {
-            if *sd.borrow() {
+            if *sd.borrow() || *stop.borrow() {
+                // Dropping the JoinSet aborts what is in flight; those alerts stay pending in
+                // the outbox and go out after the restart (or from the rebuilt channel).
                 return;
             }
-            let now = now_ms();
-            let next = {
-                let ob = lock(&self.shared.outbox);
-                match ob.due(&name, now).and_then(|seq| ob.get(seq)) {
-                    Some(slot) => {
-                        let attempts = slot.channels.get(&name).map_or(0, |c| c.attempts);
-                        Next::Send(slot.seq, slot.doc.clone(), attempts, slot.enqueued_ms)
-                    }
-                    None => Next::Wait(ob.next_due_ms(&name)),
+            // Start what is due, up to the in-flight limit and the rate limit.
+            let mut rate_wait = None;
+            while inflight.len() < MAX_IN_FLIGHT {
+                let (now, mono) = (now_ms(), crate::clock::mono_ms());
+                let next = {
+                    let ob = lock(&self.shared.outbox);
+                    ob.due_except(&name, now, mono, &busy)
+                        .and_then(|seq| ob.get(seq))
+                        .map(|slot| {
+                            let attempts = slot.channels.get(&name).map_or(0, |c| c.attempts);
+                            (slot.seq, slot.doc.clone(), attempts, slot.enqueued_ms)
+                        })
+                };
+                let Some((seq, doc, attempts, enqueued_ms)) = next else {
+                    break;
+                };
+                if let Some(at) = self.rate.check(mono) {
+                    tracing::debug!(channel = %name, "rate limit reached; alert waits");
+                    rate_wait = Some(Duration::from_millis(at.saturating_sub(mono)));
+                    break;
                 }
-            };
-            match next {
-                Next::Wait(at) => {
-                    let sleep = at.map(|t| Duration::from_millis(t.saturating_sub(now)));
-                    tokio::select! {
-                        biased;
-                        _ = shutdown_requested(&mut sd) => return,
-                        _ = self.notify.notified() => {}
-                        _ = sleep_or_forever(sleep) => {}
+                self.rate.note(mono);
+                busy.insert(seq);
+                let ch = self.channel.clone();
+                let handle = inflight.spawn(async move {
+                    let result = ch.deliver(&doc).await;
+                    Attempt {
+                        seq,
+                        doc,
+                        attempts,
+                        enqueued_ms,
+                        result,
                     }
-                }
-                Next::Send(seq, doc, attempts, enqueued_ms) => {
-                    if let Some(at) = self.rate.check(now) {
-                        tracing::debug!(channel = %name, "rate limit reached; alert waits");
-                        let sleep = Duration::from_millis(at.saturating_sub(now));
-                        tokio::select! {
-                            biased;
-                            _ = shutdown_requested(&mut sd) => return,
-                            _ = tokio::time::sleep(sleep) => {}
-                        }
-                        continue;
-                    }
-                    self.rate.note(now);
-                    let result = tokio::select! {
-                        biased;
-                        _ = shutdown_requested(&mut sd) => {
-                            tracing::info!(channel = %name, incident = %doc.id, "shutdown during delivery; the alert stays in the outbox");
-                            return;
-                        }
-                        r = self.channel.deliver(&doc) => r,
-                    };
-                    let outcome = self.outcome(&name, &doc, result, attempts, enqueued_ms);
-                    let shared = self.shared.clone();
-                    let ch = name.clone();
-                    let recorded = tokio::task::spawn_blocking(move || {
-                        let r = lock(&shared.outbox).record(seq, &ch, outcome);
-                        shared.write_status();
-                        r
-                    })
-                    .await;
-                    match recorded {
-                        Ok((finished, err)) => {
-                            if let Some(e) = err {
-                                tracing::error!(channel = %name, "cannot update the alert outbox: {e}");
-                            }
-                            if let Some(f) = finished {
-                                tracing::debug!(incident = %f.id, "alert finished on every channel; removed from the outbox");
-                            }
+                });
+                tasks.insert(handle.id(), seq);
+            }
+            let wait = rate_wait.or_else(|| {
+                lock(&self.shared.outbox).next_wait(
+                    &name,
+                    now_ms(),
+                    crate::clock::mono_ms(),
+                    &busy,
+                )
+            });
+            tokio::select! {
+                biased;
+                _ = shutdown_requested(&mut sd) => return,
+                _ = shutdown_requested(&mut stop) => return,
+                Some(done) = inflight.join_next_with_id(), if !inflight.is_empty() => {
+                    match done {
+                        Ok((id, a)) => {
+                            tasks.remove(&id);
+                            busy.remove(&a.seq);
+                            self.finish(&name, a).await;
                         }
                         Err(e) => {
-                            tracing::error!(channel = %name, "alert outbox update failed: {e}")
+                            // A panicking channel: the alert stays pending and is tried again.
+                            tracing::error!(channel = %name, "alert delivery task failed: {e}");
+                            if let Some(seq) = tasks.remove(&e.id()) {
+                                busy.remove(&seq);
+                            }
                         }
                     }
                 }
+                _ = self.notify.notified() => {}
+                _ = sleep_or_forever(wait) => {}
+            }
+        }
+    }
+
+    async fn finish(&self, name: &str, a: Attempt) {
+        let outcome = self.outcome(name, &a.doc, a.result, a.attempts, a.enqueued_ms);
+        let shared = self.shared.clone();
+        let ch = name.to_string();
+        let seq = a.seq;
+        let recorded = tokio::task::spawn_blocking(move || {
+            let r = lock(&shared.outbox).record(seq, &ch, outcome);
+            shared.write_status();
+            r
+        })
+        .await;
+        match recorded {
+            Ok((finished, err)) => {
+                if let Some(e) = err {
+                    tracing::error!(channel = %name, "cannot update the alert outbox: {e}");
+                }
+                if let Some(f) = finished {
+                    tracing::debug!(incident = %f.id, "alert finished on every channel; removed from the outbox");
+                }
+            }
+            Err(e) => {
+                tracing::error!(channel = %name, "alert outbox update failed: {e}")
             }
         }
     }
@@ -548,6 +946,7 @@ impl Worker {
         enqueued_ms: u64,
     ) -> Outcome {
         let now = now_ms();
+        let retry = self.retry.borrow().clone();
         let mut stats = lock(&self.shared.stats);
         let st = stats.get_mut(name);
         match result {
@@ -561,10 +960,10 @@ impl Worker {
             }
             Err(e) => {
                 let attempts = attempts + 1;
-                let too_many = self.retry.max_attempts > 0 && attempts >= self.retry.max_attempts;
-                let too_old = self.retry.max_age_secs > 0
+                let too_many = retry.max_attempts > 0 && attempts >= retry.max_attempts;
+                let too_old = retry.max_age_secs > 0
                     && now.saturating_sub(enqueued_ms)
-                        > self.retry.max_age_secs.saturating_mul(1000);
+                        > retry.max_age_secs.saturating_mul(1000);
                 let give_up = e.is_permanent() || too_many || too_old;
                 if let Some(st) = st {
                     st.last_failure_ms = Some(now);
@@ -582,14 +981,14 @@ impl Worker {
                     let why = if too_many {
                         format!("gave up after {attempts} attempts")
                     } else {
-                        format!("gave up after {} s", self.retry.max_age_secs)
+                        format!("gave up after {} s", retry.max_age_secs)
                     };
                     tracing::error!(channel = %name, incident = %doc.id, error = %e, "ALERT NOT DELIVERED: {why}");
                     Outcome::Failed {
                         error: format!("{why}: {}", e.message),
                     }
                 } else {
-                    let delay = self.backoff.delay(attempts, e.retry_after);
+                    let delay = Backoff::new(&retry).delay(attempts, e.retry_after);
                     tracing::warn!(channel = %name, incident = %doc.id, error = %e, attempt = attempts, retry_in_ms = delay.as_millis() as u64, "alert delivery failed; will retry");
                     Outcome::Retry {
                         next_attempt_ms: now + delay.as_millis() as u64,

@@ -13,6 +13,9 @@ use super::{Alert, CatalogText};
 
 /// The value of the `schema` field.
 pub const SCHEMA: &str = "xidwatch.alert/v1";
+/// The note on an alert whose runbook was running when xidwatch stopped or crashed.
+pub const EVIDENCE_LOST_NOTE: &str =
+    "xidwatch restarted while this incident's runbook ran: the alert is sent without its evidence; run `xidwatch runbook run` by hand for it";
 
 /// Bounds applied while building, so one alert never grows without limit.
 pub const MAX_FINDINGS: usize = 20;
@@ -70,6 +73,10 @@ pub struct AlertDocument {
     pub runbook_override: Option<String>,
     /// Every runbook's result, every step.
     pub evidence: Vec<EvidenceDoc>,
+    /// Why the evidence is missing or partial, when it is (the runbook was interrupted by a
+    /// restart, or skipped because too many were waiting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence_note: Option<String>,
     /// Where the full readable report lies on the host, when the daemon wrote one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_path: Option<String>,
@@ -259,6 +266,7 @@ impl AlertDocument {
             catalog: alert.catalog.clone(),
             runbook_override: inc.runbook_override.clone(),
             evidence: alert.evidence.iter().map(evidence_doc).collect(),
+            evidence_note: None,
             report_path: None,
             generator: Generator {
                 name: "xidwatch".to_string(),

@@ -8,7 +8,14 @@
 //!
 //! The outbox is bounded by count and bytes. When full, the oldest non-critical alert is dropped
 //! first (then, only if every waiting alert is critical, the oldest critical one); drops are
-//! counted in `meta.json` and the next alert carries the count in `dropped_alerts_before`.
+//! counted in `meta.json` and the next alert carries the count in `dropped_alerts_before`. A
+//! count stays owed until an alert that carries it is delivered somewhere: when the carrier is
+//! dropped in turn, or every channel refuses it, its count goes back to the next alert.
+//!
+//! A new incident's alert is written here at once, before its runbook has run, so the kernel
+//! log position can move past it; it is *held* (not sent) until the runbook's evidence is
+//! attached or the hold expires. A hold does not survive a restart: the alert then goes out
+//! without the evidence, with a note saying why.
 //!
 //! Synchronous on purpose: the dispatcher calls it from `spawn_blocking`.
 
@@ -20,7 +27,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::document::AlertDocument;
+use super::document::{AlertDocument, EVIDENCE_LOST_NOTE};
 use crate::model::Severity;
 
 /// Version of the outbox file layout (not of the alert document).
@@ -77,6 +84,7 @@ struct EntryRef<'a> {
     format: u32,
     seq: u64,
     enqueued_ms: u64,
+    awaiting_evidence: bool,
     channels: &'a BTreeMap<String, ChannelState>,
     document: &'a AlertDocument,
 }
@@ -86,6 +94,8 @@ struct EntryOwned {
     format: u32,
     seq: u64,
     enqueued_ms: u64,
+    #[serde(default)]
+    awaiting_evidence: bool,
     channels: BTreeMap<String, ChannelState>,
     document: AlertDocument,
 }
@@ -100,9 +110,16 @@ pub struct Slot {
     pub bytes: u64,
     /// False when the file could not be written (disk full); the alert is still delivered.
     pub persisted: bool,
+    /// Not sent before this instant (monotonic ms) unless its runbook's evidence comes first.
+    /// In memory only: after a restart nothing waits for evidence any more.
+    pub held_until_mono: Option<u64>,
 }
 
 impl Slot {
+    fn held(&self, now_mono: u64) -> bool {
+        self.held_until_mono.is_some_and(|t| t > now_mono)
+    }
+
     fn finished(&self) -> bool {
         self.channels
             .values()
@@ -112,7 +129,7 @@ impl Slot {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Meta {
-    /// Dropped since the last alert that reported drops.
+    /// Dropped, and not carried by any alert still waiting or delivered.
     dropped_unreported: u64,
     /// Dropped since the outbox was created.
     dropped_total: u64,
@@ -230,15 +247,21 @@ impl Outbox {
             };
             match serde_json::from_slice::<EntryOwned>(&bytes) {
                 Ok(e) if e.format == FORMAT && file_name(e.seq) == name => {
+                    let mut doc = e.document;
+                    if e.awaiting_evidence {
+                        // Its runbook was running when the previous run ended: send what we have.
+                        doc.evidence_note = Some(EVIDENCE_LOST_NOTE.to_string());
+                    }
                     slots.insert(
                         e.seq,
                         Slot {
                             seq: e.seq,
                             enqueued_ms: e.enqueued_ms,
-                            doc: Arc::new(e.document),
+                            doc: Arc::new(doc),
                             channels: e.channels,
                             bytes: bytes.len() as u64,
                             persisted: true,
+                            held_until_mono: None,
                         },
                     );
                 }
@@ -264,6 +287,11 @@ impl Outbox {
             },
             warnings,
         ))
+    }
+
+    /// New bounds from a reloaded config; they apply from the next alert on.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     pub fn dir(&self) -> &Path {
@@ -299,6 +327,7 @@ impl Outbox {
             format: FORMAT,
             seq: slot.seq,
             enqueued_ms: slot.enqueued_ms,
+            awaiting_evidence: slot.held_until_mono.is_some(),
             channels: &slot.channels,
             document: &slot.doc,
         })
@@ -335,7 +364,19 @@ impl Outbox {
 
     /// Stores a new alert for `channels`, making room by the drop policy, and writes it durably
     /// before returning. `doc.dropped_alerts_before` is raised by the drops not yet reported.
-    pub fn push(&mut self, mut doc: AlertDocument, channels: &[String], now_ms: u64) -> Pushed {
+    pub fn push(&mut self, doc: AlertDocument, channels: &[String], now_ms: u64) -> Pushed {
+        self.push_held(doc, channels, now_ms, None)
+    }
+
+    /// [`Outbox::push`], holding the alert until `held_until_mono` (monotonic ms) or until
+    /// [`Outbox::attach`] brings its evidence, whichever comes first.
+    pub fn push_held(
+        &mut self,
+        mut doc: AlertDocument,
+        channels: &[String],
+        now_ms: u64,
+        held_until_mono: Option<u64>,
+    ) -> Pushed {
         let mut dropped = Vec::new();
         doc.dropped_alerts_before += self.meta.dropped_unreported;
         let reported = self.meta.dropped_unreported;
@@ -351,6 +392,7 @@ impl Outbox {
                 .collect(),
             bytes: 0,
             persisted: false,
+            held_until_mono,
         };
         let mut bytes = Self::encode(&slot);
         if bytes.len() as u64 > self.limits.max_bytes {
@@ -375,6 +417,8 @@ impl Outbox {
             match self.victim(slot.doc.severity) {
                 Some(v) => {
                     if let Some(old) = self.remove_slot(v) {
+                        // The drops it was carrying are owed again.
+                        self.meta.dropped_unreported += old.doc.dropped_alerts_before;
                         dropped.push(Dropped {
                             id: old.doc.id.clone(),
                             severity: old.doc.severity,
@@ -429,14 +473,119 @@ impl Outbox {
 
     /// The oldest alert waiting for `channel` whose time has come.
     pub fn due(&self, channel: &str, now_ms: u64) -> Option<u64> {
+        self.due_except(channel, now_ms, 0, &Default::default())
+    }
+
+    /// The oldest alert waiting for `channel` whose time has come, that is not held for its
+    /// evidence and not among `busy` (already being sent).
+    pub fn due_except(
+        &self,
+        channel: &str,
+        now_ms: u64,
+        now_mono: u64,
+        busy: &std::collections::HashSet<u64>,
+    ) -> Option<u64> {
         self.slots
             .values()
             .find(|s| {
-                s.channels.get(channel).is_some_and(|c| {
-                    c.state == DeliveryState::Pending && c.next_attempt_ms <= now_ms
-                })
+                !busy.contains(&s.seq)
+                    && !s.held(now_mono)
+                    && s.channels.get(channel).is_some_and(|c| {
+                        c.state == DeliveryState::Pending && c.next_attempt_ms <= now_ms
+                    })
             })
             .map(|s| s.seq)
+    }
+
+    /// How long until `channel` next has something to do (ignoring `busy` alerts), if anything
+    /// waits for it. Retry times are wall-clock (they are written to disk); holds monotonic.
+    pub fn next_wait(
+        &self,
+        channel: &str,
+        now_ms: u64,
+        now_mono: u64,
+        busy: &std::collections::HashSet<u64>,
+    ) -> Option<std::time::Duration> {
+        self.slots
+            .values()
+            .filter(|s| !busy.contains(&s.seq))
+            .filter_map(|s| {
+                let c = s.channels.get(channel)?;
+                (c.state == DeliveryState::Pending).then(|| {
+                    let retry = c.next_attempt_ms.saturating_sub(now_ms);
+                    let hold = s
+                        .held_until_mono
+                        .map_or(0, |t| t.saturating_sub(now_mono));
+                    retry.max(hold)
+                })
+            })
+            .min()
+            .map(std::time::Duration::from_millis)
+    }
+
+    /// Attaches a held alert's evidence: `doc` replaces its document (keeping what the outbox
+    /// itself filled in) and the hold ends. `None` when no waiting alert has that id and phase
+    /// (it was wanted by no channel, dropped, or already sent without the evidence).
+    pub fn attach(&mut self, mut doc: AlertDocument) -> Option<(u64, Option<String>)> {
+        let slot = self.slots.values_mut().find(|s| {
+            s.held_until_mono.is_some() && s.doc.id == doc.id && s.doc.phase == doc.phase
+        })?;
+        doc.dropped_alerts_before = slot.doc.dropped_alerts_before;
+        doc.report_path.clone_from(&slot.doc.report_path);
+        slot.doc = Arc::new(doc);
+        slot.held_until_mono = None;
+        let seq = slot.seq;
+        let bytes = Self::encode(slot);
+        slot.bytes = bytes.len() as u64;
+        let err = match write_atomic(&self.dir, &file_name(seq), &bytes) {
+            Ok(()) => {
+                slot.persisted = true;
+                None
+            }
+            Err(e) => Some(format!("{}: {e}", self.dir.join(file_name(seq)).display())),
+        };
+        Some((seq, err))
+    }
+
+    /// Ends the hold of the alert with this id and phase, for a runbook that will not report.
+    pub fn release(&mut self, id: &str, note: &str) -> bool {
+        let Some(slot) = self
+            .slots
+            .values_mut()
+            .find(|s| s.held_until_mono.is_some() && s.doc.id == id)
+        else {
+            return false;
+        };
+        let mut d = (*slot.doc).clone();
+        d.evidence_note = Some(note.to_string());
+        slot.doc = Arc::new(d);
+        slot.held_until_mono = None;
+        true
+    }
+
+    /// Writes again an alert whose file could not be written before (disk full).
+    pub fn persist(&mut self, seq: u64) -> Result<bool, String> {
+        let Some(slot) = self.slots.get_mut(&seq) else {
+            // Already finished (delivered from memory) or dropped: nothing left to lose.
+            return Ok(true);
+        };
+        if slot.persisted {
+            return Ok(true);
+        }
+        let bytes = Self::encode(slot);
+        match write_atomic(&self.dir, &file_name(seq), &bytes) {
+            Ok(()) => {
+                slot.persisted = true;
+                slot.bytes = bytes.len() as u64;
+                Ok(true)
+            }
+            Err(e) => Err(format!("{}: {e}", self.dir.join(file_name(seq)).display())),
+        }
+    }
+
+    /// The drops not yet carried by any alert.
+    pub fn dropped_unreported(&self) -> u64 {
+        self.meta.dropped_unreported
     }
 
     /// When `channel` next has something to do, if anything waits for it.
@@ -496,6 +645,17 @@ impl Outbox {
         }
         if slot.finished() {
             let slot = self.remove_slot(seq);
+            if let Some(s) = &slot {
+                let delivered = s
+                    .channels
+                    .values()
+                    .any(|c| c.state == DeliveryState::Delivered);
+                if !delivered && s.doc.dropped_alerts_before > 0 {
+                    // Nobody heard it: the count it carried is owed to the next alert.
+                    self.meta.dropped_unreported += s.doc.dropped_alerts_before;
+                    let _ = self.write_meta();
+                }
+            }
             return (
                 slot.map(|s| Finished {
                     seq,
@@ -586,6 +746,7 @@ mod tests {
             catalog: None,
             runbook_override: None,
             evidence: vec![],
+            evidence_note: None,
             report_path: None,
             generator: Generator {
                 name: "xidwatch".into(),
@@ -678,6 +839,86 @@ mod tests {
         let (ob, _) = Outbox::open(dir.path(), limits(3)).unwrap();
         assert_eq!(ob.dropped_total(), 4, "drop counts survive a restart");
         assert_eq!(ob.len(), 3);
+    }
+
+    /// Every drop reaches a receiver: a count carried by an alert that is itself dropped, or
+    /// that no channel accepts, is carried again by the next one.
+    #[test]
+    fn drop_counts_survive_their_carriers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ob, _) = Outbox::open(dir.path(), limits(3)).unwrap();
+        let mut told = 0;
+        for i in 0..200u64 {
+            ob.push(doc(&format!("w{i}"), Severity::Warning), &chans(), i);
+            // Now and then one alert gets through on one channel and is refused on the other;
+            // one in five is refused everywhere.
+            if i % 7 == 0 {
+                let first = ob.slots().next().map(|s| s.seq).unwrap();
+                let carried = ob.get(first).unwrap().doc.dropped_alerts_before;
+                let everywhere = i % 5 == 0;
+                let a = if everywhere {
+                    Outcome::Failed { error: "no".into() }
+                } else {
+                    Outcome::Delivered
+                };
+                ob.record(first, "a", a);
+                ob.record(first, "b", Outcome::Failed { error: "no".into() });
+                if !everywhere {
+                    told += carried;
+                }
+            }
+        }
+        // Deliver what is left.
+        let rest: Vec<u64> = ob.slots().map(|s| s.seq).collect();
+        for seq in rest {
+            told += ob.get(seq).unwrap().doc.dropped_alerts_before;
+            ob.record(seq, "a", Outcome::Delivered);
+            ob.record(seq, "b", Outcome::Delivered);
+        }
+        assert!(ob.dropped_total() > 100);
+        assert_eq!(
+            told + ob.dropped_unreported(),
+            ob.dropped_total(),
+            "every drop is told once, or still owed"
+        );
+    }
+
+    /// A held alert is written at once but not due until its evidence comes or the hold ends;
+    /// after a restart it is due at once, with a note.
+    #[test]
+    fn held_alerts_wait_for_evidence_but_never_past_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
+        let none = std::collections::HashSet::new();
+        let seq = ob
+            .push_held(doc("i", Severity::Critical), &chans(), 1000, Some(50_000))
+            .seq
+            .unwrap();
+        assert!(dir.path().join(file_name(seq)).exists(), "durable before the evidence");
+        assert_eq!(ob.due_except("a", 2000, 10_000, &none), None, "held");
+        assert_eq!(
+            ob.next_wait("a", 2000, 10_000, &none),
+            Some(std::time::Duration::from_millis(40_000))
+        );
+        assert_eq!(ob.due_except("a", 2000, 50_000, &none), Some(seq), "hold ended");
+        let mut with = doc("i", Severity::Critical);
+        with.meaning = "with evidence".into();
+        assert_eq!(ob.attach(with).map(|r| r.0), Some(seq));
+        assert_eq!(ob.due_except("a", 2000, 10_000, &none), Some(seq));
+        assert_eq!(ob.get(seq).unwrap().doc.meaning, "with evidence");
+        let busy: std::collections::HashSet<u64> = [seq].into();
+        assert_eq!(ob.due_except("a", 2000, 10_000, &busy), None, "being sent");
+
+        // Held when the process died: after the restart it is due, and says why it is bare.
+        let seq2 = ob
+            .push_held(doc("j", Severity::Critical), &chans(), 1000, Some(u64::MAX))
+            .seq
+            .unwrap();
+        drop(ob);
+        let (ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
+        assert_eq!(ob.due_except("a", 2000, 0, &busy), Some(seq2));
+        assert!(ob.get(seq2).unwrap().doc.evidence_note.is_some());
+        assert!(ob.get(seq).unwrap().doc.evidence_note.is_none());
     }
 
     #[test]

@@ -178,7 +178,12 @@ fn section(o: &mut String, title: &str, text: &str) {
 pub fn evidence(doc: &AlertDocument) -> String {
     let mut o = String::new();
     if doc.evidence.is_empty() {
-        o.push_str("\nEvidence\n  no runbook ran for this alert\n");
+        match &doc.evidence_note {
+            Some(note) => {
+                let _ = writeln!(o, "\nEvidence\n  {note}");
+            }
+            None => o.push_str("\nEvidence\n  no runbook ran for this alert\n"),
+        }
         return o;
     }
     for e in &doc.evidence {
