@@ -18,12 +18,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::mpsc;
 
 use crate::classify::{Classifier, LineOrigin};
+use crate::clock::Now;
 use crate::config::Config;
 use crate::incident::{Engine, EngineConfig, Origin, Persisted};
 use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
@@ -58,18 +59,25 @@ const NVML_OPEN_LIMIT: Duration = Duration::from_secs(20);
 const POSITION_EVERY: Duration = Duration::from_millis(250);
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::wall_ms()
 }
 
-/// Saved open incidents, tied to the boot they belong to.
+/// The checkpoint: open incidents, the lost-GPU probe's memory and the kernel log record they
+/// account for, tied to the boot they belong to. Written as one file, so after a crash the
+/// incidents restored and the records read again never overlap.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SavedIncidents {
     boot_id: String,
     open: Vec<Persisted>,
+    /// The last kernel log record the snapshot includes.
+    #[serde(default)]
+    last_seq: Option<u64>,
+    #[serde(default)]
+    probe: Option<probe::Memory>,
 }
+
+/// Where the checkpoint is.
+const CHECKPOINT: &str = "incidents.json";
 
 /// Counters the daemon keeps about its sources.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -96,7 +104,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             None
         }
     };
-    let resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
+    let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
     let tel = Arc::new(Telemetry::new());
     tel.set_xid_overrides(cfg.overrides.clone());
     tel.set_kmsg_path(&cfg.kmsg.path);
@@ -118,12 +126,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         boot_id: boot_hex.clone(),
         overrides: cfg.overrides.clone(),
     });
-    match state.load_json::<SavedIncidents>("incidents.json") {
+    let mut probe = probe::Probe::new(cfg.nvml.sysfs_root.clone());
+    match state.load_json::<SavedIncidents>(CHECKPOINT) {
         Ok(Some(saved)) if saved.boot_id == boot_hex => {
             engine.restore(saved.open);
-            // Restored once: after a crash, an old snapshot must not come back a second time.
-            if let Err(e) = std::fs::remove_file(state.path().join("incidents.json")) {
-                tracing::warn!("removing incidents.json after restoring it: {e}");
+            if let Some(m) = saved.probe {
+                probe.restore(m);
+            }
+            // The snapshot accounts for every record up to its own position: go on from there,
+            // so nothing is counted twice (the position file is only a fallback).
+            if saved.last_seq.is_some() {
+                resume_after = saved.last_seq;
             }
         }
         Ok(_) => {}
@@ -241,7 +254,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                         &mut engine,
                         f,
                         Origin::Nvml,
-                        now_ms(),
+                        Now::read(),
                         true,
                         &mut out_buf,
                     );
@@ -249,7 +262,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
         }
     }
-    let mut probe = probe::Probe::new(cfg.nvml.sysfs_root.clone());
     let mut probe_timer = tokio::time::interval(Duration::from_secs(cfg.nvml.probe_interval_secs));
     probe_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -264,7 +276,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let nvml_probe: Option<Arc<dyn crate::runbook::NvmlProbe>> = nvml_source
         .clone()
         .map(|s| Arc::new(s) as Arc<dyn crate::runbook::NvmlProbe>);
-    let mut alerts = AlertStage::start(cfg, opts.output)?;
+    let alerts = AlertStage::start(cfg, opts.output)?;
     set_alert_provider(&tel, &alerts);
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
     let metrics_settings = cfg.metrics.validate().map_err(|e| anyhow::anyhow!(e))?;
@@ -294,6 +306,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // Held for as long as the loop runs: dropping it stops the watching.
     let mut _watcher = watch_config(cfg, reload_tx.clone());
     let mut last_reload_error: Option<String> = None;
+    let mut fingerprint = Fingerprint::of(cfg);
 
     notifier.notify("READY=1");
     tracing::info!(
@@ -319,20 +332,27 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         log: std::collections::VecDeque::with_capacity(LOG_RING),
         tel: tel.clone(),
         tasks: tokio::task::JoinSet::new(),
-        inflight: Arc::default(),
         stop_runbooks: tokio::sync::watch::channel(false).0,
     };
-    out.emit_all(&mut out_buf).await;
+    let mut acks = Acks::default();
+    let mut ckpt = Checkpointer {
+        state: state.clone(),
+        boot,
+        boot_hex: boot_hex.clone(),
+        saved_seq: resume_after,
+        saved_changes: engine.changes(),
+        last_save: tokio::time::Instant::now(),
+        errors: 0,
+    };
+    out.emit_all(&mut out_buf, &mut acks).await;
     let mut last_seq: Option<u64> = resume_after;
-    let mut saved_seq: Option<u64> = resume_after;
-    let mut last_save = tokio::time::Instant::now();
     let mut last_record = tokio::time::Instant::now();
     let mut caught_up = false;
 
     loop {
         let deadline = engine
             .next_deadline()
-            .map(|d| d.saturating_sub(now_ms()))
+            .map(|d| d.saturating_sub(crate::clock::mono_ms()))
             .unwrap_or(3_600_000);
         let fold_wait = if classifier.has_pending() {
             FOLD_QUIET
@@ -350,7 +370,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                         Err(_) => break,
                     }
                 }
-                let now = now_ms();
+                let now = Now::read();
                 for ev in batch {
                     match ev {
                         KmsgEvent::Record { rec, at_startup } => {
@@ -398,14 +418,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     }
                 }
                 last_record = tokio::time::Instant::now();
-                let opened = !out_buf.is_empty();
-                out.emit_all(&mut out_buf).await;
-                // Move the position promptly after an incident, otherwise at a steady pace.
-                let ckpt = out.checkpoint(last_seq);
-                if (opened || last_save.elapsed() >= POSITION_EVERY) && ckpt != saved_seq {
-                    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
-                    last_save = tokio::time::Instant::now();
-                }
+                out.emit_all(&mut out_buf, &mut acks).await;
+                // Move the position promptly after an alert, otherwise at a steady pace.
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
             }
             ev = nrx.recv(), if nvml_source.is_some() => {
                 if let Some(ev) = ev {
@@ -419,21 +434,24 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     if f.kind == FindingKind::Xid {
                         crate::classify::catalog::apply_to(&mut f);
                     }
-                    push(&tel, &mut engine, f, Origin::Nvml, now_ms(), false, &mut out_buf);
-                    out.emit_all(&mut out_buf).await;
+                    push(&tel, &mut engine, f, Origin::Nvml, Now::read(), false, &mut out_buf);
+                    out.emit_all(&mut out_buf, &mut acks).await;
+                    ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
                 }
             }
             _ = tokio::time::sleep(fold_wait.saturating_sub(last_record.elapsed())), if classifier.has_pending() => {
                 classifier.flush(&mut findings);
-                let now = now_ms();
+                let now = Now::read();
                 for f in findings.drain(..) {
                     push(&tel, &mut engine, f, Origin::Kmsg, now, false, &mut out_buf);
                 }
-                out.emit_all(&mut out_buf).await;
+                out.emit_all(&mut out_buf, &mut acks).await;
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
             }
             _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
-                engine.tick(now_ms(), &mut out_buf);
-                out.emit_all(&mut out_buf).await;
+                engine.tick(Now::read(), &mut out_buf);
+                out.emit_all(&mut out_buf, &mut acks).await;
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
             }
             _ = probe_timer.tick() => {
                 let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
@@ -442,16 +460,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     if let Some(g) = nvml_source.as_ref().and_then(|s| s.inventory().iter().find(|g| Some(g.pci) == f.pci)) {
                         f.gpu = GpuIdentity { index: Some(g.index), uuid: g.uuid.clone(), serial: g.serial.clone(), name: g.name.clone() };
                     }
-                    push(&tel, &mut engine, f, Origin::Probe, now_ms(), false, &mut out_buf);
+                    push(&tel, &mut engine, f, Origin::Probe, Now::read(), false, &mut out_buf);
                 }
-                out.emit_all(&mut out_buf).await;
+                out.emit_all(&mut out_buf, &mut acks).await;
+                // The probe's memory is part of the checkpoint: save it now.
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, true).await;
             }
             _ = status_timer.tick() => {
-                // Runbooks finish between records: let the position catch up.
-                let ckpt = out.checkpoint(last_seq);
-                if ckpt != saved_seq {
-                    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
-                }
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
                 tel.set_open_incidents_from(engine.open_incidents());
                 let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
                 tokio::task::spawn_blocking(move || {
@@ -462,25 +478,31 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
             _ = watchdog.tick() => {
                 notifier.notify("WATCHDOG=1");
-                let ckpt = out.checkpoint(last_seq);
-                if ckpt != saved_seq {
-                    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
-                }
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
             }
             _ = sighup.recv() => {
-                reload(&opts, &mut current, &mut engine, &mut out, &mut alerts, &mut last_reload_error, &mut out_buf).await;
+                reload(&opts, &mut current, &mut engine, &mut out, &mut last_reload_error, &mut out_buf).await;
+                fingerprint = Fingerprint::of(&current);
                 // The runbook directories may have changed (or appeared): watch what is in force now.
                 _watcher = watch_config(&current, reload_tx.clone());
-                out.emit_all(&mut out_buf).await;
+                out.emit_all(&mut out_buf, &mut acks).await;
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
             }
             Some(()) = reload_rx.recv() => {
                 // Editors write a file in several steps: let them finish.
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 while reload_rx.try_recv().is_ok() {}
-                reload(&opts, &mut current, &mut engine, &mut out, &mut alerts, &mut last_reload_error, &mut out_buf).await;
-                // The runbook directories may have changed (or appeared): watch what is in force now.
-                _watcher = watch_config(&current, reload_tx.clone());
-                out.emit_all(&mut out_buf).await;
+                // Only a real change of what is in force reloads: not a stray file, not a save
+                // without edits.
+                let now = Fingerprint::of(&current);
+                if now != fingerprint {
+                    reload(&opts, &mut current, &mut engine, &mut out, &mut last_reload_error, &mut out_buf).await;
+                    fingerprint = Fingerprint::of(&current);
+                    // The runbook directories may have changed (or appeared): watch what is in force now.
+                    _watcher = watch_config(&current, reload_tx.clone());
+                    out.emit_all(&mut out_buf, &mut acks).await;
+                    ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                }
             }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
@@ -497,25 +519,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             &mut engine,
             f,
             Origin::Kmsg,
-            now_ms(),
+            Now::read(),
             false,
             &mut out_buf,
         );
     }
-    out.emit_all(&mut out_buf).await;
+    out.emit_all(&mut out_buf, &mut acks).await;
     // Runbooks still running give up; their alerts go out without evidence rather than not at all.
     out.finish().await;
-    let ckpt = out.checkpoint(last_seq);
-    save_position(&state, &tel, boot, ckpt, &mut saved_seq);
-    state
-        .save_json(
-            "incidents.json",
-            &SavedIncidents {
-                boot_id: boot_hex,
-                open: engine.snapshot(),
-            },
-        )
-        .context("saving open incidents")?;
+    if !ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, true).await {
+        tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
+    }
     drop(krx);
     let _ = kthread.join();
     drop(out);
@@ -544,7 +558,7 @@ fn push(
     engine: &mut Engine,
     f: Finding,
     origin: Origin,
-    now: u64,
+    now: impl Into<Now>,
     at_startup: bool,
     out: &mut Vec<Incident>,
 ) {
@@ -552,21 +566,126 @@ fn push(
     engine.push(f, origin, now, at_startup, out);
 }
 
-fn save_position(
-    state: &StateDir,
-    tel: &Telemetry,
+/// Writes the checkpoint (open incidents, probe memory, the record they account for) and the
+/// kernel log position, only once every alert handed over is durable.
+struct Checkpointer {
+    state: StateDir,
     boot: [u8; 16],
-    last_seq: Option<u64>,
-    saved: &mut Option<u64>,
-) {
-    let Some(seq) = last_seq else { return };
-    tel.set_kmsg_position(&state::hex(&boot), seq);
-    match state.save_position(&Position {
-        boot_id: boot,
-        last_seq: seq,
-    }) {
-        Ok(()) => *saved = Some(seq),
-        Err(e) => tracing::error!("{e:#}"),
+    boot_hex: String,
+    saved_seq: Option<u64>,
+    saved_changes: u64,
+    last_save: tokio::time::Instant,
+    errors: u64,
+}
+
+impl Checkpointer {
+    /// Saves when something changed and either an alert was handed over since the last save,
+    /// `force`, or [`POSITION_EVERY`] has passed. Returns false when alerts are still not
+    /// durable (nothing is saved then: the position must not pass them).
+    async fn save(
+        &mut self,
+        acks: &mut Acks,
+        last_seq: Option<u64>,
+        engine: &Engine,
+        probe: &probe::Probe,
+        tel: &Telemetry,
+        force: bool,
+    ) -> bool {
+        if !acks.settle(ACK_WAIT).await {
+            return false;
+        }
+        let due = force || acks.since_save || self.last_save.elapsed() >= POSITION_EVERY;
+        let changed = last_seq != self.saved_seq || engine.changes() != self.saved_changes;
+        if !due || !(changed || force) {
+            return true;
+        }
+        let snapshot = SavedIncidents {
+            boot_id: self.boot_hex.clone(),
+            open: engine.snapshot(),
+            last_seq,
+            probe: Some(probe.memory()),
+        };
+        // The snapshot first: it names the record it accounts for, and a start after a crash
+        // between the two writes goes on from the snapshot.
+        let result = self.state.save_json(CHECKPOINT, &snapshot).and_then(|()| match last_seq {
+            Some(seq) => self.state.save_position(&Position {
+                boot_id: self.boot,
+                last_seq: seq,
+            }),
+            None => Ok(()),
+        });
+        self.last_save = tokio::time::Instant::now();
+        match result {
+            Ok(()) => {
+                if let Some(seq) = last_seq {
+                    tel.set_kmsg_position(&self.boot_hex, seq);
+                }
+                self.saved_seq = last_seq;
+                self.saved_changes = engine.changes();
+                acks.since_save = false;
+                if self.errors > 0 {
+                    tracing::info!("state saved again after {} failed attempts", self.errors);
+                    self.errors = 0;
+                }
+            }
+            Err(e) => {
+                // A full disk: say so the first time and then rarely, not every 250 ms.
+                self.errors += 1;
+                if self.errors == 1 || self.errors.is_power_of_two() {
+                    tracing::error!("{e:#} ({} failed attempts)", self.errors);
+                }
+            }
+        }
+        true
+    }
+}
+
+/// What is in force: the config file's bytes and every runbook file's name and bytes. Reload
+/// happens when this changes, not whenever something touches the folders.
+#[derive(Debug, PartialEq, Eq)]
+struct Fingerprint(u64);
+
+impl Fingerprint {
+    fn of(cfg: &Config) -> Fingerprint {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        };
+        let read = |p: &std::path::Path| {
+            // Bounded: a runbook or config larger than this is refused by the loader anyway.
+            use std::io::Read;
+            let mut buf = Vec::new();
+            if let Ok(f) = std::fs::File::open(p) {
+                let _ = f.take(4 << 20).read_to_end(&mut buf);
+            }
+            buf
+        };
+        if let Some(p) = &cfg.source {
+            eat(p.as_os_str().as_encoded_bytes());
+            eat(&read(p));
+        }
+        for d in cfg.runbooks.dirs() {
+            eat(d.as_os_str().as_encoded_bytes());
+            let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&d)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok())
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            files.sort();
+            for f in files {
+                eat(f.as_os_str().as_encoded_bytes());
+                eat(&read(&f));
+            }
+        }
+        Fingerprint(h)
     }
 }
 
@@ -584,52 +703,54 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
 }
 
 fn set_alert_provider(tel: &Telemetry, alerts: &AlertStage) {
-    match alerts.sender() {
-        Some(s) => tel.set_alert_status_provider(Some(Arc::new(move || s.status()))),
-        None => tel.set_alert_status_provider(None),
-    }
+    let s = alerts.sender();
+    tel.set_alert_status_provider(Some(Arc::new(move || s.status())));
 }
 
-/// The alert stage as the daemon runs it: restarted whole when a reload changes the channels
-/// (the outbox on disk carries what was not delivered yet).
+/// The `[alerts]` config as the daemon applies it: with `--json`, standard output belongs to the
+/// incident stream.
+fn alert_config(cfg: &Config, output: Output) -> crate::alert::AlertConfig {
+    let mut alert_cfg = cfg.alerts.clone();
+    if output == Output::Json {
+        alert_cfg.stdout.enabled = Some(false);
+    }
+    alert_cfg
+}
+
+/// The alert stage as the daemon runs it: started once, for the whole run, and reconfigured in
+/// place on reload, so a runbook that outlives a reload still hands its evidence to the same
+/// stage and one outbox is ever open on the state directory.
 struct AlertStage {
-    running: Option<(crate::alert::AlertSender, tokio::task::JoinHandle<()>)>,
+    sender: crate::alert::AlertSender,
+    handle: tokio::task::JoinHandle<()>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
 impl AlertStage {
     fn start(cfg: &Config, output: Output) -> anyhow::Result<AlertStage> {
-        // With --json, standard output belongs to the incident stream.
-        let mut alert_cfg = cfg.alerts.clone();
-        if output == Output::Json {
-            alert_cfg.stdout.enabled = Some(false);
-        }
+        let alert_cfg = alert_config(cfg, output);
         for w in alert_cfg.secret_warnings(cfg.source.as_deref()) {
             tracing::warn!("{w}");
         }
         let (shutdown, rx) = tokio::sync::watch::channel(false);
-        let running = if alert_cfg.channels().is_empty() {
-            None
-        } else {
-            Some(
-                crate::alert::Dispatcher::start(&alert_cfg, &cfg.state_dir, rx)
-                    .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?,
-            )
-        };
-        Ok(AlertStage { running, shutdown })
+        let (sender, handle) = crate::alert::Dispatcher::start(&alert_cfg, &cfg.state_dir, rx)
+            .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;
+        Ok(AlertStage {
+            sender,
+            handle,
+            shutdown,
+        })
     }
 
-    fn sender(&self) -> Option<crate::alert::AlertSender> {
-        self.running.as_ref().map(|(s, _)| s.clone())
+    fn sender(&self) -> crate::alert::AlertSender {
+        self.sender.clone()
     }
 
     async fn stop(self) {
         let _ = self.shutdown.send(true);
-        if let Some((sender, handle)) = self.running {
-            drop(sender);
-            // The outbox keeps whatever is not delivered yet; give in-flight sends a moment.
-            let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
-        }
+        drop(self.sender);
+        // The outbox keeps whatever is not delivered yet; give in-flight sends a moment.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.handle).await;
     }
 }
 
@@ -694,7 +815,6 @@ async fn reload(
     current: &mut Config,
     engine: &mut Engine,
     out: &mut Emitter,
-    alerts: &mut AlertStage,
     last_error: &mut Option<String>,
     out_buf: &mut Vec<Incident>,
 ) {
@@ -720,7 +840,7 @@ async fn reload(
                 );
                 f.message = text;
                 out.tel.record_finding(&f);
-                engine.push(f, Origin::Probe, now_ms(), false, out_buf);
+                engine.push(f, Origin::Probe, Now::read(), false, out_buf);
             }
             return;
         }
@@ -754,13 +874,17 @@ async fn reload(
     out.permits = Arc::new(tokio::sync::Semaphore::new(
         new.runbooks.max_parallel_runbooks(),
     ));
-    match AlertStage::start(&new, opts.output) {
-        Ok(stage) => {
-            let old = std::mem::replace(alerts, stage);
-            old.stop().await;
-            out.alerts = alerts.sender();
+    match out
+        .alerts
+        .reconfigure(&alert_config(&new, opts.output))
+        .await
+    {
+        Ok(warnings) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
         }
-        Err(e) => tracing::error!("alert stage not restarted, keeping the old channels: {e:#}"),
+        Err(e) => tracing::error!("alert channels not changed, keeping the old ones: {e}"),
     }
     // Settings that need a restart keep their old values until then.
     let mut applied = new;
@@ -772,62 +896,45 @@ async fn reload(
     *current = applied;
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());
-    set_alert_provider(&out.tel, alerts);
     tracing::info!("config reloaded from {}", path.display());
 }
 
 /// Kernel log lines kept for runbook excerpts ("the kernel log around the incident").
 const LOG_RING: usize = 2000;
 
-/// Hands incidents on: JSON on standard output with `--json`; to the runbooks and then the alert
-/// stage. A new incident gets its runbook (bounded concurrency, off the processing loop); a digest
-/// goes straight to the alert stage, so a storm never runs a runbook per line.
+/// Hands incidents on: JSON on standard output with `--json`; to the alert stage, which makes
+/// each alert durable at once (the acknowledgement comes back to [`Acks`]); and to the runbooks.
+/// A new incident's alert is held in the outbox while its runbook runs (bounded concurrency, off
+/// the processing loop), and the evidence is attached when it is done; a digest goes straight
+/// out, so a storm never runs a runbook per line.
 struct Emitter {
     output: Output,
     stdout: std::io::Stdout,
-    alerts: Option<crate::alert::AlertSender>,
+    alerts: crate::alert::AlertSender,
     runbooks: Arc<crate::runbook::RunbookSet>,
     env: crate::runbook::RunbookEnv,
     limits: crate::runbook::RunLimits,
     permits: Arc<tokio::sync::Semaphore>,
     log: std::collections::VecDeque<crate::runbook::LogLine>,
     tel: Arc<Telemetry>,
-    /// Runbooks running for new incidents; their alerts are not in the outbox yet.
+    /// Runbooks running (or waiting to run) for new incidents.
     tasks: tokio::task::JoinSet<()>,
-    /// First kernel log sequence number of each incident whose alert waits for its runbook.
-    /// The saved position never moves past them, so a crash meanwhile re-reads the record and
-    /// the incident (same id) is opened and alerted again rather than lost.
-    inflight: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, usize>>>,
     /// Tells running runbooks to give up (shutdown).
     stop_runbooks: tokio::sync::watch::Sender<bool>,
 }
 
-/// New incidents waiting for (or running) their runbook, at most.
+/// New incidents waiting for (or running) their runbook, at most; past this an incident's alert
+/// goes out at once without evidence (and says so) rather than queue excerpts without bound.
 const MAX_WAITING_RUNBOOKS: usize = 64;
 
-/// How long shutdown waits for runbook tasks to hand their alerts over.
+/// How long shutdown waits for runbook tasks to hand their evidence over.
 const RUNBOOK_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-fn lock_inflight(
-    m: &std::sync::Mutex<std::collections::BTreeMap<u64, usize>>,
-) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, usize>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// How long past a runbook's budget its alert stays held, in case the task itself is lost.
+const HOLD_GRACE: Duration = Duration::from_secs(15);
 
 impl Emitter {
-    /// The position that may be saved: `last_seq`, or just before the first record of an
-    /// incident whose alert is still waiting for its runbook.
-    fn checkpoint(&self, last_seq: Option<u64>) -> Option<u64> {
-        match lock_inflight(&self.inflight).keys().next() {
-            Some(&first) => {
-                let before = first.checked_sub(1)?;
-                last_seq.map(|l| l.min(before))
-            }
-            None => last_seq,
-        }
-    }
-
-    /// Stops waiting runbooks and lets every task hand its alert over.
+    /// Stops waiting runbooks and lets every task hand its evidence (or its release) over.
     async fn finish(&mut self) {
         let _ = self.stop_runbooks.send(true);
         let drained = tokio::time::timeout(RUNBOOK_SHUTDOWN_GRACE, async {
@@ -835,7 +942,7 @@ impl Emitter {
         })
         .await;
         if drained.is_err() {
-            tracing::warn!("runbook tasks did not finish in time; their incidents are re-read at the next start");
+            tracing::warn!("runbook tasks did not finish in time; their alerts go out without evidence after the restart");
             self.tasks.abort_all();
         }
     }
@@ -851,7 +958,9 @@ impl Emitter {
         });
     }
 
-    async fn emit_all(&mut self, incidents: &mut Vec<Incident>) {
+    /// Hands every incident over. Waits while the alert stage's queue is full (back-pressure
+    /// reaches the kernel log reader); each alert's acknowledgement goes into `acks`.
+    async fn emit_all(&mut self, incidents: &mut Vec<Incident>, acks: &mut Acks) {
         if incidents.is_empty() {
             return;
         }
@@ -869,98 +978,143 @@ impl Emitter {
         }
         while self.tasks.try_join_next().is_some() {}
         for inc in incidents.drain(..) {
-            let Some(sender) = self.alerts.clone() else {
-                continue;
-            };
             let catalog = Some(catalog_text(&inc));
-            if inc.phase != crate::model::IncidentPhase::Opened || inc.test {
-                let alert = crate::alert::Alert {
-                    catalog,
-                    incident: inc,
-                    evidence: Vec::new(),
-                };
-                if let Err(e) = sender.send(alert).await {
-                    tracing::error!("alert stage: {e}");
-                }
+            let alert = crate::alert::Alert {
+                catalog,
+                incident: inc,
+                evidence: Vec::new(),
+            };
+            let opened = alert.incident.phase == crate::model::IncidentPhase::Opened
+                && !alert.incident.test;
+            if !opened {
+                acks.submitted(self.alerts.submit(alert, None, None).await);
                 continue;
             }
             if self.tasks.len() >= MAX_WAITING_RUNBOOKS {
-                // More new incidents than runbooks can keep up with: alert now, without evidence,
-                // rather than queue tasks (each holding a log excerpt) without bound.
                 tracing::warn!(
                     "{} runbooks waiting: incident {} is alerted without evidence",
                     self.tasks.len(),
-                    inc.id
+                    alert.incident.id
                 );
-                let alert = crate::alert::Alert {
-                    catalog,
-                    incident: inc,
-                    evidence: Vec::new(),
-                };
-                if let Err(e) = sender.send(alert).await {
-                    tracing::error!("alert stage: {e}");
-                }
+                let note = format!(
+                    "no evidence: {} runbooks were already waiting when this incident opened",
+                    self.tasks.len()
+                );
+                acks.submitted(self.alerts.submit(alert, None, Some(note)).await);
                 continue;
             }
-            let lines: Vec<_> = self.log.iter().cloned().collect();
-            let first_seq = inc.findings.first().and_then(|f| f.origin.seq);
-            let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
-            let subject = crate::runbook::Subject::from(&inc).with_kernel_log(lines, anchor);
-            let (set, env, limits, permits, tel) = (
-                self.runbooks.clone(),
-                self.env.clone(),
-                self.limits,
-                self.permits.clone(),
-                self.tel.clone(),
-            );
-            let inflight = self.inflight.clone();
-            if let Some(seq) = first_seq {
-                *lock_inflight(&inflight).entry(seq).or_default() += 1;
-            }
-            let mut stop = self.stop_runbooks.subscribe();
-            self.tasks.spawn(async move {
-                let run = async {
-                    match permits.acquire_owned().await {
-                        Ok(_permit) => set.run_for(&subject, &env, &limits).await,
-                        Err(_) => None,
-                    }
-                };
-                let evidence: Vec<crate::model::Evidence> = tokio::select! {
-                    ev = run => ev.into_iter().collect(),
-                    _ = stop.wait_for(|stop| *stop) => {
-                        tracing::warn!("shutting down: incident {} is alerted without its runbook's evidence", inc.id);
-                        Vec::new()
-                    }
-                };
-                for ev in &evidence {
-                    let ok = !ev.steps.iter().any(|s| {
-                        matches!(
-                            s.status,
-                            crate::model::StepStatus::Failed { .. }
-                                | crate::model::StepStatus::TimedOut { .. }
-                        )
-                    });
-                    tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
-                }
-                let alert = crate::alert::Alert {
-                    catalog,
-                    incident: inc,
-                    evidence,
-                };
-                if let Err(e) = sender.send(alert).await {
-                    tracing::error!("alert stage: {e}");
-                }
-                if let Some(seq) = first_seq {
-                    let mut m = lock_inflight(&inflight);
-                    if let Some(n) = m.get_mut(&seq) {
-                        *n -= 1;
-                        if *n == 0 {
-                            m.remove(&seq);
-                        }
-                    }
-                }
-            });
+            let hold = self.limits.max_budget.saturating_add(HOLD_GRACE);
+            acks.submitted(self.alerts.submit(alert.clone(), Some(hold), None).await);
+            self.spawn_runbook(alert);
         }
+    }
+
+    /// Runs the incident's runbook off the loop and attaches its evidence to the held alert.
+    fn spawn_runbook(&mut self, mut alert: crate::alert::Alert) {
+        let lines: Vec<_> = self.log.iter().cloned().collect();
+        let first_seq = alert.incident.findings.first().and_then(|f| f.origin.seq);
+        let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
+        let subject = crate::runbook::Subject::from(&alert.incident).with_kernel_log(lines, anchor);
+        let (set, env, limits, permits, tel, sender) = (
+            self.runbooks.clone(),
+            self.env.clone(),
+            self.limits,
+            self.permits.clone(),
+            self.tel.clone(),
+            self.alerts.clone(),
+        );
+        let mut stop = self.stop_runbooks.subscribe();
+        self.tasks.spawn(async move {
+            let run = async {
+                match permits.acquire_owned().await {
+                    Ok(_permit) => set.run_for(&subject, &env, &limits).await,
+                    Err(_) => None,
+                }
+            };
+            let stopped = async {
+                let _ = stop.wait_for(|stop| *stop).await;
+            };
+            let evidence = tokio::select! {
+                ev = run => ev,
+                () = stopped => {
+                    tracing::warn!("shutting down: incident {} is alerted without its runbook's evidence", alert.incident.id);
+                    let note = "xidwatch stopped while this incident's runbook ran: the alert is sent without its evidence".to_string();
+                    if let Err(e) = sender.release(alert.incident.id.clone(), note).await {
+                        tracing::debug!("alert stage: {e}");
+                    }
+                    return;
+                }
+            };
+            if let Some(ev) = &evidence {
+                let ok = !ev.steps.iter().any(|s| {
+                    matches!(
+                        s.status,
+                        crate::model::StepStatus::Failed { .. }
+                            | crate::model::StepStatus::TimedOut { .. }
+                    )
+                });
+                tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
+            }
+            alert.evidence = evidence.into_iter().collect();
+            if let Err(e) = sender.attach_evidence(alert).await {
+                tracing::error!("alert stage: {e}");
+            }
+        });
+    }
+}
+
+/// Acknowledgements of alerts handed to the alert stage and not yet durable. The kernel log
+/// position (and the incident snapshot saved with it) is written only when none is missing, so
+/// the saved state never runs ahead of an alert that exists only in memory.
+#[derive(Default)]
+struct Acks {
+    waiting: Vec<tokio::sync::oneshot::Receiver<crate::alert::dispatch::Ack>>,
+    /// An alert was handed over since the last save: save promptly.
+    since_save: bool,
+}
+
+/// How long the loop waits for the alert stage to make a batch's alerts durable before it goes
+/// on reading (the position then simply stays where it is until they are).
+const ACK_WAIT: Duration = Duration::from_secs(2);
+
+impl Acks {
+    fn submitted(
+        &mut self,
+        r: Result<
+            tokio::sync::oneshot::Receiver<crate::alert::dispatch::Ack>,
+            crate::alert::SendError,
+        >,
+    ) {
+        match r {
+            Ok(rx) => {
+                self.waiting.push(rx);
+                self.since_save = true;
+            }
+            // Only at shutdown: the alert stage is gone, so the position must not move.
+            Err(e) => {
+                tracing::error!("alert stage: {e}");
+                self.waiting.push(tokio::sync::oneshot::channel().1);
+            }
+        }
+    }
+
+    /// Waits (bounded) for the outstanding acknowledgements; true when none is missing.
+    async fn settle(&mut self, limit: Duration) -> bool {
+        if self.waiting.is_empty() {
+            return true;
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut left = Vec::new();
+        for mut rx in std::mem::take(&mut self.waiting) {
+            match tokio::time::timeout_at(deadline, &mut rx).await {
+                Ok(Ok(_)) => {}
+                // The stage dropped it without an answer: never durable.
+                Ok(Err(_)) => left.push(tokio::sync::oneshot::channel().1),
+                Err(_) => left.push(rx),
+            }
+        }
+        self.waiting = left;
+        self.waiting.is_empty()
     }
 }
 

@@ -77,6 +77,30 @@ impl Probe {
     }
 }
 
+/// What the probe remembers between rounds, saved with the daemon's checkpoint: a GPU that stays
+/// missing across a restart is not reported (and paged) again.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Memory {
+    pub on_bus: Option<BTreeSet<PciAddress>>,
+    pub reported: BTreeSet<PciAddress>,
+}
+
+impl Probe {
+    /// What to save.
+    pub fn memory(&self) -> Memory {
+        Memory {
+            on_bus: self.last_on_bus.clone(),
+            reported: self.reported.clone(),
+        }
+    }
+
+    /// Takes back what an earlier run of this boot saved.
+    pub fn restore(&mut self, m: Memory) {
+        self.last_on_bus = m.on_bus;
+        self.reported = m.reported;
+    }
+}
+
 fn missing(pci: PciAddress, title: String) -> Finding {
     let mut f = Finding::new(
         FindingKind::GpuMissing,

@@ -127,6 +127,8 @@ pub struct Engine {
     open: HashMap<Key, Open>,
     waiting: Vec<Waiting>,
     pub stats: EngineStats,
+    /// Bumped by everything that changes what [`Engine::snapshot`] would return.
+    changes: u64,
 }
 
 impl Engine {
@@ -136,7 +138,14 @@ impl Engine {
             open: HashMap::new(),
             waiting: Vec::new(),
             stats: EngineStats::default(),
+            changes: 0,
         }
+    }
+
+    /// A counter that moves whenever the engine's state moved: the daemon saves its checkpoint
+    /// only then.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Applies a reloaded config; open incidents keep their windows.
@@ -183,6 +192,7 @@ impl Engine {
     ) {
         let now = now.into();
         self.stats.findings += 1;
+        self.changes += 1;
         if f.kind == FindingKind::GpuIdentity {
             return;
         }
@@ -398,6 +408,9 @@ impl Engine {
     pub fn tick(&mut self, now: impl Into<Now>, out: &mut Vec<Incident>) {
         let now = now.into();
         let now_ms = now.mono_ms;
+        if self.next_deadline().is_some_and(|d| d <= now_ms) {
+            self.changes += 1;
+        }
         let mut i = 0;
         while i < self.waiting.len() {
             if self.waiting[i].deadline_ms <= now_ms {
@@ -504,6 +517,7 @@ impl Engine {
     /// Restores open incidents saved by [`Engine::snapshot`]; entries that do not make sense are
     /// skipped.
     pub fn restore(&mut self, saved: Vec<Persisted>) {
+        self.changes += 1;
         for p in saved.into_iter().take(self.cfg.max_open) {
             let Some(kind) = FindingKind::parse(&p.kind) else {
                 continue;
