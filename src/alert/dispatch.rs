@@ -88,6 +88,10 @@ pub struct AlertStatus {
 }
 
 struct Shared {
+    /// When the status file was last written, for [`Shared::write_status_soon`].
+    status_written: Mutex<Option<std::time::Instant>>,
+    /// A write was skipped since: the intake's timer catches up.
+    status_stale: std::sync::atomic::AtomicBool,
     outbox: Mutex<Outbox>,
     stats: Mutex<BTreeMap<String, ChannelStatus>>,
     accepted_total: Mutex<u64>,
@@ -110,6 +114,21 @@ impl Shared {
             dropped_total: ob.dropped_total(),
             accepted_total: *lock(&self.accepted_total),
         }
+    }
+
+    /// [`Shared::write_status`], at most a few times a second: in a burst the status file is
+    /// informational and must not cost a write per alert. The intake writes it again at the end.
+    fn write_status_soon(&self) {
+        {
+            let mut last = lock(&self.status_written);
+            if last.is_some_and(|t| t.elapsed() < Duration::from_millis(250)) {
+                self.status_stale
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        self.write_status();
     }
 
     /// Writes the status snapshot (blocking; call from `spawn_blocking`). Best effort: the
@@ -320,6 +339,8 @@ impl Dispatcher {
             );
         }
         let shared = Arc::new(Shared {
+            status_written: Mutex::new(None),
+            status_stale: Default::default(),
             outbox: Mutex::new(ob),
             stats: Mutex::new(BTreeMap::new()),
             accepted_total: Mutex::new(0),
@@ -438,8 +459,14 @@ struct Intake {
     disk_errors: ErrorGate,
 }
 
+/// One alert as the intake takes it: the alert, its hold, its note, its acknowledgement.
+type Incoming = (Alert, Option<Duration>, Option<String>, Option<oneshot::Sender<Ack>>);
+
+/// Alerts written to the outbox together, at most.
+const MAX_BATCH: usize = 256;
+
 /// How often alerts that could not be written are tried again.
-const PERSIST_RETRY: Duration = Duration::from_secs(1);
+const PERSIST_RETRY: Duration = Duration::from_millis(500);
 
 impl Intake {
     fn spawn_worker(&mut self, cfg: &AlertConfig, ch: Channel) {
@@ -492,6 +519,27 @@ impl Intake {
                 biased;
                 _ = shutdown_requested(&mut sd) => break,
                 msg = self.rx.recv() => match msg {
+                    Some(Envelope::Alert { alert, hold, note, ack }) => {
+                        // A burst: take every alert already waiting and write them together.
+                        let mut batch = vec![(alert, hold, note, ack)];
+                        let mut after = None;
+                        while batch.len() < MAX_BATCH {
+                            match self.rx.try_recv() {
+                                Ok(Envelope::Alert { alert, hold, note, ack }) => {
+                                    batch.push((alert, hold, note, ack))
+                                }
+                                Ok(other) => {
+                                    after = Some(other);
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        self.accept_many(batch).await;
+                        if let Some(env) = after {
+                            self.handle(env).await;
+                        }
+                    }
                     Some(env) => self.handle(env).await,
                     // Every sender is gone: keep delivering until shutdown.
                     None => {
@@ -499,7 +547,13 @@ impl Intake {
                         break;
                     }
                 },
-                _ = persist_timer.tick(), if !self.unpersisted.is_empty() => self.persist_again().await,
+                _ = persist_timer.tick() => {
+                    self.persist_again().await;
+                    if self.shared.status_stale.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        let shared = self.shared.clone();
+                        let _ = tokio::task::spawn_blocking(move || shared.write_status()).await;
+                    }
+                }
             }
         }
         // Persist what was handed over before shutdown; it is sent after the restart.
@@ -600,44 +654,69 @@ impl Intake {
         note: Option<String>,
         ack: Option<oneshot::Sender<Ack>>,
     ) {
-        let mut doc = AlertDocument::build(&alert);
-        doc.evidence_note = note;
-        let targets: Vec<String> = self
-            .commons
-            .iter()
-            .filter(|c| doc.severity >= c.min_severity)
-            .map(|c| c.name.clone())
-            .collect();
-        if targets.is_empty() {
-            tracing::debug!(incident = %doc.id, severity = %doc.severity, "alert below every channel's minimum severity; not sent");
-            if let Some(a) = ack {
-                let _ = a.send(Ack::Durable);
+        self.accept_many(vec![(alert, hold, note, ack)]).await;
+    }
+
+    /// Builds the documents, writes them to the outbox together, and acknowledges each.
+    async fn accept_many(&mut self, batch: Vec<Incoming>) {
+        let now = now_ms();
+        let mono = crate::clock::mono_ms();
+        let mut acks = Vec::new();
+        let mut work = Vec::new();
+        for (alert, hold, note, ack) in batch {
+            let mut doc = AlertDocument::build(&alert);
+            doc.evidence_note = note;
+            let targets: Vec<String> = self
+                .commons
+                .iter()
+                .filter(|c| doc.severity >= c.min_severity)
+                .map(|c| c.name.clone())
+                .collect();
+            if targets.is_empty() {
+                tracing::debug!(incident = %doc.id, severity = %doc.severity, "alert below every channel's minimum severity; not sent");
+                if let Some(a) = ack {
+                    let _ = a.send(Ack::Durable);
+                }
+                continue;
             }
+            let held_until =
+                hold.map(|h| mono.saturating_add(u64::try_from(h.as_millis()).unwrap_or(u64::MAX)));
+            // The readable report is written when the evidence is there.
+            let keep = if hold.is_some() { 0 } else { self.keep_reports };
+            work.push((doc, targets, now, held_until, keep));
+            acks.push(ack);
+        }
+        if work.is_empty() {
             return;
         }
         let shared = self.shared.clone();
         let reports_dir = self.reports_dir.clone();
-        // The readable report is written when the evidence is there.
-        let keep = if hold.is_some() { 0 } else { self.keep_reports };
-        let now = now_ms();
-        let held_until = hold.map(|h| {
-            crate::clock::mono_ms().saturating_add(u64::try_from(h.as_millis()).unwrap_or(u64::MAX))
-        });
         let result = tokio::task::spawn_blocking(move || {
-            keep_report(&reports_dir, &mut doc, keep);
-            let id = doc.id.clone();
-            let pushed = lock(&shared.outbox).push_held(doc, &targets, now, held_until);
-            shared.write_status();
-            (id, pushed)
+            let mut ids = Vec::new();
+            let mut items = Vec::new();
+            for (mut doc, targets, now, held_until, keep) in work {
+                keep_report(&reports_dir, &mut doc, keep);
+                ids.push(doc.id.clone());
+                items.push((doc, targets, now, held_until));
+            }
+            let pushed = lock(&shared.outbox).push_many(items);
+            shared.write_status_soon();
+            ids.into_iter().zip(pushed).collect::<Vec<_>>()
         })
         .await;
-        let (id, pushed) = match result {
+        let results = match result {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("alert intake failed: {e}");
                 return;
             }
         };
+        for ((id, pushed), ack) in results.into_iter().zip(acks) {
+            self.settle(id, pushed, ack);
+        }
+    }
+
+    fn settle(&mut self, id: String, pushed: outbox::Pushed, ack: Option<oneshot::Sender<Ack>>) {
         for d in &pushed.dropped {
             tracing::error!(incident = %d.id, severity = %d.severity, "alert outbox full: dropped alert \"{}\"; the next alert reports the count", d.headline);
         }
@@ -745,12 +824,38 @@ fn keep_report(dir: &Path, doc: &mut AlertDocument, keep: usize) {
 
 /// Writes the full report under `dir` and keeps only the newest `keep` reports.
 fn write_report(dir: &Path, name: &str, doc: &AlertDocument, keep: usize) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::sync::atomic::{AtomicU64, Ordering};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
         .create(dir)?;
-    outbox::write_atomic(dir, name, report::render(doc).as_bytes())?;
+    // A copy for people on the host, not a record the promise rests on (the outbox is): written
+    // whole through a rename, without a flush to disk, so a burst does not wait on the disk.
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o640)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, report::render(doc).as_bytes())?;
+        std::fs::rename(&tmp, dir.join(name))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    // Prune at most once a second: listing the folder for every alert of a burst costs more
+    // than the alerts.
+    static LAST_PRUNE: AtomicU64 = AtomicU64::new(0);
+    let now = crate::clock::mono_ms();
+    let last = LAST_PRUNE.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < 1000 && last != 0 {
+        return Ok(());
+    }
+    LAST_PRUNE.store(now, Ordering::Relaxed);
     let mut files: Vec<(SystemTime, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".txt"))
@@ -917,7 +1022,7 @@ impl Worker {
         let seq = a.seq;
         let recorded = tokio::task::spawn_blocking(move || {
             let r = lock(&shared.outbox).record(seq, &ch, outcome);
-            shared.write_status();
+            shared.write_status_soon();
             r
         })
         .await;

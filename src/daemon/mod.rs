@@ -354,6 +354,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             .next_deadline()
             .map(|d| d.saturating_sub(crate::clock::mono_ms()))
             .unwrap_or(3_600_000);
+        let save_at = ckpt.due_at(&acks, last_seq, &engine);
         let fold_wait = if classifier.has_pending() {
             FOLD_QUIET
         } else {
@@ -504,6 +505,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
                 }
             }
+            _ = tokio::time::sleep_until(save_at.unwrap_or_else(tokio::time::Instant::now)), if save_at.is_some() => {
+                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+            }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
         }
@@ -578,7 +582,22 @@ struct Checkpointer {
     errors: u64,
 }
 
+/// The shortest time between two checkpoints, however many alerts arrive.
+const SAVE_GAP: Duration = Duration::from_millis(100);
+
 impl Checkpointer {
+    /// When the loop must call [`Checkpointer::save`] even if nothing else happens.
+    fn due_at(&self, acks: &Acks, last_seq: Option<u64>, engine: &Engine) -> Option<tokio::time::Instant> {
+        let changed = last_seq != self.saved_seq || engine.changes() != self.saved_changes;
+        if acks.since_save {
+            Some(self.last_save + SAVE_GAP)
+        } else if changed {
+            Some(self.last_save + POSITION_EVERY)
+        } else {
+            None
+        }
+    }
+
     /// Saves when something changed and either an alert was handed over since the last save,
     /// `force`, or [`POSITION_EVERY`] has passed. Returns false when alerts are still not
     /// durable (nothing is saved then: the position must not pass them).
@@ -594,11 +613,19 @@ impl Checkpointer {
         if !acks.settle(ACK_WAIT).await {
             return false;
         }
-        let due = force || acks.since_save || self.last_save.elapsed() >= POSITION_EVERY;
+        // Promptly after an alert (a crash then re-sends little), but not after every small
+        // batch of a burst: the snapshot grows with the open incidents.
+        let gap = if acks.since_save {
+            SAVE_GAP
+        } else {
+            POSITION_EVERY
+        };
+        let due = force || self.last_save.elapsed() >= gap;
         let changed = last_seq != self.saved_seq || engine.changes() != self.saved_changes;
         if !due || !(changed || force) {
             return true;
         }
+        let started = std::time::Instant::now();
         let snapshot = SavedIncidents {
             boot_id: self.boot_hex.clone(),
             open: engine.snapshot(),
@@ -615,6 +642,11 @@ impl Checkpointer {
             None => Ok(()),
         });
         self.last_save = tokio::time::Instant::now();
+        tracing::debug!(
+            incidents = snapshot.open.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "checkpoint saved"
+        );
         match result {
             Ok(()) => {
                 if let Some(seq) = last_seq {

@@ -9,6 +9,7 @@ mod e2e_alert;
 mod install;
 mod nvml;
 mod ops;
+mod promises;
 mod runbook;
 mod scan_cli;
 mod service;

@@ -1,0 +1,344 @@
+//! The delivery promise, attacked: the daemon as a process, a regular-file kernel log, webhook
+//! receivers on loopback. SIGKILL in the middle of a burst, SIGHUP while a runbook runs, a
+//! receiver that accepts and never answers, a missing GPU across a restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// One alert as a receiver got it.
+#[derive(Debug, Clone)]
+struct Got {
+    id: String,
+    phase: String,
+    doc: Value,
+}
+
+/// A webhook receiver on loopback, one thread per connection. The first `hang` requests are
+/// read and never answered (the connection is held open), as a wedged receiver would.
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Got>>>,
+}
+
+impl Receiver {
+    fn start(hang: usize) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/alerts", listener.local_addr().unwrap());
+        let got: Arc<Mutex<Vec<Got>>> = Arc::default();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (g, seen) = (g.clone(), seen.clone());
+                std::thread::spawn(move || serve(conn, &g, &seen, hang));
+            }
+        });
+        Receiver { url, got }
+    }
+
+    fn all(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// Distinct incident ids of opened alerts.
+    fn opened(&self) -> BTreeSet<String> {
+        self.all()
+            .into_iter()
+            .filter(|g| g.phase == "opened")
+            .map(|g| g.id)
+            .collect()
+    }
+}
+
+fn serve(conn: TcpStream, got: &Mutex<Vec<Got>>, seen: &AtomicUsize, hang: usize) {
+    let Ok(mut w) = conn.try_clone() else { return };
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    if r.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.trim_end().split_once(": ") {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    if r.read_exact(&mut body).is_err() {
+        return;
+    }
+    if seen.fetch_add(1, Ordering::SeqCst) < hang {
+        // Accept, read, never answer.
+        std::thread::sleep(Duration::from_secs(120));
+        return;
+    }
+    let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    got.lock().unwrap().push(Got {
+        id: doc["id"].as_str().unwrap_or_default().to_string(),
+        phase: doc["phase"].as_str().unwrap_or_default().to_string(),
+        doc,
+    });
+    let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+}
+
+fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A state directory, a kmsg file, a boot id, runbooks and a config naming them.
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+/// A runbook for every incident that costs nothing: the kernel log excerpt only.
+const CHEAP_RUNBOOK: &str = "title = \"cheap\"\nfallback = true\n[guide]\nmeaning = \"m\"\n\
+    next_steps = \"n\"\n[[step]]\nname = \"log\"\nkmsg = { lines_before = 2, lines_after = 0 }\n";
+
+impl Setup {
+    fn new(runbook: &str, extra: &str, url: &str) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Setup { dir };
+        std::fs::write(s.path("kmsg"), "").unwrap();
+        std::fs::write(s.path("boot_id"), "5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+        std::fs::create_dir_all(s.path("runbooks")).unwrap();
+        std::fs::write(s.path("runbooks/rb.toml"), runbook).unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cfg = format!(
+            "[kmsg]\npath = {:?}\n[nvml]\nenabled = false\nsysfs_root = {:?}\n[state]\ndir = {:?}\n\
+             [runbooks]\ndirs = [{:?}]\nsearch_path = [{:?}]\nallowed_programs = [\"barrier\"]\n\
+             [alerts.retry]\ninitial_backoff_ms = 50\nmax_backoff_secs = 1\n\
+             [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\ntimeout_secs = 60\n{extra}",
+            s.path("kmsg"),
+            s.path("sys"),
+            s.path("state"),
+            s.path("runbooks"),
+            root.join("fixtures/fake-tools"),
+        );
+        std::fs::write(s.path("xidwatch.toml"), cfg).unwrap();
+        s
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn append(&self, records: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.path("kmsg"))
+            .unwrap();
+        f.write_all(records.as_bytes()).unwrap();
+    }
+
+    fn spawn(&self, env: &[(&str, &Path)]) -> Child {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
+        cmd.args(["run", "--config"])
+            .arg(self.path("xidwatch.toml"))
+            .env("XIDWATCH_BOOT_ID_PATH", self.path("boot_id"))
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path("stderr.log")).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.path("stderr.log")).unwrap_or_default()
+    }
+}
+
+/// A kmsg record with Xid `xid` on the `i`-th of up to 8,192 distinct GPUs.
+fn xid_on(seq: u64, i: u32, xid: u32) -> String {
+    format!(
+        "3,{seq},{},-;NVRM: Xid (PCI:0000:{:02x}:{:02x}): {xid}, pid=42, name=python3, test\n",
+        1_000_000 + seq,
+        i % 256,
+        i / 256
+    )
+}
+
+/// SIGKILL in the middle of a burst of 2,000 distinct incidents, then a restart: every incident
+/// reaches the receiver, and what is sent twice is bounded by what was in flight.
+#[test]
+fn sigkill_during_a_burst_of_2000_incidents_loses_none() {
+    const N: u32 = 2000;
+    let rx = Receiver::start(0);
+    // No rate limit and room for the whole burst: this test is about crashes, not about the
+    // outbox's bound (which drops the oldest alerts, counted, when a receiver cannot keep up).
+    let s = Setup::new(
+        CHEAP_RUNBOOK,
+        "rate_limit_count = 1000000\nrate_limit_window_secs = 1\n[alerts.outbox]\nmax_count = 5000\n",
+        &rx.url,
+    );
+    let mut burst = String::new();
+    for i in 0..N {
+        burst.push_str(&xid_on(u64::from(i), i, 79));
+    }
+    s.append(&burst);
+    let mut first = s.spawn(&[]);
+    wait_until("a first part of the alerts", Duration::from_secs(60), || {
+        rx.opened().len() >= 150
+    });
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let before = rx.all().len();
+    assert!(before < N as usize, "killed in the middle of the burst, not after it");
+
+    let mut second = s.spawn(&[]);
+    wait_until("every incident after the restart", Duration::from_secs(90), || {
+        rx.opened().len() >= N as usize
+    });
+    super::support::sigterm(&second);
+    second.wait().unwrap();
+    let all = rx.all();
+    let opened = rx.opened();
+    assert_eq!(opened.len(), N as usize, "lost: {}", N as usize - opened.len());
+    let resent = all.len() - opened.len();
+    // Sent again at most what the first run had in flight (4 sends) or not yet acknowledged
+    // (one batch of the reader).
+    assert!(resent <= 600, "{resent} alerts sent twice\n{}", s.stderr());
+}
+
+/// A reload while an incident's runbook runs: the alert stage lives on, so the runbook's
+/// evidence reaches the same outbox and the alert is delivered once, with it.
+#[test]
+fn sighup_while_a_runbook_runs_delivers_the_alert_once_with_its_evidence() {
+    let rx = Receiver::start(0);
+    let barrier = tempfile::tempdir().unwrap();
+    let slow = format!(
+        "title = \"slow\"\n[[match]]\nxids = [48]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\
+         [[step]]\nname = \"wait\"\nrun = [\"barrier\", {:?}, \"2\"]\ntimeout_secs = 3\n",
+        barrier.path()
+    );
+    let s = Setup::new(&slow, "", &rx.url);
+    let mut d = s.spawn(&[]);
+    wait_until("start-up", Duration::from_secs(20), || {
+        s.stderr().contains("caught up")
+    });
+    s.append(&xid_on(0, 0x2a, 48));
+    wait_until("the runbook to start", Duration::from_secs(20), || {
+        std::fs::read_dir(barrier.path()).is_ok_and(|mut r| r.next().is_some())
+    });
+    // Reload twice while it runs: by signal, and by a real edit of the config.
+    super::support::signal(&d, libc::SIGHUP);
+    let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap();
+    std::fs::write(s.path("xidwatch.toml"), format!("{cfg}\n# edited\n")).unwrap();
+    wait_until("the alert", Duration::from_secs(30), || !rx.all().is_empty());
+    // Nothing else is coming: give a duplicate time to show.
+    std::thread::sleep(Duration::from_millis(1500));
+    super::support::sigterm(&d);
+    d.wait().unwrap();
+    let all = rx.all();
+    assert_eq!(all.len(), 1, "{all:#?}\n{}", s.stderr());
+    assert_eq!(all[0].doc["xid"], 48);
+    assert_eq!(all[0].doc["evidence"][0]["runbook"], "rb", "{:#}", all[0].doc);
+    assert_eq!(all[0].doc["evidence"][0]["steps"][0]["name"], "wait");
+    let err = s.stderr();
+    assert!(err.contains("config reloaded"), "{err}");
+    assert!(!err.contains("alert stage:"), "{err}");
+}
+
+/// A receiver that accepts a request and never answers holds one send, not its channel: the
+/// next alert of the same channel is delivered meanwhile.
+#[test]
+fn a_hung_receiver_does_not_hold_back_the_next_alert() {
+    let rx = Receiver::start(1);
+    let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
+    let mut d = s.spawn(&[]);
+    wait_until("start-up", Duration::from_secs(20), || {
+        s.stderr().contains("caught up")
+    });
+    s.append(&xid_on(0, 1, 79));
+    std::thread::sleep(Duration::from_millis(300));
+    s.append(&xid_on(1, 2, 79));
+    // The first request hangs for 120 s (and the channel's timeout is 60 s); the second alert
+    // must not wait for either.
+    wait_until("the second alert", Duration::from_secs(15), || {
+        !rx.all().is_empty()
+    });
+    super::support::sigterm(&d);
+    d.wait().unwrap();
+    let all = rx.all();
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0].doc["gpu"]["pci"], "0000:02:00.0");
+}
+
+/// A GPU that NVML cannot reach stays missing across a restart: one incident, one page.
+#[test]
+fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
+    let rx = Receiver::start(0);
+    let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
+    // Two GPUs on the bus; NVML (the fake library) reaches only the first.
+    for pci in ["0000:17:00.0", "0000:2a:00.0"] {
+        let d = s.path("sys/bus/pci/devices").join(pci);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vendor"), "0x10de\n").unwrap();
+        std::fs::write(d.join("class"), "0x030200\n").unwrap();
+    }
+    let script = s.path("nvml-script.txt");
+    std::fs::write(
+        &script,
+        "init ok\ndriver_version 550.54.14\ndevice pci=0000:17:00.0 uuid=GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n",
+    )
+    .unwrap();
+    let lib = super::support::fake_nvml_library();
+    let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap().replace(
+        "[nvml]\nenabled = false\n",
+        &format!("[nvml]\nenabled = true\nlibrary = {lib:?}\nprobe_interval_secs = 1\n"),
+    );
+    std::fs::write(s.path("xidwatch.toml"), cfg).unwrap();
+    let env: [(&str, &Path); 1] = [("XIDWATCH_FAKE_NVML_SCRIPT", &script)];
+
+    let missing = |all: &[Got]| -> Vec<String> {
+        all.iter()
+            .filter(|g| g.doc["kind"] == "gpu_missing" && g.phase == "opened")
+            .map(|g| g.id.clone())
+            .collect()
+    };
+    let mut d = s.spawn(&env);
+    wait_until("the missing GPU's page", Duration::from_secs(30), || {
+        !missing(&rx.all()).is_empty()
+    });
+    for _ in 0..2 {
+        super::support::sigterm(&d);
+        d.wait().unwrap();
+        d = s.spawn(&env);
+        // Several probe rounds after the restart.
+        wait_until("start-up", Duration::from_secs(20), || {
+            s.stderr().contains("caught up")
+        });
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    super::support::sigterm(&d);
+    d.wait().unwrap();
+    let pages = missing(&rx.all());
+    assert_eq!(pages.len(), 1, "{pages:?}\n{}", s.stderr());
+    let by_pci: BTreeMap<String, usize> =
+        rx.all().iter().fold(BTreeMap::new(), |mut m, g| {
+            *m.entry(g.doc["gpu"]["pci"].to_string()).or_default() += 1;
+            m
+        });
+    assert_eq!(by_pci.len(), 1, "{by_pci:?}");
+}
