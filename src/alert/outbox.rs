@@ -13,8 +13,8 @@
 //! Synchronous on purpose: the dispatcher calls it from `spawn_blocking`.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -165,20 +165,10 @@ fn file_name(seq: u64) -> String {
     format!("{seq:016}.json")
 }
 
-/// Writes `bytes` to `dir/name` atomically and durably.
+/// Writes `bytes` to `dir/name` atomically and durably, readable by the service and its group
+/// only (the state directory's one write helper).
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    crate::state::write_atomic(&dir.join(name), bytes, crate::state::STATE_FILE_MODE)
 }
 
 fn create_private_dir(dir: &Path) -> io::Result<()> {

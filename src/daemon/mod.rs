@@ -456,7 +456,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = control::write_status_file(&dir, &snap) {
-                        tracing::warn!("{e:#}");
+                        state::log_write_error("status", &format!("{e:#}"));
                     }
                 });
             }
@@ -566,7 +566,10 @@ fn save_position(
         last_seq: seq,
     }) {
         Ok(()) => *saved = Some(seq),
-        Err(e) => tracing::error!("{e:#}"),
+        // Rate-limited: on a full disk this fails at every batch.
+        Err(e) => {
+            state::log_write_error("position", &format!("{e:#}"));
+        }
     }
 }
 

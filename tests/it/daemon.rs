@@ -904,3 +904,104 @@ fn a_changed_runbook_directory_is_reloaded_and_checked() {
     assert!(msg.contains("bad.toml") && msg.contains("reboot"), "{msg}");
     d.stop();
 }
+
+#[test]
+fn a_second_daemon_on_the_same_state_directory_is_refused_naming_the_first() {
+    let s = Setup::new("");
+    let first = s.start();
+    first.wait_stderr("caught up");
+    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--json", "--config"])
+        .arg(s.config())
+        .env("XIDWATCH_BOOT_ID_PATH", s.boot())
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("in use by another xidwatch")
+            && err.contains(&format!("pid {}", first.child.id())),
+        "{err}"
+    );
+    // The first one was not disturbed.
+    s.append(&xid_record(0, "17", 79));
+    first.wait_for("the Xid after the refusal", |l| {
+        l.iter().any(|i| i["xid"] == 79)
+    });
+    let (code, _, err) = first.stop();
+    assert_eq!(code, Some(0), "{err}");
+    // Its lock died with it: the next start works.
+    let again = s.start();
+    again.wait_stderr("caught up");
+    again.stop();
+}
+
+/// Every file under `dir`, recursively, with its mode.
+fn files_with_modes(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            out.extend(files_with_modes(&e.path()));
+        } else if !m.file_type().is_socket() {
+            out.push((e.path(), m.mode() & 0o7777));
+        }
+    }
+    out
+}
+
+#[test]
+fn state_files_are_0640_or_tighter() {
+    // A receiver that takes the connection and never answers: the alert stays in the outbox.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming() {
+            held.push(c);
+        }
+    });
+    let s = Setup::new(&format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n"
+    ));
+    let state = s.dir.path().join("state");
+    let d = s.start();
+    d.wait_stderr("caught up");
+    s.append(&xid_record(0, "17", 79));
+    d.wait_for("the Xid", |l| l.iter().any(|i| i["xid"] == 79));
+    let has = |sub: &str, ext: &str| {
+        std::fs::read_dir(state.join(sub)).is_ok_and(|rd| {
+            rd.map_while(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with(ext))
+        })
+    };
+    let start = Instant::now();
+    while !(has("alert-outbox", ".json") && has("alert-reports", ".txt")) {
+        assert!(start.elapsed() < LIMIT, "{:?}", files_with_modes(&state));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let files = files_with_modes(&state);
+    let names: Vec<String> = files
+        .iter()
+        .map(|(p, _)| p.strip_prefix(&state).unwrap().display().to_string())
+        .collect();
+    for want in ["status.json", "alert-status.json", "position.json"] {
+        assert!(names.iter().any(|n| n == want), "no {want}: {names:?}");
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("alert-outbox/00")),
+        "{names:?}"
+    );
+    for (p, mode) in &files {
+        assert_eq!(mode & 0o137, 0, "{} is {mode:04o}", p.display());
+    }
+    assert!(
+        names.iter().all(|n| !n.ends_with(".tmp")),
+        "no temporary files left: {names:?}"
+    );
+}
