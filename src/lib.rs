@@ -11,6 +11,7 @@ pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod host;
 pub mod incident;
 pub mod model;
 pub mod runbook;

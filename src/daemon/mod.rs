@@ -29,6 +29,7 @@ use crate::incident::{Engine, EngineConfig, Origin, Persisted};
 use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
 use crate::source::kmsg::follow::{self, KmsgEvent};
 use crate::source::nvml::{NvmlEvent, NvmlSource};
+use crate::host::hostname;
 use crate::state::{self, Position, StateDir};
 use telemetry::{GpuSummary, Telemetry};
 
@@ -1028,13 +1029,4 @@ pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
     let mut env = config.runbooks.env();
     env.host = config.incidents.host.clone().unwrap_or_else(hostname);
     env
-}
-
-/// This machine's name, for alerts.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
 }
