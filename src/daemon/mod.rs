@@ -25,11 +25,11 @@ use tokio::sync::mpsc;
 
 use crate::classify::{Classifier, LineOrigin};
 use crate::config::Config;
+use crate::host::hostname;
 use crate::incident::{Engine, EngineConfig, Origin, Persisted};
 use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
 use crate::source::kmsg::follow::{self, KmsgEvent};
 use crate::source::nvml::{NvmlEvent, NvmlSource};
-use crate::host::hostname;
 use crate::state::{self, Position, StateDir};
 use telemetry::{GpuSummary, Telemetry};
 
