@@ -111,7 +111,7 @@ pub fn state_dir(config: Option<&Path>) -> Result<(PathBuf, Option<String>), Con
         Some(p) => p.to_path_buf(),
         None => PathBuf::from(DEFAULT_PATH),
     };
-    let table: toml::Table = std::fs::read_to_string(&path)
+    let table: toml::Table = crate::config::read_config_file(&path)
         .ok()
         .and_then(|text| text.parse().ok())
         .ok_or_else(|| clone_error(&err))?;

@@ -367,3 +367,20 @@ fn runbook_commands_list_show_and_run() {
         "an address that does not parse never reaches a command"
     );
 }
+
+#[test]
+fn check_refuses_a_config_that_is_not_a_regular_file_at_once() {
+    let start = std::time::Instant::now();
+    let out = bin()
+        .args(["check", "--config", "/dev/zero"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("/dev/zero") && err.contains("not a regular file"),
+        "{err}"
+    );
+    // Refused before reading: no time spent filling memory.
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+}
