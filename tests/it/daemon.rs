@@ -1,6 +1,7 @@
 //! `xidwatch run` end to end, as a process: a regular-file kmsg (same code path as the device
 //! after the open), the real nvml-wrapper against the fake libnvidia-ml, restarts, storms.
-//! No root, no GPU. The test on the real `/dev/kmsg` is opt-in (`XIDWATCH_KMSG_E2E=1`).
+//! No root, no GPU. The tests on the real `/dev/kmsg` and as another user need root and are
+//! `#[ignore]`d (`cargo test -- --include-ignored` runs them, as `.ci/run` does).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -460,13 +461,11 @@ fn the_unit_protocol_ready_watchdog_stopping() {
     }
 }
 
-/// On the real kernel log: opt-in, since it writes to /dev/kmsg (needs root).
+/// On the real kernel log: writes test lines to /dev/kmsg, so it needs root.
 #[test]
+#[ignore = "needs root: writes test lines to /dev/kmsg"]
 fn real_kmsg_end_to_end() {
-    if std::env::var_os("XIDWATCH_KMSG_E2E").is_none() {
-        eprintln!("skipped: set XIDWATCH_KMSG_E2E=1 to write test lines to /dev/kmsg");
-        return;
-    }
+    super::support::require_root("it writes test lines to /dev/kmsg");
     let s = Setup::new("[incidents]\nwindow_secs = 3\n");
     let cfg = std::fs::read_to_string(s.config())
         .unwrap()
@@ -694,16 +693,16 @@ fn the_probe_reports_a_gpu_on_the_bus_that_nvml_cannot_reach() {
 }
 
 /// As an ordinary user: state under the user's own state directory, and a clear word when the
-/// kernel log cannot be read. Needs root to become another user (CI runs as root); skipped
-/// otherwise.
+/// kernel log cannot be read. Needs root to become another user (CI runs as root).
 #[test]
+#[ignore = "needs root and setpriv: runs the daemon as another user"]
 fn as_an_ordinary_user() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("skipped: needs root and setpriv to run as another user");
-        return;
-    }
+    super::support::require_root("it switches to another user with setpriv");
+    assert!(
+        Path::new("/usr/bin/setpriv").exists(),
+        "this test needs /usr/bin/setpriv (util-linux)"
+    );
     // A world-readable copy of everything the user needs, outside any private directory.
     let dir = tempfile::Builder::new()
         .prefix("xidwatch-user-")
