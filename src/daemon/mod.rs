@@ -380,6 +380,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                             tracing::warn!("kernel log overrun: {lost} records lost before record {next_seq}");
                             push(&tel, &mut engine, overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
                         }
+                        KmsgEvent::SequenceAnomaly { anomaly, at_startup } => {
+                            // Reported once as a finding; later ones are counted in the log.
+                            if anomaly.count == 1 {
+                                tracing::warn!("kernel log: {anomaly}; later records are still read");
+                                push(&tel, &mut engine, sequence_finding(&anomaly), Origin::Kmsg, now, at_startup, &mut out_buf);
+                            } else if anomaly.count <= 10 || anomaly.count.is_power_of_two() {
+                                tracing::warn!("kernel log: {anomaly}; {} records out of sequence so far", anomaly.count);
+                            }
+                        }
                         KmsgEvent::Malformed(why) => {
                             stats.kmsg_malformed += 1;
                             tel.kmsg_malformed(1);
@@ -584,6 +593,22 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
     f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
     f.detail = Some(Detail::Overrun { lost });
     f.origin.seq = Some(next_seq);
+    f
+}
+
+fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
+    let mut f = Finding::new(
+        FindingKind::KmsgSequence,
+        Severity::Warning,
+        Category::Informational,
+        format!("kernel log: {a}"),
+    );
+    f.message = format!(
+        "{a}. The kernel numbers its records one by one, so the log being read is not what it \
+         seems (a rewritten or concatenated file, or a bug); records after it are still read. \
+         Later ones are counted in the daemon's log, not reported again."
+    );
+    f.origin.seq = Some(a.seq);
     f
 }
 

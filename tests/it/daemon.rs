@@ -227,17 +227,82 @@ fn lost_records_are_reported_as_an_overrun() {
         "{o}"
     );
     d.stop();
+}
 
-    // Ring wrapped before the first start in a boot: the first record is not record 0.
+#[test]
+fn records_gone_before_the_first_start_are_not_seen_rather_than_lost() {
+    // The ring wrapped before xidwatch first ran in this boot: the first record is not record 0.
     let s = Setup::new("");
     s.append(&xid_record(500, "17", 13));
+    s.append(&xid_record(501, "2a", 48));
     let d = s.start();
-    let v = d.wait_for("the boot-time overrun", |l| {
-        l.iter().any(|i| i["kind"] == "kmsg_overrun")
+    d.wait_for("both Xids", |l| {
+        l.iter().any(|i| i["xid"] == 13) && l.iter().any(|i| i["xid"] == 48)
     });
-    assert!(v
-        .iter()
-        .any(|i| i["title"].as_str().unwrap().contains("500 records lost")));
+    d.wait_stderr("caught up");
+    let (code, all, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        all.iter().all(|i| i["kind"] != "kmsg_overrun"),
+        "no overrun: {all:#?}"
+    );
+    let said = "500 earlier records had already left the ring buffer and were not seen";
+    assert_eq!(err.matches(said).count(), 1, "{err}");
+    let line = err.lines().find(|l| l.contains(said)).unwrap();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(err.contains(", 0 lost"), "nothing counted as lost: {err}");
+}
+
+#[test]
+fn a_sequence_far_ahead_neither_blinds_the_reader_nor_the_restart() {
+    let s = Setup::new("");
+    s.append(&xid_record(0, "17", 13));
+    s.append("3,18446744073709551615,1000001,-;NVRM: Xid (PCI:0000:2a:00): 48, pid=42, name=python3, test\n");
+    s.append(&xid_record(1, "3b", 79));
+    s.append(&xid_record(2, "4c", 119));
+    let d = s.start();
+    let v = d.wait_for("the records after the bad one", |l| {
+        l.iter().any(|i| i["xid"] == 79) && l.iter().any(|i| i["xid"] == 119)
+    });
+    let seq: Vec<_> = v.iter().filter(|i| i["kind"] == "kmsg_sequence").collect();
+    assert_eq!(seq.len(), 1, "reported once: {v:#?}");
+    assert!(
+        seq[0]["title"]
+            .as_str()
+            .unwrap()
+            .contains("18446744073709551615 jumps far ahead"),
+        "{}",
+        seq[0]
+    );
+    d.wait_stderr("caught up");
+    let (code, first, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        first.iter().any(|i| i["xid"] == 48),
+        "the bad record itself is read"
+    );
+
+    // Across a restart: the position saved is not a wall; new records are read, old ones not.
+    s.append(&xid_record(3, "5d", 62));
+    let d = s.start();
+    d.wait_for("the record written while down", |l| {
+        l.iter().any(|i| i["xid"] == 62)
+    });
+    d.wait_stderr("caught up");
+    let (code, all, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let opened: Vec<_> = all.iter().filter(|i| i["phase"] == "opened").collect();
+    assert_eq!(opened.len(), 1, "only the new record: {all:#?}");
+
+    // Records going backwards: said (the finding joins the incident still open for the first
+    // one), and still read.
+    s.append(&xid_record(1, "6e", 31));
+    s.append(&xid_record(2, "7f", 43));
+    let d = s.start();
+    d.wait_for("the records after the step back", |l| {
+        l.iter().any(|i| i["xid"] == 31) && l.iter().any(|i| i["xid"] == 43)
+    });
+    d.wait_stderr("record sequence number 1 goes backwards of 3");
     d.stop();
 }
 
@@ -1002,5 +1067,55 @@ fn state_files_are_0640_or_tighter() {
     assert!(
         names.iter().all(|n| !n.ends_with(".tmp")),
         "no temporary files left: {names:?}"
+    );
+}
+
+/// Peak resident memory of a process, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+#[test]
+fn a_huge_line_in_a_kmsg_file_is_cut_and_costs_bounded_memory() {
+    const LINE: usize = 128 << 20;
+    let s = Setup::new("");
+    let d = s.start();
+    d.wait_stderr("caught up");
+    let before = peak_rss_kib(d.child.id());
+    {
+        // Written in pieces, with no newline until the end: the reader meets the line unfinished.
+        // 17 bytes of header, 128 MiB of message, then the newline.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(s.kmsg())
+            .unwrap();
+        f.write_all(b"3,0,1000,-;NVRM: ").unwrap();
+        let chunk = vec![b'A'; 1 << 20];
+        for _ in 0..LINE >> 20 {
+            f.write_all(&chunk).unwrap();
+        }
+    }
+    s.append("\n");
+    s.append(&xid_record(1, "17", 79));
+    d.wait_for("the record after the huge line", |l| {
+        l.iter().any(|i| i["xid"] == 79)
+    });
+    d.wait_stderr("was cut to its first 65536");
+    let peak = peak_rss_kib(d.child.id());
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("a line of {} bytes", LINE + 18)),
+        "{err}"
+    );
+    // The line is 128 MiB; reading it may cost the cap and buffers, not the line.
+    assert!(
+        peak < before + 16 * 1024,
+        "peak RSS {peak} KiB, {before} KiB before the line"
     );
 }
