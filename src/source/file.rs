@@ -46,6 +46,12 @@ pub struct ScanStats {
 }
 
 /// Opens a file (or `-` for standard input), transparently decompressing gzip.
+///
+/// The input is opened exactly once and only ever read with `read(2)`: a FIFO or standard input
+/// cannot be opened or read a second time (a second open of a FIFO waits for a writer that has
+/// already gone), and a memory map of a file that someone truncates meanwhile kills the process
+/// with SIGBUS, where a read just ends early. Reads go straight into the scanner's buffer in
+/// 1 MiB pieces; the gzip sniff is the only buffered read.
 pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     let raw: Box<dyn Read> = if path == Path::new("-") {
         Box::new(io::stdin().lock())
@@ -55,7 +61,13 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     let mut r = BufReader::with_capacity(CHUNK, raw);
     let magic = {
         use std::io::BufRead;
-        let buf = r.fill_buf()?;
+        let buf = loop {
+            match r.fill_buf() {
+                Ok(b) => break b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        };
         buf.len() >= 2 && buf[0] == 0x1f && buf[1] == 0x8b
     };
     if magic {
@@ -63,40 +75,6 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     } else {
         Ok(Box::new(r))
     }
-}
-
-/// Scans a regular, uncompressed file through a read-only memory map: no copy into a buffer,
-/// which is most of the gap to a grep tool on large archives. `None` when the file is not a
-/// regular file, is compressed, or cannot be mapped; the caller then reads it with [`open`].
-///
-/// A file truncated by someone else while it is mapped would fault; saved logs are not
-/// truncated while an on-call scans them, and the live kernel log never goes through here.
-pub fn scan_mapped(
-    path: &Path,
-    pre: &Prefilter,
-    mut on_line: impl FnMut(u64, &[u8]),
-) -> Option<ScanStats> {
-    let file = File::open(path).ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() < 2 || meta.len() > isize::MAX as u64 {
-        return None;
-    }
-    // SAFETY: the map is read-only and private to this function; see the note above about
-    // concurrent truncation.
-    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.ok()?;
-    if map[0] == 0x1f && map[1] == 0x8b {
-        return None;
-    }
-    let mut st = ScanStats {
-        bytes: map.len() as u64,
-        ..ScanStats::default()
-    };
-    if let Some(i) = memchr::memchr(0, &map[..map.len().min(BINARY_SNIFF)]) {
-        st.notes
-            .push(binary_note(bytecount::count(&map[..i], b'\n') as u64 + 1));
-    }
-    st.lines = scan_region(&map, 0, pre, &mut st, &mut on_line);
-    Some(st)
 }
 
 /// The literal prefilter.
