@@ -128,8 +128,8 @@ impl StateDir {
     }
 }
 
-/// Removes temporary files a crash left in the top of the state directory. Only the lock holder
-/// calls it, so no live writer's file is removed.
+/// Removes temporary files a crash left in the state directory and its subdirectories (the
+/// outbox, the reports). Only the lock holder calls it, so no live writer's file is removed.
 fn sweep_temp_files(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -137,8 +137,18 @@ fn sweep_temp_files(dir: &Path) {
     for e in entries.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() {
+            let Ok(sub) = fs::read_dir(e.path()) else {
+                continue;
+            };
+            for f in sub.flatten() {
+                if atomic::is_temp_name(&f.file_name().to_string_lossy()) {
+                    let _ = fs::remove_file(f.path());
+                }
+            }
         // `status.tmp` and friends: the fixed names older versions used.
-        if atomic::is_temp_name(&name) || name.ends_with(".tmp") {
+        } else if atomic::is_temp_name(&name) || name.ends_with(".tmp") {
             let _ = fs::remove_file(e.path());
         }
     }
@@ -169,8 +179,14 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let t = tempfile::tempdir().unwrap();
         fs::write(t.path().join("status.tmp"), b"left by a crash").unwrap();
+        fs::create_dir(t.path().join("alert-reports")).unwrap();
+        let report_tmp = t.path().join("alert-reports/.x.txt.77.0.tmp");
+        fs::write(&report_tmp, b"half").unwrap();
+        fs::write(t.path().join("alert-reports/x.txt"), b"whole").unwrap();
         let s = StateDir::open(t.path()).unwrap();
         assert!(!t.path().join("status.tmp").exists(), "swept at open");
+        assert!(!report_tmp.exists(), "swept at open");
+        assert!(t.path().join("alert-reports/x.txt").exists());
         s.save_position(&Position {
             boot_id: [7; 16],
             last_seq: 1,
