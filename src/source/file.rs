@@ -136,12 +136,14 @@ pub fn scan_lines<R: Read>(
             }
         };
         filled = old + n;
+        // Sniff the first BINARY_SNIFF bytes of the input, however the reads fall.
+        let sniff = (BINARY_SNIFF as u64).saturating_sub(st.bytes) as usize;
         st.bytes += n as u64;
         if n == 0 {
             eof = true;
         }
-        if !saw_nul && st.bytes <= BINARY_SNIFF as u64 {
-            if let Some(i) = memchr::memchr(0, &buf[old..filled]) {
+        if !saw_nul && sniff > 0 {
+            if let Some(i) = memchr::memchr(0, &buf[old..filled.min(old + sniff)]) {
                 saw_nul = true;
                 st.notes.push(binary_note(
                     base_line + bytecount::count(&buf[..old + i], b'\n') as u64 + 1,
@@ -315,6 +317,17 @@ mod tests {
         assert_eq!(lines[1], (2, "NVRM: after".into()));
         assert_eq!(st.notes.len(), 1);
         assert_eq!(st.lines, 2);
+    }
+
+    #[test]
+    fn nul_bytes_are_noted_when_the_first_read_is_large() {
+        let mut input = b"\0 garbage\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 2 << 20));
+        input.extend_from_slice(b"\nNVRM: ok\n");
+        let (lines, st) = collect(&input);
+        assert_eq!(lines, vec![(3, "NVRM: ok".into())]);
+        assert_eq!(st.notes[0].line, Some(1), "{:?}", st.notes);
+        assert!(st.notes[0].text.contains("binary"));
     }
 
     #[test]
