@@ -1119,3 +1119,33 @@ fn a_huge_line_in_a_kmsg_file_is_cut_and_costs_bounded_memory() {
         "peak RSS {peak} KiB, {before} KiB before the line"
     );
 }
+
+#[test]
+fn failing_state_writes_are_logged_once_and_leave_no_litter() {
+    // position.json is a directory: every save of the position fails at the rename, the way a
+    // full disk fails it at the write; the daemon goes on watching.
+    let s = Setup::new("");
+    let state = s.dir.path().join("state");
+    std::fs::create_dir_all(state.join("position.json")).unwrap();
+    let d = s.start();
+    d.wait_stderr("caught up");
+    for i in 0..20u64 {
+        s.append(&xid_record(i, &format!("{:02x}", 0x20 + i), 79));
+        d.wait_for("the incident", |l| {
+            l.iter().filter(|i| i["phase"] == "opened").count() as u64 == i + 1
+        });
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let failures = err
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("position.json"))
+        .count();
+    assert_eq!(failures, 1, "one line for 20 failed saves:\n{err}");
+    let litter: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(litter.is_empty(), "{litter:?}");
+}
