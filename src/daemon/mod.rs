@@ -381,7 +381,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                             push(&tel, &mut engine, overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
                         }
                         KmsgEvent::SequenceAnomaly { anomaly, at_startup } => {
-                            // Reported once as a finding; later ones are counted in the log.
+                            // Counted; reported once as a finding, later ones sparingly in the log.
+                            tel.kmsg_out_of_sequence(1);
                             if anomaly.count == 1 {
                                 tracing::warn!("kernel log: {anomaly}; later records are still read");
                                 push(&tel, &mut engine, sequence_finding(&anomaly), Origin::Kmsg, now, at_startup, &mut out_buf);
