@@ -281,10 +281,9 @@ fn a_sequence_far_ahead_neither_blinds_the_reader_nor_the_restart() {
         first.iter().any(|i| i["xid"] == 48),
         "the bad record itself is read"
     );
-    let status: Value = serde_json::from_slice(
-        &std::fs::read(s.dir.path().join("state/status.json")).unwrap(),
-    )
-    .unwrap();
+    let status: Value =
+        serde_json::from_slice(&std::fs::read(s.dir.path().join("state/status.json")).unwrap())
+            .unwrap();
     assert_eq!(status["kmsg"]["out_of_sequence"], 1, "{status}");
 
     // Across a restart: the position saved is not a wall; new records are read, old ones not.
