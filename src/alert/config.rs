@@ -352,7 +352,8 @@ impl Secret {
                 Err(_) => Err(format!("environment variable {name} is not set")),
             },
             Secret::File(path) => {
-                let text = std::fs::read_to_string(path)
+                // Like the config: a regular file of bounded size, never a device or FIFO.
+                let text = crate::config::read_config_file(path)
                     .map_err(|e| format!("cannot read secret file {}: {e}", path.display()))?;
                 let v = text.trim_end_matches(['\n', '\r']).to_string();
                 if v.is_empty() {

@@ -136,12 +136,8 @@ impl Shared {
     fn write_status(&self) {
         let st = self.status();
         let path = lock(&self.status_path);
-        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-            return;
-        };
-        let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
         let bytes = serde_json::to_vec_pretty(&st).unwrap_or_default();
-        if let Err(e) = std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, &*path)) {
+        if let Err(e) = crate::state::write_atomic(&path, &bytes, crate::state::STATE_FILE_MODE) {
             tracing::debug!("cannot write {}: {e}", path.display());
         }
     }

@@ -184,16 +184,10 @@ fn file_name(seq: u64) -> String {
     format!("{seq:016}.json")
 }
 
-/// Writes `bytes` to `dir/name` atomically and durably.
+/// Writes `bytes` to `dir/name` atomically and durably, readable by the service and its group
+/// only (the state directory's one write helper).
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
+    crate::state::write_atomic(&dir.join(name), bytes, crate::state::STATE_FILE_MODE)
 }
 
 /// Writes several files under `dir` durably with one filesystem flush: every temporary file is
@@ -201,13 +195,19 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
 /// the directory is flushed once. A crash leaves each file old or new, never torn.
 fn write_batch(dir: &Path, files: &[(u64, Vec<u8>)]) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
     if files.is_empty() {
         return Ok(());
     }
     let tmp = |seq: u64| dir.join(format!(".{}.tmp", file_name(seq)));
     let written = (|| {
         for (seq, bytes) in files {
-            let mut f = File::create(tmp(*seq))?;
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(crate::state::STATE_FILE_MODE)
+                .open(tmp(*seq))?;
             f.write_all(bytes)?;
         }
         let d = File::open(dir)?;
@@ -227,10 +227,6 @@ fn write_batch(dir: &Path, files: &[(u64, Vec<u8>)]) -> io::Result<()> {
         }
     }
     written
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 fn create_private_dir(dir: &Path) -> io::Result<()> {

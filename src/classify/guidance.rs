@@ -120,6 +120,10 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "Kernel log records were overwritten before xidwatch could read them; faults in them may have been missed.",
             "Read what is left of the kernel log and the journal for the lost period; if it repeats, the log is flooded: find the source of the flood.",
         ),
+        FindingKind::KmsgSequence => (
+            "A kernel log record's sequence number jumped far ahead or went backwards; the kernel never numbers its records that way.",
+            "Check what writes the log xidwatch reads ([kmsg] path): a rewritten or concatenated file explains it. Records after it are still read.",
+        ),
         FindingKind::EccError => (
             "NVML reported an ECC error on the GPU's memory.",
             "Check ECC counters and remapped rows (nvidia-smi -q -d ECC,ROW_REMAPPER); double-bit errors need the GPU drained and reset.",

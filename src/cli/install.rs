@@ -639,19 +639,7 @@ impl Session {
 /// Writes a sibling temporary file and renames it over `path`: a reader (or a running binary,
 /// which cannot be written to in place) sees the old file or the new one, never half of one.
 fn write_atomically(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
-    let name = path.file_name().expect("a file path").to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.xidwatch-install"));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.write_all(content)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    crate::state::write_atomic(path, content, mode)
 }
 
 /// Looks a program up in $PATH and the system directories (sudo may have trimmed $PATH).

@@ -78,7 +78,7 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
             .incidents
             .host
             .clone()
-            .unwrap_or_else(crate::daemon::hostname),
+            .unwrap_or_else(crate::host::hostname),
         evidence,
         now_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -271,20 +271,12 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
             out.emit(&name, &f);
         }
     };
-    let mapped = if path == Path::new("-") {
-        None
-    } else {
-        file::scan_mapped(path, pre, &mut on_line)
-    };
-    let stats = match mapped {
-        Some(st) => st,
-        None => match file::open(path) {
-            Ok(reader) => file::scan_lines(reader, pre, &mut on_line),
-            Err(e) => {
-                eprintln!("xidwatch: {name}: cannot read: {e}");
-                return false;
-            }
-        },
+    let stats = match file::open(path) {
+        Ok(reader) => file::scan_lines(reader, pre, &mut on_line),
+        Err(e) => {
+            eprintln!("xidwatch: {name}: cannot read: {e}");
+            return false;
+        }
     };
     classifier.flush(&mut findings);
     for f in findings.drain(..) {

@@ -111,7 +111,7 @@ pub fn state_dir(config: Option<&Path>) -> Result<(PathBuf, Option<String>), Con
         Some(p) => p.to_path_buf(),
         None => PathBuf::from(DEFAULT_PATH),
     };
-    let table: toml::Table = std::fs::read_to_string(&path)
+    let table: toml::Table = crate::config::read_config_file(&path)
         .ok()
         .and_then(|text| text.parse().ok())
         .ok_or_else(|| clone_error(&err))?;
@@ -332,9 +332,14 @@ pub fn render(r: &Report, now: u64) -> String {
         (_, Some(q)) => format!("record {q}"),
         _ => "no record yet".to_string(),
     };
+    // Said only when it happened: the kernel never numbers records out of sequence.
+    let out_of_sequence = match k.out_of_sequence {
+        0 => String::new(),
+        n => format!(", {n} out of sequence"),
+    };
     let _ = writeln!(
         o,
-        "  kernel log  {}: {pos}; {} read, {} lost, {} malformed, {} from user space ignored",
+        "  kernel log  {}: {pos}; {} read, {} lost, {} malformed, {} from user space ignored{out_of_sequence}",
         k.path.as_deref().unwrap_or("?"),
         k.records,
         k.lost,

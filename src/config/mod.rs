@@ -155,7 +155,7 @@ impl Config {
         };
         match path {
             Some(p) => {
-                let text = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+                let text = read_config_file(&p).map_err(|source| ConfigError::Read {
                     path: p.clone(),
                     source,
                 })?;
@@ -305,6 +305,69 @@ fn elide_quoted(msg: &str) -> String {
     out
 }
 
+/// Largest config file read. A real one is a few KiB; anything near this is a mistake, and
+/// reading it whole (`--config /dev/zero`) would only fill memory.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads a config file as text, if it is a regular file of at most [`MAX_CONFIG_BYTES`].
+/// A device, FIFO or directory is refused before any read, so `--config /dev/zero` fails at
+/// once; the caller adds the path.
+pub fn read_config_file(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking, so opening a FIFO does not wait for a writer; reads of a regular file are
+    // unaffected.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "not a regular file (a {}); give the path of a TOML file",
+                file_kind(&meta)
+            ),
+        ));
+    }
+    let too_big = |n: u64| {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("{n} bytes is more than a config may be ({MAX_CONFIG_BYTES} bytes)"),
+        )
+    };
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    // Bounded even if the file grows between the check and the read.
+    let mut text = String::new();
+    f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
+/// What a non-regular file is, in words.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "directory"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_block_device() {
+        "block device"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    }
+}
+
 /// `$STATE_DIRECTORY` under systemd; `/var/lib/xidwatch` as root; the user's state directory
 /// otherwise, so a non-root run never needs root to keep its position.
 pub fn default_state_dir() -> PathBuf {
@@ -415,5 +478,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn only_regular_files_of_bounded_size_are_read() {
+        let e = Config::load(Some(Path::new("/dev/zero")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/dev/zero") && e.contains("not a regular file (a character device)"),
+            "{e}"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let e = Config::load(Some(d.path())).unwrap_err().to_string();
+        assert!(e.contains("directory"), "{e}");
+        let big = d.path().join("big.toml");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = Config::load(Some(&big)).unwrap_err().to_string();
+        assert!(
+            e.contains("big.toml") && e.contains("more than a config may be"),
+            "{e}"
+        );
+        let fifo = d.path().join("fifo.toml");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = Config::load(Some(&fifo)).unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
     }
 }

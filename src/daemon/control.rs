@@ -210,7 +210,12 @@ pub async fn query_status(path: &Path, timeout: Duration) -> Result<StatusSnapsh
 /// daemon, or accept a short fsync on the runtime every [`STATUS_FILE_INTERVAL`]).
 pub fn write_status_file(state_dir: &Path, snapshot: &StatusSnapshot) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec_pretty(snapshot).context("serialising the status")?;
-    crate::state::write_atomic(&state_dir.join(STATUS_FILE), &bytes)
+    let path = state_dir.join(STATUS_FILE);
+    Ok(crate::state::write_atomic(
+        &path,
+        &bytes,
+        crate::state::STATE_FILE_MODE,
+    )?)
 }
 
 /// Reads `<state_dir>/status.json`; `Ok(None)` when there is none.

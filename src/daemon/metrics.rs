@@ -226,6 +226,12 @@ impl Collector for SnapshotCollector {
         )?;
         counter(
             e,
+            "xidwatch_kmsg_out_of_sequence",
+            "Kernel log records whose sequence number jumped far ahead or went backwards (still read).",
+            s.kmsg.out_of_sequence,
+        )?;
+        counter(
+            e,
             "xidwatch_kmsg_userspace_ignored",
             "Kernel log records written by user space and ignored.",
             s.kmsg.userspace_ignored,
@@ -599,6 +605,7 @@ mod tests {
             "xidwatch_kmsg_records_total 0",
             "xidwatch_kmsg_lost_records_total 0",
             "xidwatch_kmsg_malformed_total 0",
+            "xidwatch_kmsg_out_of_sequence_total 0",
             "xidwatch_nvml_up 0",
             "xidwatch_gpus 0",
             "xidwatch_runbook_runs_total{runbook=\"xid79\",result=\"ok\"} 1",

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
+use crate::host::hostname;
 use crate::incident::{Engine, EngineConfig, Origin, Persisted};
 use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
 use crate::source::kmsg::follow::{self, KmsgEvent};
@@ -400,6 +401,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                             tracing::warn!("kernel log overrun: {lost} records lost before record {next_seq}");
                             push(&tel, &mut engine, overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
                         }
+                        KmsgEvent::SequenceAnomaly { anomaly, at_startup } => {
+                            // Counted; reported once as a finding, later ones sparingly in the log.
+                            tel.kmsg_out_of_sequence(1);
+                            if anomaly.count == 1 {
+                                tracing::warn!("kernel log: {anomaly}; later records are still read");
+                                push(&tel, &mut engine, sequence_finding(&anomaly), Origin::Kmsg, now, at_startup, &mut out_buf);
+                            } else if anomaly.count <= 10 || anomaly.count.is_power_of_two() {
+                                tracing::warn!("kernel log: {anomaly}; {} records out of sequence so far", anomaly.count);
+                            }
+                        }
                         KmsgEvent::Malformed(why) => {
                             stats.kmsg_malformed += 1;
                             tel.kmsg_malformed(1);
@@ -473,7 +484,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = control::write_status_file(&dir, &snap) {
-                        tracing::warn!("{e:#}");
+                        state::log_write_error("status", &format!("{e:#}"));
                     }
                 });
             }
@@ -661,11 +672,9 @@ impl Checkpointer {
                 }
             }
             Err(e) => {
-                // A full disk: say so the first time and then rarely, not every 250 ms.
+                // A full disk: rate-limited, as this fails at every save.
                 self.errors += 1;
-                if self.errors == 1 || self.errors.is_power_of_two() {
-                    tracing::error!("{e:#} ({} failed attempts)", self.errors);
-                }
+                state::log_write_error("checkpoint", &format!("{e:#}"));
             }
         }
         true
@@ -731,6 +740,22 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
     f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
     f.detail = Some(Detail::Overrun { lost });
     f.origin.seq = Some(next_seq);
+    f
+}
+
+fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
+    let mut f = Finding::new(
+        FindingKind::KmsgSequence,
+        Severity::Warning,
+        Category::Informational,
+        format!("kernel log: {a}"),
+    );
+    f.message = format!(
+        "{a}. The kernel numbers its records one by one, so the log being read is not what it \
+         seems (a rewritten or concatenated file, or a bug); records after it are still read. \
+         Later ones are counted in the daemon's log, not reported again."
+    );
+    f.origin.seq = Some(a.seq);
     f
 }
 
@@ -1211,13 +1236,4 @@ pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
     let mut env = config.runbooks.env();
     env.host = config.incidents.host.clone().unwrap_or_else(hostname);
     env
-}
-
-/// This machine's name, for alerts.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
 }

@@ -118,6 +118,8 @@ pub struct KmsgHealth {
     pub lost: u64,
     pub malformed: u64,
     pub userspace_ignored: u64,
+    /// Records whose sequence number jumped far ahead or went backwards (still read).
+    pub out_of_sequence: u64,
 }
 
 /// The NVML source.
@@ -260,6 +262,7 @@ pub struct Telemetry {
     kmsg_records: AtomicU64,
     kmsg_lost: AtomicU64,
     kmsg_malformed: AtomicU64,
+    kmsg_out_of_sequence: AtomicU64,
     kmsg_userspace_ignored: AtomicU64,
     reloads_ok: AtomicU64,
     reload_failures: AtomicU64,
@@ -296,6 +299,7 @@ impl Telemetry {
             kmsg_records: AtomicU64::new(0),
             kmsg_lost: AtomicU64::new(0),
             kmsg_malformed: AtomicU64::new(0),
+            kmsg_out_of_sequence: AtomicU64::new(0),
             kmsg_userspace_ignored: AtomicU64::new(0),
             reloads_ok: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
@@ -392,6 +396,11 @@ impl Telemetry {
     /// Adds `n` malformed kernel log records skipped.
     pub fn kmsg_malformed(&self, n: u64) {
         self.kmsg_malformed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds `n` records out of sequence (far ahead or backwards).
+    pub fn kmsg_out_of_sequence(&self, n: u64) {
+        self.kmsg_out_of_sequence.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Adds `n` records written by user space and ignored.
@@ -545,6 +554,7 @@ impl Telemetry {
                 lost: self.kmsg_lost.load(Ordering::Relaxed),
                 malformed: self.kmsg_malformed.load(Ordering::Relaxed),
                 userspace_ignored: self.kmsg_userspace_ignored.load(Ordering::Relaxed),
+                out_of_sequence: self.kmsg_out_of_sequence.load(Ordering::Relaxed),
             },
             nvml: inner.nvml.clone(),
             gpus: inner.gpus.clone(),
@@ -663,6 +673,7 @@ mod tests {
         t.kmsg_lost(3);
         t.kmsg_malformed(1);
         t.kmsg_userspace_ignored(2);
+        t.kmsg_out_of_sequence(4);
         t.set_kmsg_path(Path::new("/dev/kmsg"));
         t.set_kmsg_position("abcd", 99);
         t.set_nvml(true, "ok");
@@ -683,6 +694,7 @@ mod tests {
             ),
             (15, 3, 1, 2)
         );
+        assert_eq!(s.kmsg.out_of_sequence, 4);
         assert_eq!(s.kmsg.last_seq, Some(99));
         assert!(s.nvml.up);
         assert_eq!(s.config.reload_failures, 1);

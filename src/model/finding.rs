@@ -29,6 +29,8 @@ pub enum FindingKind {
     GpuIdentity,
     /// Kernel log records were lost before xidwatch could read them.
     KmsgOverrun,
+    /// A kernel log record's sequence number jumped far ahead or went backwards.
+    KmsgSequence,
     /// NVML reported an ECC error event.
     EccError,
     /// NVML reported that the GPU is lost.
@@ -53,6 +55,7 @@ impl FindingKind {
             FindingKind::PcieAer => "pcie_aer",
             FindingKind::GpuIdentity => "gpu_identity",
             FindingKind::KmsgOverrun => "kmsg_overrun",
+            FindingKind::KmsgSequence => "kmsg_sequence",
             FindingKind::EccError => "ecc_error",
             FindingKind::GpuLost => "gpu_lost",
             FindingKind::GpuMissing => "gpu_missing",
@@ -61,7 +64,7 @@ impl FindingKind {
         }
     }
 
-    pub const ALL: [FindingKind; 14] = [
+    pub const ALL: [FindingKind; 15] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -76,6 +79,7 @@ impl FindingKind {
         FindingKind::GpuMissing,
         FindingKind::NvmlUnavailable,
         FindingKind::ConfigRejected,
+        FindingKind::KmsgSequence,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {

@@ -72,7 +72,7 @@ impl RunbookEnv {
             sysfs_root: PathBuf::from("/sys"),
             procfs_root: PathBuf::from("/proc"),
             nvml: None,
-            host: hostname(),
+            host: crate::host::hostname(),
         }
     }
 }
@@ -87,18 +87,6 @@ impl fmt::Debug for RunbookEnv {
             .field("host", &self.host)
             .finish()
     }
-}
-
-/// This machine's host name, or `"unknown"`.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Ceilings the caller (configuration) puts on every runbook; the smaller of these and the

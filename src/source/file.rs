@@ -46,6 +46,12 @@ pub struct ScanStats {
 }
 
 /// Opens a file (or `-` for standard input), transparently decompressing gzip.
+///
+/// The input is opened exactly once and only ever read with `read(2)`: a FIFO or standard input
+/// cannot be opened or read a second time (a second open of a FIFO waits for a writer that has
+/// already gone), and a memory map of a file that someone truncates meanwhile kills the process
+/// with SIGBUS, where a read just ends early. Reads go straight into the scanner's buffer in
+/// 1 MiB pieces; the gzip sniff is the only buffered read.
 pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     let raw: Box<dyn Read> = if path == Path::new("-") {
         Box::new(io::stdin().lock())
@@ -55,7 +61,13 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     let mut r = BufReader::with_capacity(CHUNK, raw);
     let magic = {
         use std::io::BufRead;
-        let buf = r.fill_buf()?;
+        let buf = loop {
+            match r.fill_buf() {
+                Ok(b) => break b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        };
         buf.len() >= 2 && buf[0] == 0x1f && buf[1] == 0x8b
     };
     if magic {
@@ -63,40 +75,6 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     } else {
         Ok(Box::new(r))
     }
-}
-
-/// Scans a regular, uncompressed file through a read-only memory map: no copy into a buffer,
-/// which is most of the gap to a grep tool on large archives. `None` when the file is not a
-/// regular file, is compressed, or cannot be mapped; the caller then reads it with [`open`].
-///
-/// A file truncated by someone else while it is mapped would fault; saved logs are not
-/// truncated while an on-call scans them, and the live kernel log never goes through here.
-pub fn scan_mapped(
-    path: &Path,
-    pre: &Prefilter,
-    mut on_line: impl FnMut(u64, &[u8]),
-) -> Option<ScanStats> {
-    let file = File::open(path).ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() < 2 || meta.len() > isize::MAX as u64 {
-        return None;
-    }
-    // SAFETY: the map is read-only and private to this function; see the note above about
-    // concurrent truncation.
-    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.ok()?;
-    if map[0] == 0x1f && map[1] == 0x8b {
-        return None;
-    }
-    let mut st = ScanStats {
-        bytes: map.len() as u64,
-        ..ScanStats::default()
-    };
-    if let Some(i) = memchr::memchr(0, &map[..map.len().min(BINARY_SNIFF)]) {
-        st.notes
-            .push(binary_note(bytecount::count(&map[..i], b'\n') as u64 + 1));
-    }
-    st.lines = scan_region(&map, 0, pre, &mut st, &mut on_line);
-    Some(st)
 }
 
 /// The literal prefilter.
@@ -158,12 +136,14 @@ pub fn scan_lines<R: Read>(
             }
         };
         filled = old + n;
+        // Sniff the first BINARY_SNIFF bytes of the input, however the reads fall.
+        let sniff = (BINARY_SNIFF as u64).saturating_sub(st.bytes) as usize;
         st.bytes += n as u64;
         if n == 0 {
             eof = true;
         }
-        if !saw_nul && st.bytes <= BINARY_SNIFF as u64 {
-            if let Some(i) = memchr::memchr(0, &buf[old..filled]) {
+        if !saw_nul && sniff > 0 {
+            if let Some(i) = memchr::memchr(0, &buf[old..filled.min(old + sniff)]) {
                 saw_nul = true;
                 st.notes.push(binary_note(
                     base_line + bytecount::count(&buf[..old + i], b'\n') as u64 + 1,
@@ -337,6 +317,17 @@ mod tests {
         assert_eq!(lines[1], (2, "NVRM: after".into()));
         assert_eq!(st.notes.len(), 1);
         assert_eq!(st.lines, 2);
+    }
+
+    #[test]
+    fn nul_bytes_are_noted_when_the_first_read_is_large() {
+        let mut input = b"\0 garbage\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 2 << 20));
+        input.extend_from_slice(b"\nNVRM: ok\n");
+        let (lines, st) = collect(&input);
+        assert_eq!(lines, vec![(3, "NVRM: ok".into())]);
+        assert_eq!(st.notes[0].line, Some(1), "{:?}", st.notes);
+        assert!(st.notes[0].text.contains("binary"));
     }
 
     #[test]

@@ -1,11 +1,18 @@
 //! Durable state in the state directory: the kernel log position and the open incidents.
 //!
-//! Every write is atomic (temporary file, fsync, rename, fsync of the directory), so a crash at
-//! any instant leaves either the old or the new content, never a torn file.
+//! Every write is atomic (temporary file, fsync, rename, fsync of the directory: see
+//! [`atomic`]), so a crash at any instant leaves either the old or the new content, never a torn
+//! file. Files are [`STATE_FILE_MODE`]. The directory belongs to one daemon at a time ([`lock`]).
+
+pub mod atomic;
+pub mod lock;
 
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use atomic::{log_write_error, write_atomic, LogLimit, STATE_FILE_MODE};
+pub use lock::{LockError, StateLock};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -54,27 +61,31 @@ pub fn current_boot_id(boot_id_path: &Path) -> anyhow::Result<[u8; 16]> {
     parse_boot_id(&s).with_context(|| format!("{}: not a boot id: {s:?}", boot_id_path.display()))
 }
 
-/// The state directory.
+/// The state directory, locked for this process (see [`lock`]) for as long as a clone lives.
 #[derive(Debug, Clone)]
 pub struct StateDir {
     dir: PathBuf,
+    _lock: Arc<StateLock>,
 }
 
 /// Largest state file we read back; anything bigger is not ours.
 const MAX_STATE_FILE: u64 = 64 << 20;
 
 impl StateDir {
-    /// Opens (creating, mode 0700) the state directory.
+    /// Opens (creating, mode 0700) the state directory and locks it: a second daemon on the
+    /// same directory gets [`LockError::Busy`] naming the first one's pid.
     pub fn open(dir: &Path) -> anyhow::Result<StateDir> {
         fs::create_dir_all(dir)
             .with_context(|| format!("creating state directory {}", dir.display()))?;
-        #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
         }
+        let lock = StateLock::acquire(dir)?;
+        sweep_temp_files(dir);
         Ok(StateDir {
             dir: dir.to_path_buf(),
+            _lock: Arc::new(lock),
         })
     }
 
@@ -110,30 +121,37 @@ impl StateDir {
         Ok(Some(v))
     }
 
-    /// Writes a JSON state file atomically.
+    /// Writes a JSON state file atomically, mode [`STATE_FILE_MODE`].
     pub fn save_json<T: Serialize>(&self, name: &str, value: &T) -> anyhow::Result<()> {
         let bytes = serde_json::to_vec(value).context("serialising state")?;
-        write_atomic(&self.dir.join(name), &bytes)
+        Ok(write_atomic(&self.dir.join(name), &bytes, STATE_FILE_MODE)?)
     }
 }
 
-/// Temporary file, fsync, rename, fsync the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(bytes)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all()
-            .with_context(|| format!("syncing {}", tmp.display()))?;
+/// Removes temporary files a crash left in the state directory and its subdirectories (the
+/// outbox, the reports). Only the lock holder calls it, so no live writer's file is removed.
+fn sweep_temp_files(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() {
+            let Ok(sub) = fs::read_dir(e.path()) else {
+                continue;
+            };
+            for f in sub.flatten() {
+                if atomic::is_temp_name(&f.file_name().to_string_lossy()) {
+                    let _ = fs::remove_file(f.path());
+                }
+            }
+        // `status.tmp` and friends: the fixed names older versions used.
+        } else if atomic::is_temp_name(&name) || name.ends_with(".tmp") {
+            let _ = fs::remove_file(e.path());
+        }
     }
-    fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -154,5 +172,34 @@ mod tests {
         fs::write(t.path().join("position.json"), b"{torn").unwrap();
         let e = format!("{:#}", s.load_position().unwrap_err());
         assert!(e.contains("position.json") && e.contains("corrupt"), "{e}");
+    }
+
+    #[test]
+    fn state_files_are_private_and_the_directory_is_exclusive() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("status.tmp"), b"left by a crash").unwrap();
+        fs::create_dir(t.path().join("alert-reports")).unwrap();
+        let report_tmp = t.path().join("alert-reports/.x.txt.77.0.tmp");
+        fs::write(&report_tmp, b"half").unwrap();
+        fs::write(t.path().join("alert-reports/x.txt"), b"whole").unwrap();
+        let s = StateDir::open(t.path()).unwrap();
+        assert!(!t.path().join("status.tmp").exists(), "swept at open");
+        assert!(!report_tmp.exists(), "swept at open");
+        assert!(t.path().join("alert-reports/x.txt").exists());
+        s.save_position(&Position {
+            boot_id: [7; 16],
+            last_seq: 1,
+        })
+        .unwrap();
+        s.save_json("incidents.json", &[1, 2]).unwrap();
+        for f in ["position.json", "incidents.json", lock::LOCK_FILE] {
+            let mode = fs::metadata(t.path().join(f)).unwrap().mode() & 0o777;
+            assert_eq!(mode & 0o137, 0, "{f} is {mode:o}");
+        }
+        let e = format!("{:#}", StateDir::open(t.path()).unwrap_err());
+        assert!(e.contains("in use by another xidwatch"), "{e}");
+        drop(s);
+        StateDir::open(t.path()).unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! `xidwatch run` end to end, as a process: a regular-file kmsg (same code path as the device
 //! after the open), the real nvml-wrapper against the fake libnvidia-ml, restarts, storms.
-//! No root, no GPU. The test on the real `/dev/kmsg` is opt-in (`XIDWATCH_KMSG_E2E=1`).
+//! No root, no GPU. The tests on the real `/dev/kmsg` and as another user need root and are
+//! `#[ignore]`d (`cargo test -- --include-ignored` runs them, as `.ci/run` does).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -226,17 +227,86 @@ fn lost_records_are_reported_as_an_overrun() {
         "{o}"
     );
     d.stop();
+}
 
-    // Ring wrapped before the first start in a boot: the first record is not record 0.
+#[test]
+fn records_gone_before_the_first_start_are_not_seen_rather_than_lost() {
+    // The ring wrapped before xidwatch first ran in this boot: the first record is not record 0.
     let s = Setup::new("");
     s.append(&xid_record(500, "17", 13));
+    s.append(&xid_record(501, "2a", 48));
     let d = s.start();
-    let v = d.wait_for("the boot-time overrun", |l| {
-        l.iter().any(|i| i["kind"] == "kmsg_overrun")
+    d.wait_for("both Xids", |l| {
+        l.iter().any(|i| i["xid"] == 13) && l.iter().any(|i| i["xid"] == 48)
     });
-    assert!(v
-        .iter()
-        .any(|i| i["title"].as_str().unwrap().contains("500 records lost")));
+    d.wait_stderr("caught up");
+    let (code, all, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        all.iter().all(|i| i["kind"] != "kmsg_overrun"),
+        "no overrun: {all:#?}"
+    );
+    let said = "500 earlier records had already left the ring buffer and were not seen";
+    assert_eq!(err.matches(said).count(), 1, "{err}");
+    let line = err.lines().find(|l| l.contains(said)).unwrap();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(err.contains(", 0 lost"), "nothing counted as lost: {err}");
+}
+
+#[test]
+fn a_sequence_far_ahead_neither_blinds_the_reader_nor_the_restart() {
+    let s = Setup::new("");
+    s.append(&xid_record(0, "17", 13));
+    s.append("3,18446744073709551615,1000001,-;NVRM: Xid (PCI:0000:2a:00): 48, pid=42, name=python3, test\n");
+    s.append(&xid_record(1, "3b", 79));
+    s.append(&xid_record(2, "4c", 119));
+    let d = s.start();
+    let v = d.wait_for("the records after the bad one", |l| {
+        l.iter().any(|i| i["xid"] == 79) && l.iter().any(|i| i["xid"] == 119)
+    });
+    let seq: Vec<_> = v.iter().filter(|i| i["kind"] == "kmsg_sequence").collect();
+    assert_eq!(seq.len(), 1, "reported once: {v:#?}");
+    assert!(
+        seq[0]["title"]
+            .as_str()
+            .unwrap()
+            .contains("18446744073709551615 jumps far ahead"),
+        "{}",
+        seq[0]
+    );
+    d.wait_stderr("caught up");
+    let (code, first, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        first.iter().any(|i| i["xid"] == 48),
+        "the bad record itself is read"
+    );
+    let status: Value =
+        serde_json::from_slice(&std::fs::read(s.dir.path().join("state/status.json")).unwrap())
+            .unwrap();
+    assert_eq!(status["kmsg"]["out_of_sequence"], 1, "{status}");
+
+    // Across a restart: the position saved is not a wall; new records are read, old ones not.
+    s.append(&xid_record(3, "5d", 62));
+    let d = s.start();
+    d.wait_for("the record written while down", |l| {
+        l.iter().any(|i| i["xid"] == 62)
+    });
+    d.wait_stderr("caught up");
+    let (code, all, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let opened: Vec<_> = all.iter().filter(|i| i["phase"] == "opened").collect();
+    assert_eq!(opened.len(), 1, "only the new record: {all:#?}");
+
+    // Records going backwards: said (the finding joins the incident still open for the first
+    // one), and still read.
+    s.append(&xid_record(1, "6e", 31));
+    s.append(&xid_record(2, "7f", 43));
+    let d = s.start();
+    d.wait_for("the records after the step back", |l| {
+        l.iter().any(|i| i["xid"] == 31) && l.iter().any(|i| i["xid"] == 43)
+    });
+    d.wait_stderr("record sequence number 1 goes backwards of 3");
     d.stop();
 }
 
@@ -460,13 +530,11 @@ fn the_unit_protocol_ready_watchdog_stopping() {
     }
 }
 
-/// On the real kernel log: opt-in, since it writes to /dev/kmsg (needs root).
+/// On the real kernel log: writes test lines to /dev/kmsg, so it needs root.
 #[test]
+#[ignore = "needs root: writes test lines to /dev/kmsg"]
 fn real_kmsg_end_to_end() {
-    if std::env::var_os("XIDWATCH_KMSG_E2E").is_none() {
-        eprintln!("skipped: set XIDWATCH_KMSG_E2E=1 to write test lines to /dev/kmsg");
-        return;
-    }
+    super::support::require_root("it writes test lines to /dev/kmsg");
     let s = Setup::new("[incidents]\nwindow_secs = 3\n");
     let cfg = std::fs::read_to_string(s.config())
         .unwrap()
@@ -694,16 +762,16 @@ fn the_probe_reports_a_gpu_on_the_bus_that_nvml_cannot_reach() {
 }
 
 /// As an ordinary user: state under the user's own state directory, and a clear word when the
-/// kernel log cannot be read. Needs root to become another user (CI runs as root); skipped
-/// otherwise.
+/// kernel log cannot be read. Needs root to become another user (CI runs as root).
 #[test]
+#[ignore = "needs root and setpriv: runs the daemon as another user"]
 fn as_an_ordinary_user() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("skipped: needs root and setpriv to run as another user");
-        return;
-    }
+    super::support::require_root("it switches to another user with setpriv");
+    assert!(
+        Path::new("/usr/bin/setpriv").exists(),
+        "this test needs /usr/bin/setpriv (util-linux)"
+    );
     // A world-readable copy of everything the user needs, outside any private directory.
     let dir = tempfile::Builder::new()
         .prefix("xidwatch-user-")
@@ -903,4 +971,185 @@ fn a_changed_runbook_directory_is_reloaded_and_checked() {
     let msg = r["findings"][0]["message"].as_str().unwrap();
     assert!(msg.contains("bad.toml") && msg.contains("reboot"), "{msg}");
     d.stop();
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_directory_is_refused_naming_the_first() {
+    let s = Setup::new("");
+    let first = s.start();
+    first.wait_stderr("caught up");
+    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--json", "--config"])
+        .arg(s.config())
+        .env("XIDWATCH_BOOT_ID_PATH", s.boot())
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("in use by another xidwatch")
+            && err.contains(&format!("pid {}", first.child.id())),
+        "{err}"
+    );
+    // The first one was not disturbed.
+    s.append(&xid_record(0, "17", 79));
+    first.wait_for("the Xid after the refusal", |l| {
+        l.iter().any(|i| i["xid"] == 79)
+    });
+    let (code, _, err) = first.stop();
+    assert_eq!(code, Some(0), "{err}");
+    // Its lock died with it: the next start works.
+    let again = s.start();
+    again.wait_stderr("caught up");
+    again.stop();
+}
+
+/// Every file under `dir`, recursively, with its mode.
+fn files_with_modes(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            out.extend(files_with_modes(&e.path()));
+        } else if !m.file_type().is_socket() {
+            out.push((e.path(), m.mode() & 0o7777));
+        }
+    }
+    out
+}
+
+#[test]
+fn state_files_are_0640_or_tighter() {
+    // A receiver that takes the connection and never answers: the alert stays in the outbox.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming() {
+            held.push(c);
+        }
+    });
+    let s = Setup::new(&format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n"
+    ));
+    let state = s.dir.path().join("state");
+    let d = s.start();
+    d.wait_stderr("caught up");
+    s.append(&xid_record(0, "17", 79));
+    d.wait_for("the Xid", |l| l.iter().any(|i| i["xid"] == 79));
+    let has = |sub: &str, ext: &str| {
+        std::fs::read_dir(state.join(sub)).is_ok_and(|rd| {
+            rd.map_while(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with(ext))
+        })
+    };
+    let start = Instant::now();
+    while !(has("alert-outbox", ".json") && has("alert-reports", ".txt")) {
+        assert!(start.elapsed() < LIMIT, "{:?}", files_with_modes(&state));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let files = files_with_modes(&state);
+    let names: Vec<String> = files
+        .iter()
+        .map(|(p, _)| p.strip_prefix(&state).unwrap().display().to_string())
+        .collect();
+    for want in ["status.json", "alert-status.json", "position.json"] {
+        assert!(names.iter().any(|n| n == want), "no {want}: {names:?}");
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("alert-outbox/00")),
+        "{names:?}"
+    );
+    for (p, mode) in &files {
+        assert_eq!(mode & 0o137, 0, "{} is {mode:04o}", p.display());
+    }
+    assert!(
+        names.iter().all(|n| !n.ends_with(".tmp")),
+        "no temporary files left: {names:?}"
+    );
+}
+
+/// Peak resident memory of a process, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+#[test]
+fn a_huge_line_in_a_kmsg_file_is_cut_and_costs_bounded_memory() {
+    const LINE: usize = 128 << 20;
+    let s = Setup::new("");
+    let d = s.start();
+    d.wait_stderr("caught up");
+    let before = peak_rss_kib(d.child.id());
+    {
+        // Written in pieces, with no newline until the end: the reader meets the line unfinished.
+        // 17 bytes of header, 128 MiB of message, then the newline.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(s.kmsg())
+            .unwrap();
+        f.write_all(b"3,0,1000,-;NVRM: ").unwrap();
+        let chunk = vec![b'A'; 1 << 20];
+        for _ in 0..LINE >> 20 {
+            f.write_all(&chunk).unwrap();
+        }
+    }
+    s.append("\n");
+    s.append(&xid_record(1, "17", 79));
+    d.wait_for("the record after the huge line", |l| {
+        l.iter().any(|i| i["xid"] == 79)
+    });
+    d.wait_stderr("was cut to its first 65536");
+    let peak = peak_rss_kib(d.child.id());
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("a line of {} bytes", LINE + 18)),
+        "{err}"
+    );
+    // The line is 128 MiB; reading it may cost the cap and buffers, not the line.
+    assert!(
+        peak < before + 16 * 1024,
+        "peak RSS {peak} KiB, {before} KiB before the line"
+    );
+}
+
+#[test]
+fn failing_state_writes_are_logged_once_and_leave_no_litter() {
+    // position.json is a directory: every save of the position fails at the rename, the way a
+    // full disk fails it at the write; the daemon goes on watching.
+    let s = Setup::new("");
+    let state = s.dir.path().join("state");
+    std::fs::create_dir_all(state.join("position.json")).unwrap();
+    let d = s.start();
+    d.wait_stderr("caught up");
+    for i in 0..20u64 {
+        s.append(&xid_record(i, &format!("{:02x}", 0x20 + i), 79));
+        d.wait_for("the incident", |l| {
+            l.iter().filter(|i| i["phase"] == "opened").count() as u64 == i + 1
+        });
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let failures = err
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("position.json"))
+        .count();
+    assert_eq!(failures, 1, "one line for 20 failed saves:\n{err}");
+    let litter: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(litter.is_empty(), "{litter:?}");
 }

@@ -1,7 +1,7 @@
 //! `xidwatch scan` and `xidwatch explain` as a user runs them: exit codes, JSON Lines contract,
 //! gzip archives, and bad input that must never panic or go silent.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -366,4 +366,153 @@ fn runbook_commands_list_show_and_run() {
         Some(2),
         "an address that does not parse never reaches a command"
     );
+}
+
+#[test]
+fn check_refuses_a_config_that_is_not_a_regular_file_at_once() {
+    let start = std::time::Instant::now();
+    let out = bin()
+        .args(["check", "--config", "/dev/zero"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("/dev/zero") && err.contains("not a regular file"),
+        "{err}"
+    );
+    // Refused before reading: no time spent filling memory.
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+}
+
+/// Waits for `child` to end, killing it (and failing) if it does not within `limit`.
+fn wait_or_kill(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_fifo_is_read_once_and_scan_ends() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("kern.pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut child = bin()
+        .args(["scan", "--json"])
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The writer: opening blocks until scan opens the other end; one writer, then EOF.
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            w.write_all(
+                b"[ 10.000000] NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+            )
+            .unwrap();
+        })
+    };
+    let status = wait_or_kill(
+        &mut child,
+        std::time::Duration::from_secs(20),
+        "scan of a FIFO",
+    );
+    writer.join().unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a warning or worse was found: {out}"
+    );
+    let v: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(v.len(), 1, "{out}");
+    assert_eq!(v[0]["xid"], 79);
+}
+
+#[test]
+fn a_file_truncated_while_it_is_scanned_ends_the_scan_not_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("kern.log");
+    {
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(
+            b"[ 10.000000] NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+        )
+        .unwrap();
+        let filler =
+            "[ 11.000000] EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode.\n"
+                .repeat((1 << 20) / 78);
+        for _ in 0..64 {
+            f.write_all(filler.as_bytes()).unwrap();
+        }
+    }
+    let mut child = bin()
+        .args(["scan", "--json"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As soon as scan has the file open, cut it to a few KiB.
+    let fd_dir = PathBuf::from(format!("/proc/{}/fd", child.id()));
+    let start = std::time::Instant::now();
+    while !std::fs::read_dir(&fd_dir).is_ok_and(|rd| {
+        rd.map_while(Result::ok)
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == path))
+    }) {
+        assert!(start.elapsed().as_secs() < 20, "scan never opened the file");
+        if child.try_wait().unwrap().is_some() {
+            break; // Done before we looked: nothing to cut, still a valid outcome.
+        }
+        std::thread::yield_now();
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let status = wait_or_kill(&mut child, std::time::Duration::from_secs(60), "scan");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert_eq!(
+        status.signal(),
+        None,
+        "scan was killed by a signal: {status:?}"
+    );
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("\"xid\":79"), "{out}");
 }

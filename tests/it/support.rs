@@ -36,3 +36,22 @@ pub fn signal(child: &Child, sig: libc::c_int) {
     // SAFETY: kill(2) on the pid of our own, not yet reaped, child.
     unsafe { libc::kill(child.id() as libc::pid_t, sig) };
 }
+
+/// The value of `name`, which an `#[ignore = "needs ..."]` test cannot do without: a test run
+/// with `--include-ignored` on a machine without the service fails here, saying what to start,
+/// instead of passing without having run.
+pub fn required_env(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!(
+            "{name} is not set: start the services with `. .ci/alert-services.sh` (or run .ci/run)"
+        ),
+    }
+}
+
+/// Fails the calling test unless it runs as root (for `#[ignore = "needs root"]` tests).
+pub fn require_root(why: &str) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "this test needs root ({why}); it runs as uid {uid}");
+}

@@ -11,7 +11,13 @@
 //! and one `poll`, so it lives here, next to our own record parser.
 //!
 //! A regular file of records (one per line) is followed too, by polling its end every few tens of
-//! milliseconds: tests and drills use that, production never does.
+//! milliseconds: tests and drills use that, production never does. A line there is cut at
+//! [`MAX_FILE_RECORD`] bytes (the kernel's own records are under 8 KiB), so a file that is not
+//! what it claims to be costs bounded memory.
+//!
+//! Sequence numbers are judged by [`Sequencer`]: the kernel's only ever go up by one, or jump
+//! forward over records it overwrote. Anything else (a jump too far to be an overrun, a step
+//! back) is counted and reported, and the records after it are still read.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -40,6 +46,12 @@ pub enum KmsgEvent {
     },
     /// A record that did not parse, with the reason; it is counted and skipped.
     Malformed(String),
+    /// A record whose sequence number does not follow the previous one; the record itself is
+    /// passed on too (as a `Record`) unless it may have been handled before a restart.
+    SequenceAnomaly {
+        anomaly: SeqAnomaly,
+        at_startup: bool,
+    },
     /// Everything that was in the buffer at start-up has been read.
     CaughtUp,
     /// The source failed for good.
@@ -48,6 +60,159 @@ pub enum KmsgEvent {
 
 /// Largest record the kernel produces (CONSOLE_EXT_LOG_MAX) with room to spare.
 const RECORD_BUF: usize = 16 * 1024;
+/// Longest line kept from a regular file; the rest of a longer line is skipped with a warning.
+pub const MAX_FILE_RECORD: usize = 64 * 1024;
+/// A forward jump larger than this cannot be records the ring overwrote (no ring holds four
+/// billion records): it is a bad sequence number, not an overrun.
+pub const FAR_AHEAD: u64 = 1 << 32;
+
+/// What was wrong with a record's sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqAnomalyKind {
+    /// More than [`FAR_AHEAD`] past the previous record.
+    FarAhead,
+    /// Not after the previous record.
+    Backwards,
+}
+
+/// One record out of sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqAnomaly {
+    pub kind: SeqAnomalyKind,
+    /// The record's sequence number.
+    pub seq: u64,
+    /// The last in-order sequence number before it (`None`: none yet in this run).
+    pub after: Option<u64>,
+    /// Delivered anomalies so far in this run, this one included (the daemon reports the first
+    /// as a finding and logs the rest sparingly).
+    pub count: u64,
+    /// Whether the record is passed on; `false` when it came before the resume point was found
+    /// and was read (and reported) before the restart. Only delivered ones reach the daemon.
+    pub delivered: bool,
+}
+
+impl std::fmt::Display for SeqAnomaly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            SeqAnomalyKind::FarAhead => "jumps far ahead",
+            SeqAnomalyKind::Backwards => "goes backwards",
+        };
+        write!(f, "record sequence number {} {what}", self.seq)?;
+        if let Some(a) = self.after {
+            write!(f, " of {a}")?;
+        }
+        if !self.delivered {
+            f.write_str(" (before the resume point; skipped as possibly handled)")?;
+        }
+        Ok(())
+    }
+}
+
+/// What to do with a record, by its sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Handled before the restart: skip it.
+    Handled,
+    /// The next record: pass it on.
+    Next,
+    /// `lost` records were overwritten before it: report the overrun, pass it on.
+    Gap { lost: u64 },
+    /// The first record of the first start in this boot; `not_seen` records before it left the
+    /// ring before xidwatch ran. Not an overrun: nothing was lost on xidwatch's watch.
+    First { not_seen: u64 },
+    /// Out of sequence: report it, and pass the record on if `delivered`.
+    Anomaly(SeqAnomaly),
+}
+
+/// Judges sequence numbers, record by record. Plain values in, verdicts out: tested without a
+/// kernel.
+///
+/// Resuming after record `p` means: skip records up to the first one numbered `p` (or the first
+/// one past it, if `p` is gone), and read everything after it in order of arrival, whatever its
+/// number. So a bad number that was saved as the position (say 2^64-1, followed by small ones)
+/// never keeps the daemon blind after a restart: the records after it are new.
+#[derive(Debug, Clone)]
+pub struct Sequencer {
+    resume_after: Option<u64>,
+    /// The last in-order sequence number; `None` until the first record (or the resume point).
+    last: Option<u64>,
+    /// The last out-of-sequence number, if the previous record was one: a record right after it
+    /// means the stream really moved there, so `last` follows without a second report.
+    stray: Option<u64>,
+    anomalies: u64,
+}
+
+impl Sequencer {
+    pub fn new(resume_after: Option<u64>) -> Sequencer {
+        Sequencer {
+            resume_after,
+            last: None,
+            stray: None,
+            anomalies: 0,
+        }
+    }
+
+    fn anomaly(&mut self, kind: SeqAnomalyKind, seq: u64, delivered: bool) -> Verdict {
+        // Only what is read now counts: a skipped one was reported before the restart.
+        if delivered {
+            self.anomalies += 1;
+        }
+        self.stray = delivered.then_some(seq);
+        Verdict::Anomaly(SeqAnomaly {
+            kind,
+            seq,
+            after: self.last,
+            count: self.anomalies,
+            delivered,
+        })
+    }
+
+    pub fn judge(&mut self, seq: u64) -> Verdict {
+        let Some(last) = self.last else {
+            return match self.resume_after {
+                // Still looking for the resume point.
+                Some(p) if seq <= p => {
+                    if seq == p {
+                        self.last = Some(p);
+                    }
+                    Verdict::Handled
+                }
+                Some(p) if seq - p > FAR_AHEAD => {
+                    self.anomaly(SeqAnomalyKind::FarAhead, seq, false)
+                }
+                Some(p) => {
+                    self.last = Some(p);
+                    self.judge(seq)
+                }
+                None if seq > FAR_AHEAD => self.anomaly(SeqAnomalyKind::FarAhead, seq, true),
+                None => {
+                    self.last = Some(seq);
+                    Verdict::First { not_seen: seq }
+                }
+            };
+        };
+        let stray = self.stray.take();
+        if seq == last.wrapping_add(1) && last != u64::MAX {
+            self.last = Some(seq);
+            return Verdict::Next;
+        }
+        if stray.is_some_and(|s| s != u64::MAX && seq == s + 1) {
+            // The stream went on from the stray record: follow it, reported once already.
+            self.last = Some(seq);
+            return Verdict::Next;
+        }
+        if seq <= last {
+            return self.anomaly(SeqAnomalyKind::Backwards, seq, true);
+        }
+        if seq - last > FAR_AHEAD {
+            return self.anomaly(SeqAnomalyKind::FarAhead, seq, true);
+        }
+        self.last = Some(seq);
+        Verdict::Gap {
+            lost: seq - last - 1,
+        }
+    }
+}
 /// Poll interval for regular files (tests and drills only).
 const FILE_POLL: Duration = Duration::from_millis(10);
 
@@ -88,8 +253,9 @@ pub fn spawn(
         .name("kmsg".into())
         .spawn(move || {
             let mut st = Follow {
-                last: resume_after,
+                seq: Sequencer::new(resume_after),
                 startup: true,
+                truncated: 0,
                 tx,
             };
             let res = if is_char {
@@ -106,8 +272,10 @@ pub fn spawn(
 }
 
 struct Follow {
-    last: Option<u64>,
+    seq: Sequencer,
     startup: bool,
+    /// Lines of a regular file cut at [`MAX_FILE_RECORD`] so far.
+    truncated: u64,
     tx: Sender<KmsgEvent>,
 }
 
@@ -125,22 +293,34 @@ impl Follow {
             Ok(r) => r,
             Err(e) => return self.send(KmsgEvent::Malformed(e.to_string())),
         };
-        match self.last {
-            Some(last) if rec.seq <= last => return Ok(()),
-            Some(last) if rec.seq > last + 1 => self.send(KmsgEvent::Overrun {
-                lost: rec.seq - last - 1,
+        match self.seq.judge(rec.seq) {
+            Verdict::Handled => return Ok(()),
+            Verdict::Next => {}
+            Verdict::Gap { lost } => self.send(KmsgEvent::Overrun {
+                lost,
                 next_seq: rec.seq,
                 at_startup: self.startup,
             })?,
-            // First start in this boot and the oldest record is not the first: the ring wrapped.
-            None if rec.seq > 0 => self.send(KmsgEvent::Overrun {
-                lost: rec.seq,
-                next_seq: rec.seq,
-                at_startup: true,
+            // The ring wrapped before xidwatch first ran in this boot: those records were never
+            // ours to lose, so no overrun; said once, at info level.
+            Verdict::First { not_seen } => {
+                if not_seen > 0 {
+                    tracing::info!(
+                        "kernel log: first start in this boot; {not_seen} earlier records had \
+                         already left the ring buffer and were not seen"
+                    );
+                }
+            }
+            // Before the resume point: read (and reported) before the restart.
+            Verdict::Anomaly(a) if !a.delivered => {
+                tracing::debug!("kernel log: {a}");
+                return Ok(());
+            }
+            Verdict::Anomaly(a) => self.send(KmsgEvent::SequenceAnomaly {
+                anomaly: a,
+                at_startup: self.startup,
             })?,
-            _ => {}
         }
-        self.last = Some(rec.seq);
         let at_startup = self.startup;
         self.send(KmsgEvent::Record { rec, at_startup })
     }
@@ -186,10 +366,9 @@ impl Follow {
 
     fn regular(&mut self, file: File, stop: &AtomicBool) -> io::Result<()> {
         let mut r = BufReader::new(file);
-        let mut line = Vec::with_capacity(1024);
+        let mut line = CappedLine::new(MAX_FILE_RECORD);
         while !stop.load(Ordering::Relaxed) {
-            let n = r.read_until(b'\n', &mut line)?;
-            if n == 0 || !line.ends_with(b"\n") {
+            if !line.read(&mut r)? {
                 // At the end (perhaps mid-line): wait for the writer.
                 if self.caught_up().is_err() {
                     return Ok(());
@@ -197,14 +376,81 @@ impl Follow {
                 std::thread::sleep(FILE_POLL);
                 continue;
             }
+            if line.dropped > 0 {
+                self.truncated += 1;
+                if self.truncated <= 10 || self.truncated.is_power_of_two() {
+                    tracing::warn!(
+                        "kernel log file: a line of {} bytes was cut to its first {} \
+                         (kernel records are under 8 KiB); {} lines cut so far",
+                        line.kept.len() as u64 + line.dropped,
+                        line.kept.len(),
+                        self.truncated
+                    );
+                }
+            }
             // Continuation ` KEY=VALUE` lines belong to the previous record; they carry no
             // message, so in file mode they are skipped.
-            if !line.starts_with(b" ") && line.len() > 1 && self.record(&line).is_err() {
+            let raw = &line.kept;
+            if !raw.starts_with(b" ") && raw.len() > 1 && self.record(raw).is_err() {
                 return Ok(());
             }
             line.clear();
         }
         Ok(())
+    }
+}
+
+/// One line of a regular file, at most `cap` bytes of it kept: memory stays bounded whatever the
+/// file holds (a 400 MB line without a newline costs `cap`, not 400 MB).
+#[derive(Debug)]
+pub struct CappedLine {
+    cap: usize,
+    /// The start of the line, newline included when it fits.
+    pub kept: Vec<u8>,
+    /// Bytes of the line past the cap, skipped.
+    pub dropped: u64,
+}
+
+impl CappedLine {
+    pub fn new(cap: usize) -> CappedLine {
+        CappedLine {
+            cap,
+            kept: Vec::with_capacity(1024),
+            dropped: 0,
+        }
+    }
+
+    /// Reads on until the end of the line (`true`) or of the data for now (`false`, the part
+    /// read so far is kept for the next call).
+    pub fn read(&mut self, r: &mut impl BufRead) -> io::Result<bool> {
+        loop {
+            let buf = match r.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len(), false),
+            };
+            let room = self.cap.saturating_sub(self.kept.len()).min(take);
+            self.kept.extend_from_slice(&buf[..room]);
+            self.dropped += (take - room) as u64;
+            r.consume(take);
+            if done {
+                return Ok(true);
+            }
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.kept.clear();
+        self.dropped = 0;
+        // A long line once must not keep its buffer for the rest of the run.
+        self.kept.shrink_to(1024);
     }
 }
 
@@ -223,4 +469,123 @@ fn wait_readable(file: &File) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The verdicts for a stream, in order.
+    fn judge_all(resume: Option<u64>, seqs: &[u64]) -> Vec<Verdict> {
+        let mut s = Sequencer::new(resume);
+        seqs.iter().map(|q| s.judge(*q)).collect()
+    }
+
+    fn delivered(resume: Option<u64>, seqs: &[u64]) -> Vec<u64> {
+        let mut s = Sequencer::new(resume);
+        seqs.iter()
+            .copied()
+            .filter(|q| match s.judge(*q) {
+                Verdict::Handled => false,
+                Verdict::Anomaly(a) => a.delivered,
+                _ => true,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn in_order_gaps_and_the_first_start() {
+        use Verdict::*;
+        assert_eq!(
+            judge_all(None, &[0, 1, 2, 5]),
+            [First { not_seen: 0 }, Next, Next, Gap { lost: 2 }]
+        );
+        // The ring wrapped before the first start: not seen, not lost.
+        assert_eq!(
+            judge_all(None, &[500, 501]),
+            [First { not_seen: 500 }, Next]
+        );
+        // Resuming: handled ones skipped, the gap past the resume point counted.
+        assert_eq!(
+            judge_all(Some(3), &[1, 2, 3, 4, 9]),
+            [Handled, Handled, Handled, Next, Gap { lost: 4 }]
+        );
+        // The resume point left the ring while we were down.
+        assert_eq!(judge_all(Some(3), &[7, 8]), [Gap { lost: 3 }, Next]);
+    }
+
+    #[test]
+    fn a_sequence_far_ahead_is_reported_once_and_reading_goes_on() {
+        let mut s = Sequencer::new(None);
+        for q in 0..=10 {
+            s.judge(q);
+        }
+        match s.judge(u64::MAX) {
+            Verdict::Anomaly(a) => {
+                assert_eq!(a.kind, SeqAnomalyKind::FarAhead);
+                assert_eq!(
+                    (a.seq, a.after, a.count, a.delivered),
+                    (u64::MAX, Some(10), 1, true)
+                );
+            }
+            v => panic!("{v:?}"),
+        }
+        for q in 11..=20 {
+            assert_eq!(s.judge(q), Verdict::Next, "record {q}");
+        }
+    }
+
+    #[test]
+    fn going_backwards_is_reported_and_the_stream_followed() {
+        let v = judge_all(None, &[0, 1, 2, 3, 1, 2, 3, 4]);
+        let anomalies: Vec<_> = v
+            .iter()
+            .filter_map(|v| match v {
+                Verdict::Anomaly(a) => Some(a.kind),
+                _ => None,
+            })
+            .collect();
+        // One report: the records after the step back continue from it.
+        assert_eq!(anomalies, [SeqAnomalyKind::Backwards]);
+        assert_eq!(v[5..], [Verdict::Next, Verdict::Next, Verdict::Next]);
+        // A single stray record back: one report, then on as before.
+        assert_eq!(delivered(None, &[0, 1, 2, 0, 3]), [0, 1, 2, 0, 3]);
+        assert_eq!(judge_all(None, &[0, 1, 2, 0, 3])[4], Verdict::Next);
+    }
+
+    #[test]
+    fn a_bad_saved_position_does_not_blind_the_restart() {
+        let stream: Vec<u64> = (0..=10).chain([u64::MAX]).chain(11..=20).collect();
+        // Saved at the bad record itself: everything after it is new.
+        assert_eq!(
+            delivered(Some(u64::MAX), &stream),
+            (11..=20).collect::<Vec<_>>()
+        );
+        // Saved past it: the bad record before the resume point is not read again.
+        assert_eq!(delivered(Some(15), &stream), (16..=20).collect::<Vec<_>>());
+        // Saved before it: the bad record is read (and reported) with the rest.
+        let mut want = vec![u64::MAX];
+        want.extend(11..=20);
+        assert_eq!(delivered(Some(10), &stream), want);
+        // First start in a boot whose first record is the bad one.
+        let v = judge_all(None, &[u64::MAX, 0, 1]);
+        assert!(matches!(v[0], Verdict::Anomaly(a) if a.delivered && a.after.is_none()));
+        assert_eq!(v[1], Verdict::First { not_seen: 0 });
+    }
+
+    #[test]
+    fn capped_lines_keep_the_start_and_count_the_rest() {
+        let data = [vec![b'a'; 100], b"\nshort\n".to_vec(), vec![b'b'; 50]].concat();
+        let mut r = std::io::BufReader::with_capacity(16, &data[..]);
+        let mut l = CappedLine::new(10);
+        assert!(l.read(&mut r).unwrap());
+        assert_eq!((l.kept.len(), l.dropped), (10, 91));
+        l.clear();
+        assert!(l.read(&mut r).unwrap());
+        assert_eq!((&l.kept[..], l.dropped), (&b"short\n"[..], 0));
+        l.clear();
+        // The end of the data mid-line: what was read is kept, bounded, for the next call.
+        assert!(!l.read(&mut r).unwrap());
+        assert_eq!((l.kept.len(), l.dropped), (10, 40));
+    }
 }
