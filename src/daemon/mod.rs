@@ -1,15 +1,16 @@
 //! The daemon (`xidwatch run`): wires sources -> classifier -> incidents -> outputs, keeps the
 //! kernel log position, and speaks systemd's notification protocol.
 //!
-//! Threads: one follows `/dev/kmsg`, one waits on NVML events (both calls block); everything else
-//! runs on a single-threaded tokio runtime, so the classifier and the incident engine need no
-//! locks. Channels between them are bounded: when the pipeline falls behind, the kmsg thread
+//! Threads: one follows `/dev/kmsg`, one owns NVML and makes every NVML call (both block; see
+//! [`nvml`]); everything else runs on a single-threaded tokio runtime, so the classifier and the
+//! incident engine need no locks. Channels between them are bounded: when the pipeline falls behind, the kmsg thread
 //! waits, the kernel ring buffer overwrites, and the loss is reported as an overrun rather than
 //! hidden in an ever-growing queue.
 
 pub mod control;
 pub mod metrics;
 pub mod notify;
+pub mod nvml;
 pub mod probe;
 pub mod serve;
 pub mod telemetry;
@@ -26,11 +27,10 @@ use tokio::sync::mpsc;
 use crate::classify::{Classifier, LineOrigin};
 use crate::config::Config;
 use crate::incident::{Engine, EngineConfig, Origin, Persisted};
-use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
+use crate::model::{Category, Detail, Finding, FindingKind, Incident, Severity};
 use crate::source::kmsg::follow::{self, KmsgEvent};
-use crate::source::nvml::{NvmlEvent, NvmlSource};
 use crate::state::{self, Position, StateDir};
-use telemetry::{GpuSummary, Telemetry};
+use telemetry::Telemetry;
 
 /// Where `run` sends incidents when no alert channel takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +52,6 @@ pub struct RunOptions {
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
 const FOLD_QUIET: Duration = Duration::from_millis(50);
-/// How long NVML may take to initialise before xidwatch goes on without it.
-const NVML_OPEN_LIMIT: Duration = Duration::from_secs(20);
 /// How often the kmsg position is written while records flow.
 const POSITION_EVERY: Duration = Duration::from_millis(250);
 
@@ -155,103 +153,20 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut out_buf: Vec<Incident> = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
 
-    // NVML, on its own thread; failures become findings, said once.
-    let (ntx, mut nrx) = mpsc::channel::<NvmlEvent>(256);
-    let mut nvml_source: Option<NvmlSource> = None;
-    if cfg.nvml.enabled {
-        let lib = cfg.nvml.library.clone();
-        // NVML can hang on a wedged GPU: wait a bounded time, then go on without it, so the
-        // kernel log is watched (and READY=1 sent) whatever the driver does.
-        let (otx, orx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("nvml-open".into())
-            .spawn(move || {
-                let _ = otx.send(NvmlSource::open(lib.as_deref()));
-            })
-            .context("starting NVML")?;
-        let opened = match tokio::time::timeout(NVML_OPEN_LIMIT, orx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(crate::source::nvml::NvmlFailure::Other(
-                "NVML start-up thread ended".into(),
-            )),
-            Err(_) => Err(crate::source::nvml::NvmlFailure::Other(format!(
-                "NVML did not answer within {} s (a wedged GPU or driver)",
-                NVML_OPEN_LIMIT.as_secs()
-            ))),
-        };
-        match opened {
-            Ok(src) => {
-                for g in src.inventory() {
-                    classifier.learn_gpu(
-                        g.pci,
-                        GpuIdentity {
-                            index: Some(g.index),
-                            uuid: g.uuid.clone(),
-                            serial: g.serial.clone(),
-                            name: g.name.clone(),
-                        },
-                    );
-                }
-                if let Some(v) = src.driver_version() {
-                    classifier.set_driver_version(v);
-                }
-                stats.nvml_up = true;
-                stats.gpus_seen = src.inventory().len();
-                tel.set_nvml(true, "ok");
-                tel.set_gpus(src.inventory().iter().map(GpuSummary::from).collect());
-                tracing::info!(
-                    "NVML: {} GPU(s), driver {}",
-                    src.inventory().len(),
-                    src.driver_version().unwrap_or("?")
-                );
-                nvml_source = Some(src.clone());
-                let (stx, srx) = std::sync::mpsc::sync_channel::<NvmlEvent>(256);
-                let stop2 = stop.clone();
-                let spawned =
-                    tokio::task::spawn_blocking(move || src.spawn_events(stx, stop2)).await;
-                match spawned {
-                    Ok(Ok(t)) => {
-                        for n in t.notes {
-                            tracing::warn!("NVML: {n}");
-                        }
-                    }
-                    Ok(Err(e)) => tracing::warn!("NVML events unavailable: {e}"),
-                    Err(e) => tracing::warn!("NVML events unavailable: {e}"),
-                }
-                std::thread::Builder::new()
-                    .name("nvml-bridge".into())
-                    .spawn(move || {
-                        while let Ok(ev) = srx.recv() {
-                            if ntx.blocking_send(ev).is_err() {
-                                break;
-                            }
-                        }
-                    })
-                    .context("starting the NVML bridge")?;
-            }
-            Err(failure) => {
-                tracing::warn!(
-                    "NVML unavailable: {}; watching the kernel log only",
-                    failure.describe()
-                );
-                tel.set_nvml(false, &failure.describe());
-                if let Some(f) = failure.to_finding() {
-                    push(
-                        &tel,
-                        &mut engine,
-                        f,
-                        Origin::Nvml,
-                        now_ms(),
-                        true,
-                        &mut out_buf,
-                    );
-                }
-            }
-        }
+    // NVML, on its own worker thread; init waits at most nvml::NVML_OPEN_LIMIT. Failures become
+    // findings, said once.
+    let (mut nvml_link, nvml_now) = nvml::start(cfg, &tel, &mut classifier, &mut stats).await?;
+    for f in nvml_now {
+        push(
+            &tel,
+            &mut engine,
+            f,
+            Origin::Nvml,
+            now_ms(),
+            true,
+            &mut out_buf,
+        );
     }
-    let mut probe = probe::Probe::new(cfg.nvml.sysfs_root.clone());
-    let mut probe_timer = tokio::time::interval(Duration::from_secs(cfg.nvml.probe_interval_secs));
-    probe_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -260,10 +175,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
 
-    // Runbook `nvml` steps are answered through the same NVML handle.
-    let nvml_probe: Option<Arc<dyn crate::runbook::NvmlProbe>> = nvml_source
-        .clone()
-        .map(|s| Arc::new(s) as Arc<dyn crate::runbook::NvmlProbe>);
+    // Runbook `nvml` steps are answered through the NVML worker, under its deadline.
+    let nvml_probe = nvml_link.probe_handle();
     let mut alerts = AlertStage::start(cfg, opts.output)?;
     set_alert_provider(&tel, &alerts);
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
@@ -407,21 +320,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     last_save = tokio::time::Instant::now();
                 }
             }
-            ev = nrx.recv(), if nvml_source.is_some() => {
-                if let Some(ev) = ev {
-                    let inv = nvml_source.as_ref().map(|s| s.inventory().to_vec()).unwrap_or_default();
-                    if let NvmlEvent::Failed(f) = &ev {
-                        tracing::warn!("NVML: {}", f.describe());
-                        stats.nvml_up = false;
-                        tel.set_nvml(false, &f.describe());
-                    }
-                    let mut f = ev.to_finding(&inv);
-                    if f.kind == FindingKind::Xid {
-                        crate::classify::catalog::apply_to(&mut f);
-                    }
-                    push(&tel, &mut engine, f, Origin::Nvml, now_ms(), false, &mut out_buf);
-                    out.emit_all(&mut out_buf).await;
+            Some(msg) = nvml_link.next() => {
+                for (f, origin) in nvml_link.handle(msg, &tel, &mut classifier, &mut stats) {
+                    push(&tel, &mut engine, f, origin, now_ms(), false, &mut out_buf);
                 }
+                out.emit_all(&mut out_buf).await;
             }
             _ = tokio::time::sleep(fold_wait.saturating_sub(last_record.elapsed())), if classifier.has_pending() => {
                 classifier.flush(&mut findings);
@@ -433,17 +336,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
             _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
                 engine.tick(now_ms(), &mut out_buf);
-                out.emit_all(&mut out_buf).await;
-            }
-            _ = probe_timer.tick() => {
-                let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
-                for mut f in probe.check(reachable.as_deref()) {
-                    // What NVML told us about this GPU when it could still see it.
-                    if let Some(g) = nvml_source.as_ref().and_then(|s| s.inventory().iter().find(|g| Some(g.pci) == f.pci)) {
-                        f.gpu = GpuIdentity { index: Some(g.index), uuid: g.uuid.clone(), serial: g.serial.clone(), name: g.name.clone() };
-                    }
-                    push(&tel, &mut engine, f, Origin::Probe, now_ms(), false, &mut out_buf);
-                }
                 out.emit_all(&mut out_buf).await;
             }
             _ = status_timer.tick() => {
@@ -490,6 +382,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // Graceful shutdown: stop the sources, keep what is in flight.
     notifier.notify("STOPPING=1");
     stop.store(true, Ordering::Relaxed);
+    nvml_link.stop();
     classifier.flush(&mut findings);
     for f in findings.drain(..) {
         push(

@@ -1,12 +1,15 @@
 //! The lost-GPU probe: compares the NVIDIA GPUs on the PCI bus (sysfs) with what NVML reaches.
 //!
 //! A GPU can vanish without a word in the kernel log we would recognise (the log overran, the
-//! driver wedged). Reading sysfs is cheap and needs no privileges.
+//! driver wedged). Reading sysfs is cheap and needs no privileges. What NVML reaches is asked of
+//! the NVML worker by the caller (`daemon::nvml`), off the pipeline's task; this module only
+//! compares, and `classify::signals` rates what it finds.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use crate::model::{Category, Finding, FindingKind, PciAddress, Severity};
+use crate::classify::signals;
+use crate::model::{Finding, FindingKind, PciAddress};
 
 pub struct Probe {
     root: PathBuf,
@@ -78,12 +81,7 @@ impl Probe {
 }
 
 fn missing(pci: PciAddress, title: String) -> Finding {
-    let mut f = Finding::new(
-        FindingKind::GpuMissing,
-        Severity::Critical,
-        Category::Pcie,
-        title,
-    );
+    let mut f = signals::finding(FindingKind::GpuMissing, None, title);
     f.pci = Some(pci);
     f
 }
