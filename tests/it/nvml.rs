@@ -586,3 +586,221 @@ fn an_init_that_hangs_past_its_limit_is_reported_and_learnt_when_it_answers() {
     assert!(matches!(next(&rx), NvmlEvent::Answering { .. }));
     assert!(watching(&rx).is_empty());
 }
+
+// ---- The daemon as a process, with a wedged driver ----
+
+/// `xidwatch run --json` with the fake library, a regular-file kmsg and a notify socket; its
+/// incidents (JSON lines) and log are collected as they come, with the time each incident came.
+struct Wedged {
+    child: std::process::Child,
+    incidents: std::sync::Arc<Mutex<Vec<(Instant, serde_json::Value)>>>,
+    log: std::sync::Arc<Mutex<String>>,
+}
+
+impl Wedged {
+    fn start(config: &Path, env: &[(&str, &Path)]) -> Wedged {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
+        cmd.args(["run", "--json", "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("WATCHDOG_USEC", "200000");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn xidwatch run");
+        let incidents = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let log = std::sync::Arc::new(Mutex::new(String::new()));
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let i2 = incidents.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let v: serde_json::Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
+                i2.lock().unwrap().push((Instant::now(), v));
+            }
+        });
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let mut l = l2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Wedged {
+            child,
+            incidents,
+            log,
+        }
+    }
+
+    /// The first incident matching `pred`, and when it came; panics after `limit`.
+    fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> (Instant, serde_json::Value) {
+        let start = Instant::now();
+        loop {
+            if let Some(hit) = self.incidents.lock().unwrap().iter().find(|(_, v)| pred(v)) {
+                return hit.clone();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "no {what} within {limit:?}; incidents: {:#?}\nlog:\n{}",
+                self.incidents.lock().unwrap(),
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Wedged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    // The probe's device count (the call after init's) hangs 30 s, as on a wedged driver.
+    std::fs::write(
+        p("nvml.script"),
+        format!("{TWO_GPUS}hang nvmlDeviceGetCount_v2 30000 skip=1 times=1\n"),
+    )
+    .unwrap();
+    std::fs::write(p("kmsg"), "").unwrap();
+    std::fs::write(p("boot_id"), "5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+    std::fs::create_dir_all(p("sys/bus/pci/devices")).unwrap();
+    stuck_tasks(&p("proc"));
+    std::fs::write(
+        p("xidwatch.toml"),
+        format!(
+            "[kmsg]\npath = {:?}\n[nvml]\nenabled = true\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\nprocfs_root = {:?}\n[state]\ndir = {:?}\n",
+            p("kmsg"),
+            fake_library(),
+            p("sys"),
+            p("proc"),
+            p("state")
+        ),
+    )
+    .unwrap();
+    let sock = UnixDatagram::bind(p("notify.sock")).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let d = Wedged::start(
+        &p("xidwatch.toml"),
+        &[
+            ("XIDWATCH_BOOT_ID_PATH", &p("boot_id")),
+            ("XIDWATCH_FAKE_NVML_SCRIPT", &p("nvml.script")),
+            ("NOTIFY_SOCKET", &p("notify.sock")),
+        ],
+    );
+    // Every notification from here on, with the time it came.
+    let notes = std::sync::Arc::new(Mutex::new(Vec::<(Instant, String)>::new()));
+    let n2 = notes.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = sock.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            n2.lock().unwrap().push((Instant::now(), text));
+        }
+    });
+
+    // The stuck call becomes one critical, host-wide incident naming the stuck tasks.
+    let (stuck_at, stuck) = d.wait_for("driver_unresponsive", Duration::from_secs(15), |v| {
+        v["kind"] == "driver_unresponsive"
+    });
+    assert_eq!(stuck["severity"], "critical", "{stuck}");
+    assert!(stuck.get("pci").is_none_or(|p| p.is_null()), "{stuck}");
+    let finding = &stuck["findings"][0];
+    assert_eq!(
+        finding["detail"]["type"], "driver_unresponsive",
+        "{finding}"
+    );
+    assert_eq!(finding["detail"]["call"], "nvmlDeviceGetCount", "{finding}");
+    assert_eq!(finding["detail"]["blocked"][0]["comm"], "nvidia-smi");
+    assert_eq!(finding["detail"]["blocked"][0]["wchan"], "os_acquire_mutex");
+    let raw = finding["origin"]["raw"].to_string();
+    assert!(
+        raw.contains("pid 4242 tid 4250 (pt_autograd_0) in uvm_spin_loop"),
+        "{raw}"
+    );
+
+    // While the call is still stuck (it returns 30 s after it began), an Xid in the kernel log
+    // is reported at its usual latency.
+    std::thread::sleep(Duration::from_millis(500));
+    let written = Instant::now();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(p("kmsg"))
+        .unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        b"3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
+    )
+    .unwrap();
+    let (xid_at, xid) = d.wait_for("the Xid 79", Duration::from_secs(15), |v| v["xid"] == 79);
+    let latency = xid_at - written;
+    eprintln!("Xid 79 reported {latency:?} after it was written, with NVML stuck");
+    assert!(latency < Duration::from_secs(1), "{latency:?}");
+    // With what NVML told at start: the inventory was read before the driver wedged.
+    assert_eq!(xid["gpu"]["uuid"], UUID0);
+
+    // The watchdog was fed all along (every 100 ms asked; no gap near the call timeout).
+    std::thread::sleep(Duration::from_millis(300));
+    let pings: Vec<Instant> = notes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, m)| m == "WATCHDOG=1")
+        .map(|(t, _)| *t)
+        .filter(|t| *t >= stuck_at - Duration::from_millis(1500))
+        .collect();
+    assert!(
+        notes.lock().unwrap().iter().any(|(_, m)| m == "READY=1"),
+        "READY=1"
+    );
+    assert!(pings.len() >= 10, "{} pings", pings.len());
+    let gap = pings
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    eprintln!("longest watchdog gap while NVML was stuck: {gap:?}");
+    assert!(gap < Duration::from_millis(500), "{gap:?}");
+
+    // Said once, not once per probe round; and the log says what happened.
+    std::thread::sleep(Duration::from_millis(1500));
+    let all = d.incidents.lock().unwrap().clone();
+    assert_eq!(
+        all.iter()
+            .filter(|(_, v)| v["kind"] == "driver_unresponsive")
+            .count(),
+        1,
+        "{all:#?}"
+    );
+    assert!(
+        d.log.lock().unwrap().contains("NVML is unresponsive"),
+        "{}",
+        d.log.lock().unwrap()
+    );
+
+    // SIGTERM is honoured promptly with the worker still stuck in the driver.
+    super::support::sigterm(&d.child);
+    let stopping = Instant::now();
+    let mut d = d;
+    let status = d.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", d.log.lock().unwrap());
+    assert!(stopping.elapsed() < Duration::from_secs(5));
+}
