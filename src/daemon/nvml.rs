@@ -119,8 +119,13 @@ pub async fn start(
     Ok((link, now))
 }
 
+/// How often the worker is looked at for a call that overran its limit with nobody waiting for
+/// it (an event wait that never returns): the probe may run only every few minutes.
+const STUCK_CHECK: Duration = Duration::from_secs(1);
+
 /// The lost-GPU probe, on its own task: NVML's answer is awaited here (on a blocking thread that
-/// returns within the call deadline), never on the pipeline.
+/// returns within the call deadline), never on the pipeline. Also looks at the worker every
+/// [`STUCK_CHECK`].
 async fn probe_loop(
     mut probe: Probe,
     worker: Option<NvmlWorker>,
@@ -129,8 +134,18 @@ async fn probe_loop(
 ) {
     let mut timer = tokio::time::interval(every);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stuck_check = tokio::time::interval(STUCK_CHECK);
+    stuck_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        timer.tick().await;
+        tokio::select! {
+            _ = timer.tick() => {}
+            _ = stuck_check.tick(), if worker.is_some() => {
+                let w = worker.clone();
+                // A report scans procfs: not on the runtime thread.
+                let _ = tokio::task::spawn_blocking(move || w.map(|w| w.check())).await;
+                continue;
+            }
+        }
         let w = worker.clone();
         let round = tokio::task::spawn_blocking(move || {
             // A stuck or failing NVML says nothing about which GPUs are reachable: only the bus

@@ -263,17 +263,12 @@ impl NvmlEvent {
                 *pci,
             ),
         };
-        let mut f = Finding::new(
-            kind,
-            crate::model::Severity::Info,
-            crate::model::Category::Informational,
-            title,
-        );
-        f.detail = detail;
+        let mut f = signals::finding(kind, detail, title);
         if let NvmlEvent::Xid { xid, .. } = self {
+            // The catalog rates a numbered Xid (and names it).
             f.xid = xid.and_then(|x| u32::try_from(x).ok());
+            signals::rate(&mut f);
         }
-        signals::rate(&mut f);
         let at = pci.map_or_else(|| "an unidentified GPU".to_string(), |p| p.to_string());
         f.message = format!("NVML {what}");
         f.origin = nvml_origin(vec![format!("NVML: {what} on {at}")]);

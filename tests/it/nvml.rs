@@ -587,6 +587,60 @@ fn an_init_that_hangs_past_its_limit_is_reported_and_learnt_when_it_answers() {
     assert!(watching(&rx).is_empty());
 }
 
+#[test]
+fn a_stuck_event_wait_is_noticed_though_no_request_waits() {
+    // The fourth event wait hangs 1.5 s; its limit is the wait (100 ms) plus the call timeout.
+    let s = scenario(&format!(
+        "{TWO_GPUS}hang nvmlEventSetWait_v2 1500 skip=3 times=1\n"
+    ));
+    let (w, rx) = s.worker_with(&s.lib, Duration::from_millis(200), 16);
+    w.wait_open().expect("open");
+    assert!(watching(&rx).is_empty());
+    let start = Instant::now();
+    while !w.check() {
+        assert!(start.elapsed() < Duration::from_secs(2), "never noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match next(&rx) {
+        NvmlEvent::Unresponsive(s) => assert_eq!(s.call, "nvmlEventSetWait"),
+        other => panic!("expected the stuck episode, got {other:?}"),
+    }
+    assert!(matches!(w.reachable_gpus(), Err(CallError::Busy { .. })));
+    assert!(matches!(next(&rx), NvmlEvent::Answering { call, .. } if call == "nvmlEventSetWait"));
+    assert!(!w.check());
+    assert_eq!(w.reachable_gpus().map(|r| r.len()), Ok(2));
+}
+
+#[test]
+fn requests_queued_behind_slow_calls_time_out_without_crying_wolf() {
+    // Every device count after init takes 150 ms: slow, within the 400 ms limit.
+    let s = scenario(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 150 skip=1\n"
+    ));
+    let (w, rx) = s.worker_with(&s.lib, Duration::from_millis(400), 16);
+    w.wait_open().expect("open");
+    assert!(watching(&rx).is_empty());
+    let callers: Vec<_> = (0..5)
+        .map(|_| {
+            let w = w.clone();
+            std::thread::spawn(move || w.reachable_gpus())
+        })
+        .collect();
+    let results: Vec<_> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+    let answered = results.iter().filter(|r| r.is_ok()).count();
+    let timed_out = results
+        .iter()
+        .filter(|r| matches!(r, Err(CallError::Timeout { .. })))
+        .count();
+    assert!(answered >= 2, "{results:?}");
+    assert_eq!(answered + timed_out, 5, "{results:?}");
+    // Nobody was stuck: no episode is reported.
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a slow queue is not a wedged driver"
+    );
+}
+
 // ---- The daemon as a process, with a wedged driver ----
 
 /// `xidwatch run --json` with the fake library, a regular-file kmsg and a notify socket; its

@@ -73,6 +73,8 @@ struct Running {
     call: String,
     since: Instant,
     limit: Duration,
+    /// The request being served; `None` for the worker's own calls (init, events).
+    job: Option<u64>,
 }
 
 /// What the worker and its callers share. Held only for a moment, never across an NVML call.
@@ -88,6 +90,7 @@ struct Shared {
 type Task = Box<dyn FnOnce(&Nvml, &Opened) + Send>;
 
 struct Job {
+    id: u64,
     call: String,
     task: Task,
 }
@@ -109,6 +112,7 @@ struct Inner {
     procfs_root: PathBuf,
     open_rx: Mutex<Option<Receiver<Result<Opened, NvmlFailure>>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    next_job: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for NvmlWorker {
@@ -162,6 +166,7 @@ impl NvmlWorker {
                 procfs_root: opts.procfs_root,
                 open_rx: Mutex::new(Some(open_rx)),
                 thread: Mutex::new(Some(thread)),
+                next_job: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -213,7 +218,9 @@ impl NvmlWorker {
     ) -> Result<T, CallError> {
         self.fail_fast()?;
         let (tx, rx) = sync_channel(1);
+        let id = self.inner.next_job.fetch_add(1, Ordering::Relaxed);
         let job = Job {
+            id,
             call: call.to_string(),
             task: Box::new(move |nvml, opened| {
                 let _ = tx.send(f(nvml, opened));
@@ -225,25 +232,40 @@ impl NvmlWorker {
             Err(TrySendError::Full(_)) => return Err(CallError::QueueFull),
             Err(TrySendError::Disconnected(_)) => return Err(CallError::Closed),
         }
-        match rx.recv_timeout(self.inner.call_timeout) {
-            Ok(v) => Ok(v),
-            Err(RecvTimeoutError::Disconnected) => Err(CallError::Closed),
-            Err(RecvTimeoutError::Timeout) => {
-                if let Ok(v) = rx.try_recv() {
-                    return Ok(v);
+        let mut until = sent + self.inner.call_timeout;
+        loop {
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(v) => return Ok(v),
+                Err(RecvTimeoutError::Disconnected) => return Err(CallError::Closed),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if let Ok(v) = rx.try_recv() {
+                return Ok(v);
+            }
+            let timeout = CallError::Timeout {
+                call: call.to_string(),
+                waited: sent.elapsed(),
+            };
+            match self.running() {
+                // Stuck, whether in this request or in a call before it: report the episode.
+                Some(r) if r.since.elapsed() >= r.limit => {
+                    self.raise(&r.call, r.since);
+                    return Err(timeout);
                 }
-                // The stuck call is the one the worker is in: this request, or one before it.
-                let (stuck, since) = self
-                    .running()
-                    .map(|r| (r.call, r.since))
-                    .unwrap_or_else(|| (call.to_string(), sent));
-                self.raise(&stuck, since);
-                Err(CallError::Timeout {
-                    call: call.to_string(),
-                    waited: sent.elapsed(),
-                })
+                // This request, taken up late (after an event wait): it gets its full deadline.
+                Some(r) if r.job == Some(id) => until = r.since + r.limit,
+                // Behind calls that are slow but within their limits: this caller gives up,
+                // and nothing is stuck.
+                _ => return Err(timeout),
             }
         }
+    }
+
+    /// Notices a call that has overrun its limit though no request waits for it (an event
+    /// wait, say), and reports the episode. Cheap unless it reports; the daemon calls it every
+    /// second. `true` while the worker is stuck.
+    pub fn check(&self) -> bool {
+        self.fail_fast().is_err()
     }
 
     /// The PCI addresses NVML reaches now, for the lost-GPU probe.
@@ -431,10 +453,10 @@ impl Thread {
     }
 
     fn serve_job(&self, job: Job, nvml: &Nvml, opened: &Opened) {
-        let Job { call, task } = job;
+        let Job { id, call, task } = job;
         // A panic in a query (a wrapper bug) must not take the worker down: the caller sees its
         // reply channel close, and the next request is served.
-        self.run(&call, self.call_timeout, || {
+        self.run_job(Some(id), &call, self.call_timeout, || {
             if catch_unwind(AssertUnwindSafe(|| task(nvml, opened))).is_err() {
                 tracing::error!("an NVML request ({call}) panicked; the worker goes on");
             }
@@ -443,17 +465,32 @@ impl Thread {
 
     /// Runs one call with the shared "running" mark set, so callers can tell a stuck worker.
     fn run<T>(&self, call: &str, limit: Duration, f: impl FnOnce() -> T) -> T {
-        self.mark(call, limit);
+        self.run_job(None, call, limit, f)
+    }
+
+    fn run_job<T>(
+        &self,
+        job: Option<u64>,
+        call: &str,
+        limit: Duration,
+        f: impl FnOnce() -> T,
+    ) -> T {
+        self.mark_job(job, call, limit);
         let out = f();
         self.unmark();
         out
     }
 
     fn mark(&self, call: &str, limit: Duration) {
+        self.mark_job(None, call, limit);
+    }
+
+    fn mark_job(&self, job: Option<u64>, call: &str, limit: Duration) {
         lock(&self.shared).running = Some(Running {
             call: call.to_string(),
             since: Instant::now(),
             limit,
+            job,
         });
     }
 
