@@ -3,9 +3,9 @@
 //!
 //! Threads: one follows `/dev/kmsg`, one owns NVML and makes every NVML call (both block; see
 //! [`nvml`]); everything else runs on a single-threaded tokio runtime, so the classifier and the
-//! incident engine need no locks. Channels between them are bounded: when the pipeline falls behind, the kmsg thread
-//! waits, the kernel ring buffer overwrites, and the loss is reported as an overrun rather than
-//! hidden in an ever-growing queue.
+//! incident engine need no locks. Channels between them are bounded: when the pipeline falls
+//! behind, the kmsg thread waits, the kernel ring buffer overwrites, and the loss is reported as an
+//! overrun rather than hidden in an ever-growing queue.
 
 pub mod control;
 pub mod metrics;
