@@ -195,10 +195,14 @@ impl NvmlWorker {
                     return r.map_err(CallError::Failed);
                 }
                 let waited = self.inner.open_timeout;
-                let (call, since) = self
-                    .running()
-                    .map(|r| (r.call, r.since))
-                    .unwrap_or_else(|| (INIT.to_string(), Instant::now() - waited));
+                let (call, since) =
+                    self.running()
+                        .map(|r| (r.call, r.since))
+                        .unwrap_or_else(|| {
+                            // `checked_sub`: the monotonic clock may be younger than the wait at boot.
+                            let since = Instant::now().checked_sub(waited);
+                            (INIT.to_string(), since.unwrap_or_else(Instant::now))
+                        });
                 self.raise(&call, since);
                 Err(CallError::Timeout {
                     call: INIT.into(),
