@@ -153,8 +153,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut out_buf: Vec<Incident> = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
 
-    // NVML, on its own worker thread; init waits at most nvml::NVML_OPEN_LIMIT. Failures become
-    // findings, said once.
+    // NVML, on its own worker thread; the kernel log waits for its init at most
+    // nvml.call_timeout_secs (capped at nvml::NVML_OPEN_LIMIT). Failures become findings, said
+    // once.
     let (mut nvml_link, nvml_now) = nvml::start(cfg, &tel, &mut classifier, &mut stats).await?;
     for f in nvml_now {
         push(

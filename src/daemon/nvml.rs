@@ -21,8 +21,9 @@ use crate::incident::Origin;
 use crate::model::Finding;
 use crate::source::nvml::{CallError, GpuInfo, NvmlEvent, NvmlWorker, Opened, WorkerOptions};
 
-/// How long NVML may take to initialise before xidwatch goes on without it: READY=1 is never
-/// held up longer. If it answers later, its inventory is learnt then.
+/// How long NVML's init may take before the driver counts as unresponsive. The kernel log (and
+/// READY=1) waits for it at most `nvml.call_timeout_secs`, never longer than this; an init that
+/// answers later still brings its inventory.
 pub const NVML_OPEN_LIMIT: Duration = Duration::from_secs(20);
 
 /// Events between the worker and the pipeline; the worker waits (briefly) when it is full.
@@ -46,8 +47,9 @@ pub struct NvmlLink {
     probe: tokio::task::JoinHandle<()>,
 }
 
-/// Starts NVML (when enabled) and the probe. Waits for NVML's init at most [`NVML_OPEN_LIMIT`];
-/// returns the findings to report at once (NVML that cannot be used).
+/// Starts NVML (when enabled) and the probe. Waits for NVML's init at most the call timeout
+/// (capped at [`NVML_OPEN_LIMIT`]); returns the findings to report at once (NVML that cannot be
+/// used).
 pub async fn start(
     cfg: &Config,
     tel: &Telemetry,
@@ -86,8 +88,11 @@ pub async fn start(
                 }
             })
             .context("starting the NVML bridge")?;
+        // The kernel log waits for NVML's GPU identities at most as long as one NVML call may
+        // take; a longer init goes on, and is a stuck driver only past NVML_OPEN_LIMIT.
         let w = worker.clone();
-        let opened = tokio::task::spawn_blocking(move || w.wait_open())
+        let hold = Duration::from_secs(cfg.nvml.call_timeout_secs).min(NVML_OPEN_LIMIT);
+        let opened = tokio::task::spawn_blocking(move || w.wait_open_for(hold))
             .await
             .unwrap_or(Err(CallError::Closed));
         match opened {

@@ -563,24 +563,42 @@ fn a_hung_call_is_reported_once_with_the_stuck_tasks_and_later_calls_fail_fast()
 
 #[test]
 fn an_init_that_hangs_past_its_limit_is_reported_and_learnt_when_it_answers() {
+    // Init's device count hangs 1.2 s; the open limit is 500 ms.
     let s = scenario(&format!(
-        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 1000 times=1\n"
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 1200 times=1\n"
     ));
-    let (tx, rx) = sync_channel(16);
-    let w = NvmlWorker::spawn(
-        WorkerOptions {
-            library: Some(s.lib.clone()),
-            call_timeout: Duration::from_millis(200),
-            open_timeout: Duration::from_millis(300),
-            procfs_root: s.dir.path().join("proc"),
-        },
-        tx,
-    )
-    .expect("spawn");
-    s.workers.lock().unwrap().push(w.clone());
+    let spawn = |open_timeout| {
+        let (tx, rx) = sync_channel(16);
+        let w = NvmlWorker::spawn(
+            WorkerOptions {
+                library: Some(s.lib.clone()),
+                call_timeout: Duration::from_millis(200),
+                open_timeout,
+                procfs_root: s.dir.path().join("proc"),
+            },
+            tx,
+        )
+        .expect("spawn");
+        s.workers.lock().unwrap().push(w.clone());
+        (w, rx)
+    };
+    let (w, rx) = spawn(Duration::from_millis(500));
+    // The daemon's way: hold the kernel log briefly, then go on while init goes on.
     let start = Instant::now();
-    assert!(matches!(w.wait_open(), Err(CallError::Timeout { .. })));
-    assert!(start.elapsed() < Duration::from_millis(800));
+    assert!(matches!(
+        w.wait_open_for(Duration::from_millis(100)),
+        Err(CallError::Opening { .. })
+    ));
+    assert!(start.elapsed() < Duration::from_millis(400));
+    // A request meanwhile waits behind init and gives up without calling it stuck...
+    assert!(matches!(w.reachable_gpus(), Err(CallError::Timeout { .. })));
+    assert!(rx.try_recv().is_err(), "init is slow, not stuck, yet");
+    // ...until init overruns its own limit, which the periodic check notices.
+    while !w.check() {
+        assert!(start.elapsed() < Duration::from_secs(1), "never noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(start.elapsed() >= Duration::from_millis(500));
     assert!(matches!(next(&rx), NvmlEvent::Unresponsive(s) if s.call.starts_with("nvmlInit")));
     // The inventory comes late, then the episode ends, then events are watched.
     match next(&rx) {
@@ -589,6 +607,19 @@ fn an_init_that_hangs_past_its_limit_is_reported_and_learnt_when_it_answers() {
     }
     assert!(matches!(next(&rx), NvmlEvent::Answering { .. }));
     assert!(watching(&rx).is_empty());
+    assert_eq!(w.reachable_gpus().map(|r| r.len()), Ok(2));
+    assert!(w.stop(Duration::from_secs(2)));
+
+    // Waiting the whole open limit: the caller is told it timed out.
+    std::fs::write(
+        s.dir.path().join("script.txt"),
+        format!("{TWO_GPUS}hang nvmlDeviceGetCount_v2 800 times=1\n"),
+    )
+    .unwrap();
+    let (w, rx) = spawn(Duration::from_millis(300));
+    assert!(matches!(w.wait_open(), Err(CallError::Timeout { .. })));
+    assert!(matches!(next(&rx), NvmlEvent::Unresponsive(_)));
+    assert!(matches!(next(&rx), NvmlEvent::Opened(_)));
 }
 
 #[test]
@@ -653,6 +684,9 @@ struct Wedged {
     child: std::process::Child,
     incidents: std::sync::Arc<Mutex<Vec<(Instant, serde_json::Value)>>>,
     log: std::sync::Arc<Mutex<String>>,
+    /// sd_notify messages, with the time each came.
+    notes: std::sync::Arc<Mutex<Vec<(Instant, String)>>>,
+    started: Instant,
 }
 
 impl Wedged {
@@ -693,6 +727,8 @@ impl Wedged {
             child,
             incidents,
             log,
+            notes: std::sync::Arc::default(),
+            started: Instant::now(),
         }
     }
 
@@ -719,6 +755,74 @@ impl Wedged {
     }
 }
 
+impl Wedged {
+    /// Writes a config (probe every second, NVML calls limited to 1 s, a fake procfs with stuck
+    /// tasks), the fake NVML `script` and an empty kmsg file into a fresh directory, and starts
+    /// the daemon there with a notify socket.
+    fn launch(script: &str) -> (TempDir, Wedged) {
+        use std::os::unix::net::UnixDatagram;
+        let dir = tempfile::tempdir().unwrap();
+        let p = |name: &str| dir.path().join(name);
+        std::fs::write(p("nvml.script"), script).unwrap();
+        std::fs::write(p("kmsg"), "").unwrap();
+        std::fs::write(p("boot_id"), "5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+        std::fs::create_dir_all(p("sys/bus/pci/devices")).unwrap();
+        stuck_tasks(&p("proc"));
+        std::fs::write(
+            p("xidwatch.toml"),
+            format!(
+                "[kmsg]\npath = {:?}\n[nvml]\nenabled = true\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\nprocfs_root = {:?}\n[state]\ndir = {:?}\n",
+                p("kmsg"),
+                fake_library(),
+                p("sys"),
+                p("proc"),
+                p("state")
+            ),
+        )
+        .unwrap();
+        let sock = UnixDatagram::bind(p("notify.sock")).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut d = Wedged::start(
+            &p("xidwatch.toml"),
+            &[
+                ("XIDWATCH_BOOT_ID_PATH", &p("boot_id")),
+                ("XIDWATCH_FAKE_NVML_SCRIPT", &p("nvml.script")),
+                ("NOTIFY_SOCKET", &p("notify.sock")),
+            ],
+        );
+        // Every notification from here on, with the time it came.
+        let n2 = d.notes.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                n2.lock().unwrap().push((Instant::now(), text));
+            }
+        });
+        d.started = Instant::now();
+        (dir, d)
+    }
+
+    fn append_kmsg(dir: &Path, record: &str) -> Instant {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("kmsg"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, record.as_bytes()).unwrap();
+        Instant::now()
+    }
+
+    fn noted(&self, what: &str) -> Option<Instant> {
+        self.notes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, m)| m == what)
+            .map(|(t, _)| *t)
+    }
+}
+
 impl Drop for Wedged {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -728,52 +832,11 @@ impl Drop for Wedged {
 
 #[test]
 fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
-    use std::os::unix::net::UnixDatagram;
-    let dir = tempfile::tempdir().unwrap();
-    let p = |name: &str| dir.path().join(name);
     // The probe's device count (the call after init's) hangs 30 s, as on a wedged driver.
-    std::fs::write(
-        p("nvml.script"),
-        format!("{TWO_GPUS}hang nvmlDeviceGetCount_v2 30000 skip=1 times=1\n"),
-    )
-    .unwrap();
-    std::fs::write(p("kmsg"), "").unwrap();
-    std::fs::write(p("boot_id"), "5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
-    std::fs::create_dir_all(p("sys/bus/pci/devices")).unwrap();
-    stuck_tasks(&p("proc"));
-    std::fs::write(
-        p("xidwatch.toml"),
-        format!(
-            "[kmsg]\npath = {:?}\n[nvml]\nenabled = true\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\nprocfs_root = {:?}\n[state]\ndir = {:?}\n",
-            p("kmsg"),
-            fake_library(),
-            p("sys"),
-            p("proc"),
-            p("state")
-        ),
-    )
-    .unwrap();
-    let sock = UnixDatagram::bind(p("notify.sock")).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let d = Wedged::start(
-        &p("xidwatch.toml"),
-        &[
-            ("XIDWATCH_BOOT_ID_PATH", &p("boot_id")),
-            ("XIDWATCH_FAKE_NVML_SCRIPT", &p("nvml.script")),
-            ("NOTIFY_SOCKET", &p("notify.sock")),
-        ],
-    );
-    // Every notification from here on, with the time it came.
-    let notes = std::sync::Arc::new(Mutex::new(Vec::<(Instant, String)>::new()));
-    let n2 = notes.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 256];
-        while let Ok(n) = sock.recv(&mut buf) {
-            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-            n2.lock().unwrap().push((Instant::now(), text));
-        }
-    });
+    let (dir, d) = Wedged::launch(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 30000 skip=1 times=1\n"
+    ));
+    let notes = d.notes.clone();
 
     // The stuck call becomes one critical, host-wide incident naming the stuck tasks.
     let (stuck_at, stuck) = d.wait_for("driver_unresponsive", Duration::from_secs(15), |v| {
@@ -798,16 +861,10 @@ fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
     // While the call is still stuck (it returns 30 s after it began), an Xid in the kernel log
     // is reported at its usual latency.
     std::thread::sleep(Duration::from_millis(500));
-    let written = Instant::now();
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(p("kmsg"))
-        .unwrap();
-    std::io::Write::write_all(
-        &mut f,
-        b"3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
-    )
-    .unwrap();
+    let written = Wedged::append_kmsg(
+        dir.path(),
+        "3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
+    );
     let (xid_at, xid) = d.wait_for("the Xid 79", Duration::from_secs(15), |v| v["xid"] == 79);
     let latency = xid_at - written;
     eprintln!("Xid 79 reported {latency:?} after it was written, with NVML stuck");
@@ -885,5 +942,60 @@ fn the_call_timeout_is_checked_and_named() {
     assert_eq!(
         xidwatch::config::NvmlConfig::default().call_timeout_secs,
         10
+    );
+}
+
+#[test]
+fn an_init_that_hangs_holds_neither_ready_nor_the_kernel_log_longer_than_a_call() {
+    // Init's device count takes 3 s; one NVML call may take 1 s.
+    let (dir, d) = Wedged::launch(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 3000 times=1\n"
+    ));
+    let start = d.started;
+    let wait_ready = Instant::now();
+    while d.noted("READY=1").is_none() {
+        assert!(wait_ready.elapsed() < Duration::from_secs(10), "no READY=1");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ready = d.noted("READY=1").unwrap() - start;
+    eprintln!("READY=1 {ready:?} after start, with NVML's init hanging 3 s");
+    assert!(ready < Duration::from_millis(2500), "{ready:?}");
+
+    // While init still hangs, an Xid is reported at once (without NVML's identity yet).
+    let written = Wedged::append_kmsg(
+        dir.path(),
+        "3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
+    );
+    let (at, x79) = d.wait_for("the Xid 79", Duration::from_secs(10), |v| v["xid"] == 79);
+    assert!(at - written < Duration::from_secs(1), "{:?}", at - written);
+    assert!(at - start < Duration::from_millis(2900), "{:?}", at - start);
+    assert!(x79["gpu"]["uuid"].is_null(), "{x79}");
+
+    // When init answers, its GPUs are learnt: a later fault carries NVML's identity.
+    let wait = Instant::now();
+    while !d
+        .log
+        .lock()
+        .unwrap()
+        .contains("NVML answered its init late")
+    {
+        assert!(
+            wait.elapsed() < Duration::from_secs(10),
+            "{}",
+            d.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Wedged::append_kmsg(
+        dir.path(),
+        "3,2,2000001,-;NVRM: Xid (PCI:0000:2a:00): 48, pid=42, name=python3, An uncorrectable double bit error\n",
+    );
+    let (_, x48) = d.wait_for("the Xid 48", Duration::from_secs(10), |v| v["xid"] == 48);
+    assert_eq!(x48["gpu"]["uuid"], UUID1, "{x48}");
+    // 3 s is slow, not stuck: no driver_unresponsive.
+    let all = d.incidents.lock().unwrap().clone();
+    assert!(
+        all.iter().all(|(_, v)| v["kind"] != "driver_unresponsive"),
+        "{all:#?}"
     );
 }

@@ -56,6 +56,9 @@ pub enum CallError {
     /// The worker is stuck in an earlier call; this request was not tried.
     #[error("NVML worker busy since {:.1} s with {call}: the driver is unresponsive", since.as_secs_f64())]
     Busy { call: String, since: Duration },
+    /// Init has not answered within the caller's hold, but is within its own limit yet.
+    #[error("NVML has not finished its init after {:.1} s; it goes on", waited.as_secs_f64())]
+    Opening { waited: Duration },
     /// Too many requests are waiting already.
     #[error("NVML worker has {QUEUE} requests waiting already")]
     QueueFull,
@@ -175,6 +178,15 @@ impl NvmlWorker {
     /// init that misses the deadline is reported as a stuck episode, and if it answers later the
     /// inventory comes as [`NvmlEvent::Opened`].
     pub fn wait_open(&self) -> Result<Opened, CallError> {
+        self.wait_open_for(self.inner.open_timeout)
+    }
+
+    /// Like [`NvmlWorker::wait_open`], but gives up waiting after `hold` (if shorter than the open
+    /// timeout) with [`CallError::Opening`]: init goes on, its inventory comes as
+    /// [`NvmlEvent::Opened`], and an init that overruns the open timeout is reported by
+    /// [`NvmlWorker::check`]. The daemon holds the kernel log only this long for NVML's GPU
+    /// identities.
+    pub fn wait_open_for(&self, hold: Duration) -> Result<Opened, CallError> {
         let Some(rx) = self
             .inner
             .open_rx
@@ -184,7 +196,8 @@ impl NvmlWorker {
         else {
             return Err(CallError::Closed);
         };
-        match rx.recv_timeout(self.inner.open_timeout) {
+        let hold = hold.min(self.inner.open_timeout);
+        match rx.recv_timeout(hold) {
             Ok(r) => r.map_err(CallError::Failed),
             Err(RecvTimeoutError::Disconnected) => Err(CallError::Closed),
             Err(RecvTimeoutError::Timeout) => {
@@ -194,20 +207,24 @@ impl NvmlWorker {
                 if let Ok(r) = rx.try_recv() {
                     return r.map_err(CallError::Failed);
                 }
-                let waited = self.inner.open_timeout;
-                let (call, since) =
-                    self.running()
-                        .map(|r| (r.call, r.since))
-                        .unwrap_or_else(|| {
-                            // `checked_sub`: the monotonic clock may be younger than the wait at boot.
-                            let since = Instant::now().checked_sub(waited);
-                            (INIT.to_string(), since.unwrap_or_else(Instant::now))
-                        });
-                self.raise(&call, since);
-                Err(CallError::Timeout {
-                    call: INIT.into(),
-                    waited,
-                })
+                match self.running() {
+                    Some(r) if r.since.elapsed() < r.limit => {
+                        Err(CallError::Opening { waited: hold })
+                    }
+                    running => {
+                        let (call, since) =
+                            running.map(|r| (r.call, r.since)).unwrap_or_else(|| {
+                                // `checked_sub`: the monotonic clock may be younger than the wait.
+                                let since = Instant::now().checked_sub(hold);
+                                (INIT.to_string(), since.unwrap_or_else(Instant::now))
+                            });
+                        self.raise(&call, since);
+                        Err(CallError::Timeout {
+                            call: INIT.into(),
+                            waited: hold,
+                        })
+                    }
+                }
             }
         }
     }
