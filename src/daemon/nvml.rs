@@ -96,8 +96,13 @@ pub async fn start(
             .await
             .unwrap_or(Err(CallError::Closed));
         match opened {
-            Ok(o) => link.learn(o, tel, classifier, stats),
+            Ok(o) => {
+                link.learn(o, tel, classifier, stats);
+                link.worker = Some(worker);
+            }
             Err(CallError::Failed(failure)) => {
+                // The worker has ended: runbook `nvml` steps are skipped, the probe compares the
+                // bus only.
                 tracing::warn!(
                     "NVML unavailable: {}; watching the kernel log only",
                     failure.describe()
@@ -106,14 +111,13 @@ pub async fn start(
                 now.extend(failure.to_finding());
             }
             Err(e) => {
-                // The stuck episode itself arrives as an event and becomes the finding.
-                tracing::warn!(
-                    "{e}; watching the kernel log, NVML's inventory is learnt if it answers"
-                );
+                // Still opening (or stuck opening, which arrives as an event of its own and
+                // becomes the finding): the worker goes on, and its GPUs are learnt if it answers.
+                tracing::warn!("{e}; watching the kernel log meanwhile");
                 tel.set_nvml(false, &e.to_string());
+                link.worker = Some(worker);
             }
         }
-        link.worker = Some(worker);
     }
     link.probe = tokio::spawn(probe_loop(
         Probe::new(cfg.nvml.sysfs_root.clone()),
