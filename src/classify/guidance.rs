@@ -144,6 +144,10 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "A changed xidwatch config did not validate, so it was refused; the previous config stays in force.",
             "Run `xidwatch check` on the config file, fix the key it names, and save again (or send SIGHUP).",
         ),
+        FindingKind::DriverUnresponsive => (
+            "A call into the NVIDIA driver (through NVML) did not return: the driver is wedged, often because a GPU is failing or a process is stuck in the driver. Tools such as nvidia-smi will hang too.",
+            "Read the kernel log and the stuck tasks listed here (their kernel stacks show where the driver holds them); do not start more GPU tools, they will hang as well. Drain the node; recovering usually takes a reboot, at a time of your choosing. xidwatch keeps watching the kernel log meanwhile.",
+        ),
         FindingKind::Xid => ("", ""),
     };
     Guidance {

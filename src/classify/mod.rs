@@ -11,6 +11,7 @@ pub mod guidance;
 pub mod overrides;
 pub mod prefix;
 pub mod shapes;
+pub mod signals;
 
 use std::collections::{HashMap, HashSet};
 

@@ -129,5 +129,21 @@ fn detail_line(f: &Finding) -> Option<String> {
             reporter.map_or(String::new(), |r| format!(", reported by {r}"))
         ),
         Detail::Overrun { lost } => format!("{lost} records lost"),
+        Detail::Ecc { double_bit } => if *double_bit {
+            "double-bit (uncorrectable)"
+        } else {
+            "single-bit (corrected)"
+        }
+        .to_string(),
+        Detail::DriverUnresponsive {
+            call,
+            waited_ms,
+            blocked,
+            blocked_omitted,
+        } => format!(
+            "{call} had not returned after {} ms; {} task(s) in D state",
+            waited_ms,
+            blocked.len() + blocked_omitted
+        ),
     })
 }

@@ -49,6 +49,11 @@ pub struct NvmlConfig {
     pub probe_interval_secs: u64,
     /// Root of sysfs for the probe (tests point it at a fixture tree).
     pub sysfs_root: PathBuf,
+    /// How long one NVML call may take before the driver counts as unresponsive (a critical
+    /// `driver_unresponsive` incident). Init has its own, longer limit.
+    pub call_timeout_secs: u64,
+    /// Root of procfs, read for the tasks stuck in the driver when NVML does not answer.
+    pub procfs_root: PathBuf,
 }
 
 impl Default for NvmlConfig {
@@ -58,6 +63,8 @@ impl Default for NvmlConfig {
             library: None,
             probe_interval_secs: 30,
             sysfs_root: PathBuf::from("/sys"),
+            call_timeout_secs: 10,
+            procfs_root: PathBuf::from("/proc"),
         }
     }
 }
@@ -198,6 +205,12 @@ impl Config {
             return Err(invalid(format!(
                 "nvml.probe_interval_secs = {}: expected at most {MAX_WINDOW_SECS}",
                 raw.nvml.probe_interval_secs
+            )));
+        }
+        if raw.nvml.call_timeout_secs == 0 || raw.nvml.call_timeout_secs > 600 {
+            return Err(invalid(format!(
+                "nvml.call_timeout_secs = {}: expected seconds from 1 to 600",
+                raw.nvml.call_timeout_secs
             )));
         }
         if raw.incidents.max_open == 0 {

@@ -1,15 +1,16 @@
 //! The daemon (`xidwatch run`): wires sources -> classifier -> incidents -> outputs, keeps the
 //! kernel log position, and speaks systemd's notification protocol.
 //!
-//! Threads: one follows `/dev/kmsg`, one waits on NVML events (both calls block); everything else
-//! runs on a single-threaded tokio runtime, so the classifier and the incident engine need no
-//! locks. Channels between them are bounded: when the pipeline falls behind, the kmsg thread
-//! waits, the kernel ring buffer overwrites, and the loss is reported as an overrun rather than
-//! hidden in an ever-growing queue.
+//! Threads: one follows `/dev/kmsg`, one owns NVML and makes every NVML call (both block; see
+//! [`nvml`]); everything else runs on a single-threaded tokio runtime, so the classifier and the
+//! incident engine need no locks. Channels between them are bounded: when the pipeline falls
+//! behind, the kmsg thread waits, the kernel ring buffer overwrites, and the loss is reported as an
+//! overrun rather than hidden in an ever-growing queue.
 
 pub mod control;
 pub mod metrics;
 pub mod notify;
+pub mod nvml;
 pub mod probe;
 pub mod serve;
 pub mod telemetry;
@@ -28,11 +29,10 @@ use crate::clock::Now;
 use crate::config::Config;
 use crate::host::hostname;
 use crate::incident::{Engine, EngineConfig, Origin, Persisted};
-use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Incident, Severity};
+use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::kmsg::follow::{self, KmsgEvent};
-use crate::source::nvml::{NvmlEvent, NvmlSource};
 use crate::state::{self, Position, StateDir};
-use telemetry::{GpuSummary, Telemetry};
+use telemetry::Telemetry;
 
 /// Where `run` sends incidents when no alert channel takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,8 +54,6 @@ pub struct RunOptions {
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
 const FOLD_QUIET: Duration = Duration::from_millis(50);
-/// How long NVML may take to initialise before xidwatch goes on without it.
-const NVML_OPEN_LIMIT: Duration = Duration::from_secs(20);
 /// How often the kmsg position is written while records flow.
 const POSITION_EVERY: Duration = Duration::from_millis(250);
 
@@ -127,13 +125,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         boot_id: boot_hex.clone(),
         overrides: cfg.overrides.clone(),
     });
-    let mut probe = probe::Probe::new(cfg.nvml.sysfs_root.clone());
+    let mut probe_memory: Option<probe::Memory> = None;
     match state.load_json::<SavedIncidents>(CHECKPOINT) {
         Ok(Some(saved)) if saved.boot_id == boot_hex => {
             engine.restore(saved.open);
-            if let Some(m) = saved.probe {
-                probe.restore(m);
-            }
+            probe_memory = saved.probe;
             // The snapshot accounts for every record up to its own position: go on from there,
             // so nothing is counted twice (the position file is only a fallback).
             if saved.last_seq.is_some() {
@@ -169,102 +165,22 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut out_buf: Vec<Incident> = Vec::new();
     let mut findings: Vec<Finding> = Vec::new();
 
-    // NVML, on its own thread; failures become findings, said once.
-    let (ntx, mut nrx) = mpsc::channel::<NvmlEvent>(256);
-    let mut nvml_source: Option<NvmlSource> = None;
-    if cfg.nvml.enabled {
-        let lib = cfg.nvml.library.clone();
-        // NVML can hang on a wedged GPU: wait a bounded time, then go on without it, so the
-        // kernel log is watched (and READY=1 sent) whatever the driver does.
-        let (otx, orx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("nvml-open".into())
-            .spawn(move || {
-                let _ = otx.send(NvmlSource::open(lib.as_deref()));
-            })
-            .context("starting NVML")?;
-        let opened = match tokio::time::timeout(NVML_OPEN_LIMIT, orx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(crate::source::nvml::NvmlFailure::Other(
-                "NVML start-up thread ended".into(),
-            )),
-            Err(_) => Err(crate::source::nvml::NvmlFailure::Other(format!(
-                "NVML did not answer within {} s (a wedged GPU or driver)",
-                NVML_OPEN_LIMIT.as_secs()
-            ))),
-        };
-        match opened {
-            Ok(src) => {
-                for g in src.inventory() {
-                    classifier.learn_gpu(
-                        g.pci,
-                        GpuIdentity {
-                            index: Some(g.index),
-                            uuid: g.uuid.clone(),
-                            serial: g.serial.clone(),
-                            name: g.name.clone(),
-                        },
-                    );
-                }
-                if let Some(v) = src.driver_version() {
-                    classifier.set_driver_version(v);
-                }
-                stats.nvml_up = true;
-                stats.gpus_seen = src.inventory().len();
-                tel.set_nvml(true, "ok");
-                tel.set_gpus(src.inventory().iter().map(GpuSummary::from).collect());
-                tracing::info!(
-                    "NVML: {} GPU(s), driver {}",
-                    src.inventory().len(),
-                    src.driver_version().unwrap_or("?")
-                );
-                nvml_source = Some(src.clone());
-                let (stx, srx) = std::sync::mpsc::sync_channel::<NvmlEvent>(256);
-                let stop2 = stop.clone();
-                let spawned =
-                    tokio::task::spawn_blocking(move || src.spawn_events(stx, stop2)).await;
-                match spawned {
-                    Ok(Ok(t)) => {
-                        for n in t.notes {
-                            tracing::warn!("NVML: {n}");
-                        }
-                    }
-                    Ok(Err(e)) => tracing::warn!("NVML events unavailable: {e}"),
-                    Err(e) => tracing::warn!("NVML events unavailable: {e}"),
-                }
-                std::thread::Builder::new()
-                    .name("nvml-bridge".into())
-                    .spawn(move || {
-                        while let Ok(ev) = srx.recv() {
-                            if ntx.blocking_send(ev).is_err() {
-                                break;
-                            }
-                        }
-                    })
-                    .context("starting the NVML bridge")?;
-            }
-            Err(failure) => {
-                tracing::warn!(
-                    "NVML unavailable: {}; watching the kernel log only",
-                    failure.describe()
-                );
-                tel.set_nvml(false, &failure.describe());
-                if let Some(f) = failure.to_finding() {
-                    push(
-                        &tel,
-                        &mut engine,
-                        f,
-                        Origin::Nvml,
-                        Now::read(),
-                        true,
-                        &mut out_buf,
-                    );
-                }
-            }
-        }
+    // NVML, on its own worker thread; the kernel log waits for its init at most
+    // nvml.call_timeout_secs (capped at nvml::NVML_OPEN_LIMIT). Failures become findings, said
+    // once.
+    let (mut nvml_link, nvml_now) =
+        nvml::start(cfg, &tel, &mut classifier, &mut stats, probe_memory).await?;
+    for f in nvml_now {
+        push(
+            &tel,
+            &mut engine,
+            f,
+            Origin::Nvml,
+            Now::read(),
+            true,
+            &mut out_buf,
+        );
     }
-    let mut probe_timer = tokio::time::interval(Duration::from_secs(cfg.nvml.probe_interval_secs));
-    probe_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -273,10 +189,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
 
-    // Runbook `nvml` steps are answered through the same NVML handle.
-    let nvml_probe: Option<Arc<dyn crate::runbook::NvmlProbe>> = nvml_source
-        .clone()
-        .map(|s| Arc::new(s) as Arc<dyn crate::runbook::NvmlProbe>);
+    // Runbook `nvml` steps are answered through the NVML worker, under its deadline.
+    let nvml_probe = nvml_link.probe_handle();
     let alerts = AlertStage::start(cfg, opts.output)?;
     set_alert_provider(&tel, &alerts);
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
@@ -342,6 +256,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         boot_hex: boot_hex.clone(),
         saved_seq: resume_after,
         saved_changes: engine.changes(),
+        saved_probe: probe::Memory::default(),
         last_save: tokio::time::Instant::now(),
         errors: 0,
     };
@@ -432,24 +347,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 last_record = tokio::time::Instant::now();
                 out.emit_all(&mut out_buf, &mut acks).await;
                 // Move the position promptly after an alert, otherwise at a steady pace.
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
-            ev = nrx.recv(), if nvml_source.is_some() => {
-                if let Some(ev) = ev {
-                    let inv = nvml_source.as_ref().map(|s| s.inventory().to_vec()).unwrap_or_default();
-                    if let NvmlEvent::Failed(f) = &ev {
-                        tracing::warn!("NVML: {}", f.describe());
-                        stats.nvml_up = false;
-                        tel.set_nvml(false, &f.describe());
-                    }
-                    let mut f = ev.to_finding(&inv);
-                    if f.kind == FindingKind::Xid {
-                        crate::classify::catalog::apply_to(&mut f);
-                    }
-                    push(&tel, &mut engine, f, Origin::Nvml, Now::read(), false, &mut out_buf);
-                    out.emit_all(&mut out_buf, &mut acks).await;
-                    ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+            Some(msg) = nvml_link.next() => {
+                for (f, origin) in nvml_link.handle(msg, &tel, &mut classifier, &mut stats) {
+                    push(&tel, &mut engine, f, origin, Now::read(), false, &mut out_buf);
                 }
+                out.emit_all(&mut out_buf, &mut acks).await;
+                // The probe's memory is part of the checkpoint: save it promptly when it moved.
+                let moved = nvml_link.probe_memory != ckpt.saved_probe;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, moved).await;
             }
             _ = tokio::time::sleep(fold_wait.saturating_sub(last_record.elapsed())), if classifier.has_pending() => {
                 classifier.flush(&mut findings);
@@ -458,28 +365,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     push(&tel, &mut engine, f, Origin::Kmsg, now, false, &mut out_buf);
                 }
                 out.emit_all(&mut out_buf, &mut acks).await;
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
             _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
                 engine.tick(Now::read(), &mut out_buf);
                 out.emit_all(&mut out_buf, &mut acks).await;
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
-            }
-            _ = probe_timer.tick() => {
-                let reachable = nvml_source.as_ref().and_then(|s| s.reachable_gpus().ok());
-                for mut f in probe.check(reachable.as_deref()) {
-                    // What NVML told us about this GPU when it could still see it.
-                    if let Some(g) = nvml_source.as_ref().and_then(|s| s.inventory().iter().find(|g| Some(g.pci) == f.pci)) {
-                        f.gpu = GpuIdentity { index: Some(g.index), uuid: g.uuid.clone(), serial: g.serial.clone(), name: g.name.clone() };
-                    }
-                    push(&tel, &mut engine, f, Origin::Probe, Now::read(), false, &mut out_buf);
-                }
-                out.emit_all(&mut out_buf, &mut acks).await;
-                // The probe's memory is part of the checkpoint: save it now.
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, true).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
             _ = status_timer.tick() => {
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
                 tel.set_open_incidents_from(engine.open_incidents());
                 let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
                 tokio::task::spawn_blocking(move || {
@@ -490,7 +384,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             }
             _ = watchdog.tick() => {
                 notifier.notify("WATCHDOG=1");
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
             _ = sighup.recv() => {
                 reload(&opts, &mut current, &mut engine, &mut out, &mut last_reload_error, &mut out_buf).await;
@@ -498,7 +392,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 // The runbook directories may have changed (or appeared): watch what is in force now.
                 _watcher = watch_config(&current, reload_tx.clone());
                 out.emit_all(&mut out_buf, &mut acks).await;
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
             Some(()) = reload_rx.recv() => {
                 // Editors write a file in several steps: let them finish.
@@ -513,11 +407,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     // The runbook directories may have changed (or appeared): watch what is in force now.
                     _watcher = watch_config(&current, reload_tx.clone());
                     out.emit_all(&mut out_buf, &mut acks).await;
-                    ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                    ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
                 }
             }
             _ = tokio::time::sleep_until(save_at.unwrap_or_else(tokio::time::Instant::now)), if save_at.is_some() => {
-                ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, false).await;
+                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
@@ -527,6 +421,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // Graceful shutdown: stop the sources, keep what is in flight.
     notifier.notify("STOPPING=1");
     stop.store(true, Ordering::Relaxed);
+    let probe_memory = nvml_link.probe_memory.clone();
+    nvml_link.stop();
     classifier.flush(&mut findings);
     for f in findings.drain(..) {
         push(
@@ -542,7 +438,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     out.emit_all(&mut out_buf, &mut acks).await;
     // Runbooks still running give up; their alerts go out without evidence rather than not at all.
     out.finish().await;
-    if !ckpt.save(&mut acks, last_seq, &engine, &probe, &tel, true).await {
+    if !ckpt
+        .save(
+            &mut acks,
+            last_seq,
+            &engine,
+            &probe_memory,
+            &tel,
+            true,
+        )
+        .await
+    {
         tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
     }
     drop(krx);
@@ -589,6 +495,7 @@ struct Checkpointer {
     boot_hex: String,
     saved_seq: Option<u64>,
     saved_changes: u64,
+    saved_probe: probe::Memory,
     last_save: tokio::time::Instant,
     errors: u64,
 }
@@ -598,7 +505,12 @@ const SAVE_GAP: Duration = Duration::from_millis(100);
 
 impl Checkpointer {
     /// When the loop must call [`Checkpointer::save`] even if nothing else happens.
-    fn due_at(&self, acks: &Acks, last_seq: Option<u64>, engine: &Engine) -> Option<tokio::time::Instant> {
+    fn due_at(
+        &self,
+        acks: &Acks,
+        last_seq: Option<u64>,
+        engine: &Engine,
+    ) -> Option<tokio::time::Instant> {
         let changed = last_seq != self.saved_seq || engine.changes() != self.saved_changes;
         if acks.since_save {
             Some(self.last_save + SAVE_GAP)
@@ -617,7 +529,7 @@ impl Checkpointer {
         acks: &mut Acks,
         last_seq: Option<u64>,
         engine: &Engine,
-        probe: &probe::Probe,
+        probe: &probe::Memory,
         tel: &Telemetry,
         force: bool,
     ) -> bool {
@@ -641,17 +553,20 @@ impl Checkpointer {
             boot_id: self.boot_hex.clone(),
             open: engine.snapshot(),
             last_seq,
-            probe: Some(probe.memory()),
+            probe: Some(probe.clone()),
         };
         // The snapshot first: it names the record it accounts for, and a start after a crash
         // between the two writes goes on from the snapshot.
-        let result = self.state.save_json(CHECKPOINT, &snapshot).and_then(|()| match last_seq {
-            Some(seq) => self.state.save_position(&Position {
-                boot_id: self.boot,
-                last_seq: seq,
-            }),
-            None => Ok(()),
-        });
+        let result = self
+            .state
+            .save_json(CHECKPOINT, &snapshot)
+            .and_then(|()| match last_seq {
+                Some(seq) => self.state.save_position(&Position {
+                    boot_id: self.boot,
+                    last_seq: seq,
+                }),
+                None => Ok(()),
+            });
         self.last_save = tokio::time::Instant::now();
         tracing::debug!(
             incidents = snapshot.open.len(),
@@ -665,6 +580,7 @@ impl Checkpointer {
                 }
                 self.saved_seq = last_seq;
                 self.saved_changes = engine.changes();
+                self.saved_probe = probe.clone();
                 acks.since_save = false;
                 if self.errors > 0 {
                     tracing::info!("state saved again after {} failed attempts", self.errors);
@@ -731,10 +647,9 @@ impl Fingerprint {
 }
 
 fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
-    let mut f = Finding::new(
+    let mut f = crate::classify::signals::finding(
         FindingKind::KmsgOverrun,
-        Severity::Warning,
-        Category::Informational,
+        None,
         format!("kernel log overrun: {lost} records lost"),
     );
     f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
@@ -744,10 +659,9 @@ fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
 }
 
 fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
-    let mut f = Finding::new(
+    let mut f = crate::classify::signals::finding(
         FindingKind::KmsgSequence,
-        Severity::Warning,
-        Category::Informational,
+        None,
         format!("kernel log: {a}"),
     );
     f.message = format!(
@@ -889,10 +803,9 @@ async fn reload(
             out.tel.config_reloaded(false, now_ms());
             if last_error.as_deref() != Some(text.as_str()) {
                 *last_error = Some(text.clone());
-                let mut f = Finding::new(
+                let mut f = crate::classify::signals::finding(
                     FindingKind::ConfigRejected,
-                    Severity::Warning,
-                    Category::Informational,
+                    None,
                     "config reload refused: the previous config stays in force".into(),
                 );
                 f.message = text;
@@ -1041,8 +954,8 @@ impl Emitter {
                 incident: inc,
                 evidence: Vec::new(),
             };
-            let opened = alert.incident.phase == crate::model::IncidentPhase::Opened
-                && !alert.incident.test;
+            let opened =
+                alert.incident.phase == crate::model::IncidentPhase::Opened && !alert.incident.test;
             if !opened {
                 acks.submitted(self.alerts.submit(alert, None, None).await);
                 continue;

@@ -1,12 +1,15 @@
 //! The lost-GPU probe: compares the NVIDIA GPUs on the PCI bus (sysfs) with what NVML reaches.
 //!
 //! A GPU can vanish without a word in the kernel log we would recognise (the log overran, the
-//! driver wedged). Reading sysfs is cheap and needs no privileges.
+//! driver wedged). Reading sysfs is cheap and needs no privileges. What NVML reaches is asked of
+//! the NVML worker by the caller (`daemon::nvml`), off the pipeline's task; this module only
+//! compares, and `classify::signals` rates what it finds.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use crate::model::{Category, Finding, FindingKind, PciAddress, Severity};
+use crate::classify::signals;
+use crate::model::{Finding, FindingKind, PciAddress};
 
 pub struct Probe {
     root: PathBuf,
@@ -79,7 +82,7 @@ impl Probe {
 
 /// What the probe remembers between rounds, saved with the daemon's checkpoint: a GPU that stays
 /// missing across a restart is not reported (and paged) again.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Memory {
     pub on_bus: Option<BTreeSet<PciAddress>>,
     pub reported: BTreeSet<PciAddress>,
@@ -102,12 +105,7 @@ impl Probe {
 }
 
 fn missing(pci: PciAddress, title: String) -> Finding {
-    let mut f = Finding::new(
-        FindingKind::GpuMissing,
-        Severity::Critical,
-        Category::Pcie,
-        title,
-    );
+    let mut f = signals::finding(FindingKind::GpuMissing, None, title);
     f.pci = Some(pci);
     f
 }

@@ -41,6 +41,9 @@ pub enum FindingKind {
     NvmlUnavailable,
     /// A changed config did not validate; the previous one stays in force.
     ConfigRejected,
+    /// An NVML call did not return within its deadline: the driver is wedged (or a GPU is taking
+    /// it down). The evidence names the tasks stuck in uninterruptible sleep.
+    DriverUnresponsive,
 }
 
 impl FindingKind {
@@ -61,10 +64,11 @@ impl FindingKind {
             FindingKind::GpuMissing => "gpu_missing",
             FindingKind::NvmlUnavailable => "nvml_unavailable",
             FindingKind::ConfigRejected => "config_rejected",
+            FindingKind::DriverUnresponsive => "driver_unresponsive",
         }
     }
 
-    pub const ALL: [FindingKind; 15] = [
+    pub const ALL: [FindingKind; 16] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -80,6 +84,7 @@ impl FindingKind {
         FindingKind::NvmlUnavailable,
         FindingKind::ConfigRejected,
         FindingKind::KmsgSequence,
+        FindingKind::DriverUnresponsive,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -247,6 +252,41 @@ pub enum Detail {
     },
     /// Lost kernel log records.
     Overrun { lost: u64 },
+    /// An NVML ECC event: which of the two counters it was about.
+    Ecc { double_bit: bool },
+    /// An NVML call that missed its deadline, and the tasks in uninterruptible sleep (D state)
+    /// at that moment: where a wedged driver holds them is where the on-call looks first.
+    DriverUnresponsive {
+        /// The NVML call that did not return (`nvmlDeviceGetCount`, ...).
+        call: String,
+        /// How long it had been running when it was declared stuck.
+        waited_ms: u64,
+        blocked: Vec<BlockedTask>,
+        /// D-state tasks beyond the ones listed.
+        #[serde(skip_serializing_if = "is_zero")]
+        blocked_omitted: usize,
+    },
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// One task in uninterruptible sleep, as procfs shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockedTask {
+    /// The process (thread group) id.
+    pub pid: u32,
+    /// The thread id; equal to `pid` for a process's main thread.
+    pub tid: u32,
+    pub comm: String,
+    /// The kernel function it sleeps in (`/proc/PID/task/TID/wchan`), when the kernel says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// Kernel stack frames, innermost first (`/proc/PID/task/TID/stack`: root only). Empty when
+    /// unreadable.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<String>,
 }
 
 /// One understood event. Built by the classifier (or a source for NVML/probe signals), consumed by

@@ -10,7 +10,7 @@ mod pci;
 
 pub use evidence::{Evidence, StepResult, StepStatus};
 pub use finding::{
-    Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
+    BlockedTask, Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
 };
 pub use incident::{EchoCount, Incident, IncidentPhase};
 pub use pci::{PciAddress, PciParseError};

@@ -6,15 +6,24 @@
 //! events, and a "GPU is lost" signal. NVML is loaded at run time, so one binary runs on machines
 //! with and without the driver; a machine without it is normal, not an alarm.
 //!
-//! `nvmlEventSetWait` blocks, so events are read on a dedicated std thread that hands [`NvmlEvent`]
-//! values over a bounded channel; the async daemon never calls into NVML from its executor.
+//! Every NVML call can block for as long as the driver does, and a wedged driver is exactly when
+//! xidwatch must keep watching. So one thread, the [`NvmlWorker`], owns the handle and makes every
+//! call: init, event registration and waits, the lost-GPU probe's queries, runbook `nvml` steps.
+//! Callers wait for its answer with a deadline; a call that misses it is reported once per stuck
+//! episode as [`NvmlEvent::Unresponsive`], with the tasks in uninterruptible sleep as evidence
+//! ([`blocked`]), and later callers fail at once instead of queueing behind it.
+//!
+//! This module turns what NVML says into typed values ([`NvmlEvent`], [`NvmlFailure`]); what
+//! severity they have is decided by `classify::signals`, not here.
+
+pub mod blocked;
+pub mod query;
+mod worker;
 
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Duration;
 
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -23,14 +32,18 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::PciInfo;
 use nvml_wrapper::{Device, EventSet, Nvml};
 
-use crate::model::{Category, Finding, FindingKind, GpuIdentity, Origin, PciAddress, Severity};
+use crate::classify::signals;
+use crate::model::{BlockedTask, Detail, Finding, FindingKind, GpuIdentity, Origin, PciAddress};
+
+pub use worker::{CallError, NvmlWorker, WorkerOptions};
 
 /// The soname the driver package installs; the unversioned `libnvidia-ml.so` only exists where
 /// the development files are installed.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
-/// Short enough that `stop` is honoured promptly, long enough that an idle thread costs nothing.
-const WAIT_MS: u32 = 200;
+/// How long one event wait lasts. Requests are served between waits, so this is also the most a
+/// request waits for the worker to take it up while events are watched.
+const WAIT_MS: u32 = 100;
 
 /// How long a full channel is retried before the stop flag is looked at again.
 const SEND_RETRY: Duration = Duration::from_millis(10);
@@ -53,6 +66,29 @@ pub struct GpuInfo {
     pub name: Option<String>,
 }
 
+impl GpuInfo {
+    /// The identity findings for this GPU carry.
+    pub fn identity(&self) -> GpuIdentity {
+        GpuIdentity {
+            index: Some(self.index),
+            uuid: self.uuid.clone(),
+            serial: self.serial.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// What NVML said when it was opened.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Opened {
+    pub inventory: Vec<GpuInfo>,
+    pub driver_version: Option<String>,
+    /// GPUs NVML counts but could not describe, one line each: left out of the inventory rather
+    /// than failing the source, since the other GPUs still need watching (and the lost-GPU probe
+    /// reports the missing one).
+    pub notes: Vec<String>,
+}
+
 /// Why NVML could not be used. The variants are the failures an on-call reacts to differently.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.describe())]
@@ -72,15 +108,6 @@ pub enum NvmlFailure {
 }
 
 impl NvmlFailure {
-    /// A machine without the driver is expected (CPU nodes run the same image); every other
-    /// failure means a GPU node has lost its view of its GPUs.
-    pub fn severity(&self) -> Severity {
-        match self {
-            NvmlFailure::LibraryNotFound => Severity::Info,
-            _ => Severity::Critical,
-        }
-    }
-
     fn headline(&self) -> &str {
         match self {
             NvmlFailure::LibraryNotFound => "NVML library not found",
@@ -113,7 +140,7 @@ impl NvmlFailure {
     }
 
     /// `None` for a machine without NVML: that is not a finding, or every CPU node would report
-    /// one.
+    /// one. Every other failure means a GPU node has lost its view of its GPUs.
     pub fn to_finding(&self) -> Option<Finding> {
         match self {
             NvmlFailure::LibraryNotFound => None,
@@ -122,25 +149,33 @@ impl NvmlFailure {
     }
 
     fn finding(&self) -> Finding {
-        let title = match self {
-            NvmlFailure::LibraryNotFound => {
-                "NVML is not installed (no NVIDIA driver on this machine)".to_string()
-            }
-            _ => format!("NVML cannot reach the driver: {}", self.headline()),
-        };
-        let mut f = Finding::new(
+        let mut f = signals::finding(
             FindingKind::NvmlUnavailable,
-            self.severity(),
-            Category::Driver,
-            title,
+            None,
+            format!("NVML cannot reach the driver: {}", self.headline()),
         );
         f.message = self.describe();
-        f.origin = nvml_origin(format!("NVML: {}", self.describe()));
+        f.origin = nvml_origin(vec![format!("NVML: {}", self.describe())]);
         f
     }
 }
 
-/// What the NVML event thread hands to the daemon.
+/// An NVML call that missed its deadline: the start of a stuck episode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stall {
+    /// The call the worker is stuck in (`nvmlDeviceGetCount`, `nvmlEventSetWait`, ...).
+    pub call: String,
+    /// How long that call had been running when it was declared stuck.
+    pub running: Duration,
+    /// Tasks in uninterruptible sleep at that moment, at most [`blocked::MAX_TASKS`].
+    pub blocked: Vec<BlockedTask>,
+    /// D-state tasks beyond those listed.
+    pub blocked_omitted: usize,
+    /// Why the list is empty or short (procfs unreadable), if it is.
+    pub blocked_note: Option<String>,
+}
+
+/// What the NVML worker hands to the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NvmlEvent {
     /// A critical Xid. `xid` is `None` when NVML reports the Xid as unknown (its value 999).
@@ -158,21 +193,44 @@ pub enum NvmlEvent {
     GpuLost {
         pci: Option<PciAddress>,
     },
-    /// The event thread hit an error it cannot wait out and has ended; open the source again to
-    /// resume.
+    /// Event registration is done; `notes` name GPUs left out of it (or registered for fewer
+    /// events), one line each: a GPU that cannot report ECC events should not look healthy by
+    /// silence.
+    Watching {
+        notes: Vec<String>,
+    },
+    /// NVML answered its init only after [`NvmlWorker::wait_open`] had given up: the inventory
+    /// arrives late, and the daemon can still learn it.
+    Opened(Box<Opened>),
+    /// A call missed its deadline. Sent once per stuck episode.
+    Unresponsive(Box<Stall>),
+    /// The stuck call returned after `stuck_for`: the episode is over.
+    Answering {
+        call: String,
+        stuck_for: Duration,
+    },
+    /// Waiting for events failed in a way that cannot be waited out; requests are still served,
+    /// but no more events come until a restart.
     Failed(NvmlFailure),
 }
 
 impl NvmlEvent {
-    /// The classifier's catalog owns Xid severities, so an Xid here carries a placeholder
-    /// (Driver / Warning) that the catalog replaces; ECC and lost-GPU findings are final.
-    pub fn to_finding(&self, inventory: &[GpuInfo]) -> Finding {
-        let (kind, severity, category, title, what, pci) = match self {
-            NvmlEvent::Failed(failure) => return failure.finding(),
+    /// The finding for this event, or `None` for news that is only for the log ([`Watching`],
+    /// [`Opened`], [`Answering`]). Severities come from `classify::signals`.
+    ///
+    /// [`Watching`]: NvmlEvent::Watching
+    /// [`Opened`]: NvmlEvent::Opened
+    /// [`Answering`]: NvmlEvent::Answering
+    pub fn to_finding(&self, inventory: &[GpuInfo]) -> Option<Finding> {
+        let (kind, detail, title, what, pci) = match self {
+            NvmlEvent::Failed(failure) => return Some(failure.finding()),
+            NvmlEvent::Unresponsive(stall) => return Some(stall_finding(stall)),
+            NvmlEvent::Watching { .. } | NvmlEvent::Opened(_) | NvmlEvent::Answering { .. } => {
+                return None
+            }
             NvmlEvent::Xid { pci, xid } => (
                 FindingKind::Xid,
-                Severity::Warning,
-                Category::Driver,
+                None,
                 match xid {
                     Some(x) => format!("Xid {x} (reported by NVML)"),
                     None => "Xid of unknown number (reported by NVML)".to_string(),
@@ -185,173 +243,134 @@ impl NvmlEvent {
             ),
             NvmlEvent::EccSingleBit { pci } => (
                 FindingKind::EccError,
-                Severity::Warning,
-                Category::Memory,
+                Some(Detail::Ecc { double_bit: false }),
                 "Single-bit ECC error (corrected)".to_string(),
                 "single-bit ECC error event".to_string(),
                 Some(*pci),
             ),
             NvmlEvent::EccDoubleBit { pci } => (
                 FindingKind::EccError,
-                Severity::Critical,
-                Category::Memory,
+                Some(Detail::Ecc { double_bit: true }),
                 "Double-bit ECC error (uncorrectable)".to_string(),
                 "double-bit ECC error event".to_string(),
                 Some(*pci),
             ),
             NvmlEvent::GpuLost { pci } => (
                 FindingKind::GpuLost,
-                Severity::Critical,
-                Category::Pcie,
+                None,
                 "GPU is lost: NVML can no longer reach it".to_string(),
                 "GPU_IS_LOST (fallen off the bus or otherwise inaccessible)".to_string(),
                 *pci,
             ),
         };
-        let mut f = Finding::new(kind, severity, category, title);
+        let mut f = signals::finding(kind, detail, title);
         if let NvmlEvent::Xid { xid, .. } = self {
+            // The catalog rates a numbered Xid (and names it).
             f.xid = xid.and_then(|x| u32::try_from(x).ok());
+            signals::rate(&mut f);
         }
         let at = pci.map_or_else(|| "an unidentified GPU".to_string(), |p| p.to_string());
         f.message = format!("NVML {what}");
-        f.origin = nvml_origin(format!("NVML: {what} on {at}"));
+        f.origin = nvml_origin(vec![format!("NVML: {what} on {at}")]);
         f.pci = pci;
         if let Some(gpu) = pci.and_then(|p| inventory.iter().find(|g| g.pci == p)) {
-            f.gpu = GpuIdentity {
-                index: Some(gpu.index),
-                uuid: gpu.uuid.clone(),
-                serial: gpu.serial.clone(),
-                name: gpu.name.clone(),
-            };
+            f.gpu = gpu.identity();
         }
-        f
+        Some(f)
     }
 }
 
-fn nvml_origin(raw: String) -> Origin {
+/// A wedged driver is a host-wide fault (one stuck call holds every later one), so the finding
+/// names no GPU. Its evidence is the D-state tasks: in the typed detail for machines, and one
+/// line each in the finding's lines for people.
+fn stall_finding(stall: &Stall) -> Finding {
+    let secs = stall.running.as_secs_f64();
+    let mut f = signals::finding(
+        FindingKind::DriverUnresponsive,
+        Some(Detail::DriverUnresponsive {
+            call: stall.call.clone(),
+            waited_ms: u64::try_from(stall.running.as_millis()).unwrap_or(u64::MAX),
+            blocked: stall.blocked.clone(),
+            blocked_omitted: stall.blocked_omitted,
+        }),
+        format!(
+            "NVIDIA driver unresponsive: {} has not returned",
+            stall.call
+        ),
+    );
+    let total = stall.blocked.len() + stall.blocked_omitted;
+    f.message = format!(
+        "NVML call {} had not returned after {secs:.1} s; {total} task(s) in uninterruptible sleep (D state)",
+        stall.call
+    );
+    let mut lines = vec![format!("NVML: {}", f.message)];
+    lines.extend(stall.blocked.iter().map(blocked::describe));
+    if stall.blocked_omitted > 0 {
+        lines.push(format!(
+            "... and {} more task(s) in D state",
+            stall.blocked_omitted
+        ));
+    }
+    if let Some(note) = &stall.blocked_note {
+        lines.push(note.clone());
+    }
+    f.origin = nvml_origin(lines);
+    f
+}
+
+fn nvml_origin(raw: Vec<String>) -> Origin {
     Origin {
         line: 0,
-        lines: 1,
-        raw: vec![raw],
+        lines: u32::try_from(raw.len()).unwrap_or(u32::MAX),
+        raw,
         ..Origin::default()
     }
 }
 
-/// The running event thread.
-#[derive(Debug)]
-pub struct EventThread {
-    pub handle: JoinHandle<()>,
-    /// GPUs left out of event registration (or registered for fewer events), one line each, for
-    /// the daemon's log: a GPU that cannot report ECC events should not look healthy by silence.
-    pub notes: Vec<String>,
+/// Loads NVML from `library` (`None` = the dynamic loader's search for [`DEFAULT_LIBRARY`]; a
+/// path without `/` is searched the same way), initialises it and reads the inventory. Blocks in
+/// NVML calls, so only the worker calls it.
+fn open(library: Option<&Path>) -> Result<(Nvml, Opened), NvmlFailure> {
+    let name: &OsStr = library.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
+    let nvml = Nvml::builder()
+        .lib_path(name)
+        .init()
+        .map_err(|e| classify_load(&e, name))?;
+    // nvml-wrapper's Drop impls call these two through `expect`; a library without them would
+    // panic the daemon on the first drop, so it is refused here and leaked instead.
+    if nvml.lib().nvmlShutdown.is_err() || nvml.lib().nvmlEventSetFree.is_err() {
+        std::mem::forget(nvml);
+        return Err(NvmlFailure::Other(format!(
+            "{} is not a usable NVML library (no nvmlShutdown or nvmlEventSetFree)",
+            name.to_string_lossy()
+        )));
+    }
+    let driver_version = nvml.sys_driver_version().ok();
+    let count = nvml.device_count().map_err(|e| classify(&e))?;
+    let mut opened = Opened {
+        driver_version,
+        ..Opened::default()
+    };
+    for index in 0..count {
+        match read_gpu(&nvml, index) {
+            Ok(gpu) => opened.inventory.push(gpu),
+            Err(note) => opened.notes.push(note),
+        }
+    }
+    Ok((nvml, opened))
 }
 
-/// An initialised NVML with the inventory read at open time.
-///
-/// Cloning is cheap and shares the one NVML instance, so the daemon can keep a clone for
-/// [`NvmlSource::reachable_gpus`] after handing the original to [`NvmlSource::spawn_events`].
-#[derive(Debug, Clone)]
-pub struct NvmlSource {
-    nvml: Arc<Nvml>,
-    inventory: Vec<GpuInfo>,
-    driver_version: Option<String>,
-    notes: Vec<String>,
-}
-
-impl NvmlSource {
-    /// Loads NVML from `library` (`None` = the dynamic loader's search for [`DEFAULT_LIBRARY`]; a
-    /// path without `/` is searched the same way), initialises it and reads the inventory.
-    ///
-    /// Blocks in NVML calls (seconds on a sick GPU), so an async caller runs it on a blocking
-    /// thread.
-    ///
-    /// A GPU NVML counts but cannot describe is left out of the inventory with a line in
-    /// [`NvmlSource::notes`] rather than failing the whole source: the other GPUs still need
-    /// watching, and the lost-GPU probe reports the missing one.
-    pub fn open(library: Option<&Path>) -> Result<NvmlSource, NvmlFailure> {
-        let name: &OsStr = library.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
-        let nvml = Nvml::builder()
-            .lib_path(name)
-            .init()
-            .map_err(|e| classify_load(&e, name))?;
-        // nvml-wrapper's Drop impls call these two through `expect`; a library without them would
-        // panic the daemon on the first drop, so it is refused here and leaked instead.
-        if nvml.lib().nvmlShutdown.is_err() || nvml.lib().nvmlEventSetFree.is_err() {
-            std::mem::forget(nvml);
-            return Err(NvmlFailure::Other(format!(
-                "{} is not a usable NVML library (no nvmlShutdown or nvmlEventSetFree)",
-                name.to_string_lossy()
-            )));
-        }
-        let driver_version = nvml.sys_driver_version().ok();
-        let count = nvml.device_count().map_err(|e| classify(&e))?;
-        let mut inventory = Vec::new();
-        let mut notes = Vec::new();
-        for index in 0..count {
-            match read_gpu(&nvml, index) {
-                Ok(gpu) => inventory.push(gpu),
-                Err(note) => notes.push(note),
-            }
-        }
-        Ok(NvmlSource {
-            nvml: Arc::new(nvml),
-            inventory,
-            driver_version,
-            notes,
+/// Which PCI addresses NVML can reach now, for the lost-GPU probe: a GPU on the PCI bus but not
+/// in this list is present yet unusable. Re-queries NVML each time because the inventory is a
+/// snapshot from open time.
+fn reachable(nvml: &Nvml) -> Result<Vec<PciAddress>, NvmlFailure> {
+    let count = nvml.device_count().map_err(|e| classify(&e))?;
+    Ok((0..count)
+        .filter_map(|i| {
+            let info = nvml.device_by_index(i).and_then(|d| d.pci_info()).ok()?;
+            pci_of(&info)
         })
-    }
-
-    pub fn inventory(&self) -> &[GpuInfo] {
-        &self.inventory
-    }
-
-    pub fn driver_version(&self) -> Option<&str> {
-        self.driver_version.as_deref()
-    }
-
-    /// GPUs left out of the inventory at open time, one line each.
-    pub fn notes(&self) -> &[String] {
-        &self.notes
-    }
-
-    /// Which PCI addresses NVML can reach now, for the lost-GPU probe: a GPU on the PCI bus but
-    /// not in this list is present yet unusable. Re-queries NVML each time because the inventory
-    /// is a snapshot from open time.
-    pub fn reachable_gpus(&self) -> Result<Vec<PciAddress>, NvmlFailure> {
-        let count = self.nvml.device_count().map_err(|e| classify(&e))?;
-        Ok((0..count)
-            .filter_map(|i| {
-                let info = self
-                    .nvml
-                    .device_by_index(i)
-                    .and_then(|d| d.pci_info())
-                    .ok()?;
-                pci_of(&info)
-            })
-            .collect())
-    }
-
-    /// Starts the event thread.
-    ///
-    /// Registration happens on the thread (an NVML event set borrows the NVML instance, so it
-    /// cannot be built here and moved), and this call waits for it so `notes` can report GPUs
-    /// that refused; like [`NvmlSource::open`] it can therefore block for as long as NVML does. A refusing GPU is left out rather than failing the source, because NVML
-    /// frees the whole event set when one registration fails and the others still need
-    /// watching.
-    pub fn spawn_events(
-        self,
-        tx: SyncSender<NvmlEvent>,
-        stop: Arc<AtomicBool>,
-    ) -> std::io::Result<EventThread> {
-        let (ready_tx, ready_rx) = sync_channel(1);
-        let handle = std::thread::Builder::new()
-            .name("xidwatch-nvml".into())
-            .spawn(move || event_thread(self, tx, stop, ready_tx))?;
-        let notes = ready_rx.recv().unwrap_or_else(|_| {
-            vec!["the NVML event thread ended before it registered for events".into()]
-        });
-        Ok(EventThread { handle, notes })
-    }
+        .collect())
 }
 
 /// Loader errors need the library name to tell "no driver here" (Info) from "driver installed
@@ -549,7 +568,7 @@ fn build_set<'n>(
 }
 
 /// Hands one event over without blocking past `stop`: a bounded channel with a stalled reader
-/// must not pin the thread. `false` when the thread should end.
+/// must not pin the thread. `false` when the reader is gone or `stop` is set.
 fn deliver(tx: &SyncSender<NvmlEvent>, stop: &AtomicBool, mut event: NvmlEvent) -> bool {
     loop {
         match tx.try_send(event) {
@@ -566,48 +585,71 @@ fn deliver(tx: &SyncSender<NvmlEvent>, stop: &AtomicBool, mut event: NvmlEvent) 
     }
 }
 
-fn event_thread(
-    source: NvmlSource,
-    tx: SyncSender<NvmlEvent>,
-    stop: Arc<AtomicBool>,
-    ready: SyncSender<Vec<String>>,
-) {
-    let nvml: &Nvml = &source.nvml;
-    let mut notes = Vec::new();
-    let mut regs = plan(nvml, &source.inventory, &mut notes);
-    let mut set = match build_set(nvml, &mut regs, &mut notes) {
-        Ok(set) => set,
-        Err(e) => {
-            let failure = classify(&e);
-            notes.push(format!("cannot create an NVML event set: {failure}"));
-            let _ = ready.send(notes);
-            deliver(&tx, &stop, NvmlEvent::Failed(failure));
-            return;
-        }
-    };
-    if regs.is_empty() {
-        notes.push("no GPU is registered for NVML events; the NVML event thread only idles".into());
-    }
-    // The caller may have given up waiting; the thread still runs.
-    let _ = ready.send(notes);
-    drop(ready);
+/// The event set and the GPUs in it, as the worker keeps them between waits.
+struct Watch<'n> {
+    set: Option<EventSet<'n>>,
+    regs: Vec<Registration>,
+    /// Set while a GPU_IS_LOST that no GPU could be blamed for has been reported, so a wait that
+    /// keeps failing the same way reports it once, not every wait.
+    unattributed: bool,
+}
 
-    // Set while a GPU_IS_LOST that no GPU could be blamed for has been reported, so a wait that
-    // keeps failing the same way reports it once, not every 200 ms.
-    let mut unattributed = false;
-    while !stop.load(Ordering::Relaxed) {
+impl<'n> Watch<'n> {
+    /// Registers every GPU of `inventory` that can report what xidwatch wants. A refusing GPU is
+    /// left out (with a note) rather than failing the source, because NVML frees the whole event
+    /// set when one registration fails and the others still need watching.
+    fn register(
+        nvml: &'n Nvml,
+        inventory: &[GpuInfo],
+    ) -> (Watch<'n>, Result<Vec<String>, NvmlFailure>) {
+        let mut notes = Vec::new();
+        let mut regs = plan(nvml, inventory, &mut notes);
+        match build_set(nvml, &mut regs, &mut notes) {
+            Ok(set) => {
+                if regs.is_empty() {
+                    notes.push(
+                        "no GPU is registered for NVML events; only requests are served".into(),
+                    );
+                }
+                (
+                    Watch {
+                        set: Some(set),
+                        regs,
+                        unattributed: false,
+                    },
+                    Ok(notes),
+                )
+            }
+            Err(e) => (
+                Watch {
+                    set: None,
+                    regs: Vec::new(),
+                    unattributed: false,
+                },
+                Err(classify(&e)),
+            ),
+        }
+    }
+
+    fn is_waiting(&self) -> bool {
+        self.set.is_some()
+    }
+
+    /// One wait of [`WAIT_MS`], and what came of it. A failure that cannot be waited out drops
+    /// the set (and is returned as [`NvmlEvent::Failed`]); requests are still served.
+    fn wait(&mut self, nvml: &'n Nvml, inventory: &[GpuInfo]) -> Vec<NvmlEvent> {
+        let Some(set) = self.set.as_mut() else {
+            return Vec::new();
+        };
         match set.wait(WAIT_MS) {
             Ok(data) => {
-                unattributed = false;
-                for event in events_of(&data, &regs, &source.inventory) {
-                    if !deliver(&tx, &stop, event) {
-                        return;
-                    }
-                }
+                self.unattributed = false;
+                events_of(&data, &self.regs, inventory)
             }
-            Err(NvmlError::Timeout) => {}
+            Err(NvmlError::Timeout) => Vec::new(),
             Err(NvmlError::GpuLost) => {
-                let lost: Vec<PciAddress> = regs
+                let lost: Vec<PciAddress> = self
+                    .regs
                     .iter()
                     .filter(|r| {
                         matches!(
@@ -618,33 +660,32 @@ fn event_thread(
                     .map(|r| r.pci)
                     .collect();
                 if lost.is_empty() {
-                    if !unattributed && !deliver(&tx, &stop, NvmlEvent::GpuLost { pci: None }) {
-                        return;
-                    }
-                    unattributed = true;
+                    let first = !self.unattributed;
+                    self.unattributed = true;
                     // A wait that fails at once would otherwise spin.
                     std::thread::sleep(Duration::from_millis(u64::from(WAIT_MS)));
-                    continue;
+                    return if first {
+                        vec![NvmlEvent::GpuLost { pci: None }]
+                    } else {
+                        Vec::new()
+                    };
                 }
-                for pci in &lost {
-                    if !deliver(&tx, &stop, NvmlEvent::GpuLost { pci: Some(*pci) }) {
-                        return;
-                    }
-                }
+                let mut out: Vec<NvmlEvent> = lost
+                    .iter()
+                    .map(|p| NvmlEvent::GpuLost { pci: Some(*p) })
+                    .collect();
                 // A set that still holds the lost GPU keeps failing; rebuild it without.
-                regs.retain(|r| !lost.contains(&r.pci));
-                drop(set);
-                set = match build_set(nvml, &mut regs, &mut Vec::new()) {
-                    Ok(set) => set,
-                    Err(e) => {
-                        deliver(&tx, &stop, NvmlEvent::Failed(classify(&e)));
-                        return;
-                    }
-                };
+                self.regs.retain(|r| !lost.contains(&r.pci));
+                self.set = None;
+                match build_set(nvml, &mut self.regs, &mut Vec::new()) {
+                    Ok(set) => self.set = Some(set),
+                    Err(e) => out.push(NvmlEvent::Failed(classify(&e))),
+                }
+                out
             }
             Err(e) => {
-                deliver(&tx, &stop, NvmlEvent::Failed(classify(&e)));
-                return;
+                self.set = None;
+                vec![NvmlEvent::Failed(classify(&e))]
             }
         }
     }
@@ -685,159 +726,4 @@ fn events_of(
         events.push(NvmlEvent::EccDoubleBit { pci });
     }
     events
-}
-
-/// Runbook `nvml` steps, answered through the same NVML handle the source uses. Queries the
-/// wrapper has no call for (remapped rows, NVLink counters) say so instead of guessing; the
-/// shipped runbooks also ask nvidia-smi for those.
-impl crate::runbook::NvmlProbe for NvmlSource {
-    fn query(
-        &self,
-        query: crate::runbook::NvmlQuery,
-        gpu: PciAddress,
-    ) -> Result<String, crate::runbook::NvmlError> {
-        use crate::runbook::{NvmlError as E, NvmlQuery as Q};
-        use nvml_wrapper::enum_wrappers::device::{
-            Clock, EccCounter, MemoryError, RetirementCause, TemperatureSensor,
-        };
-        let info = self
-            .inventory
-            .iter()
-            .find(|g| g.pci == gpu)
-            .ok_or(E::GpuNotFound)?;
-        let fail = |e: NvmlError| match e {
-            NvmlError::NotSupported => E::NotSupported,
-            other => E::Failed(other.to_string()),
-        };
-        if query == Q::Identity {
-            return Ok(format!(
-                "index: {}\npci: {}\nname: {}\nuuid: {}\nserial: {}\ndriver: {}",
-                info.index,
-                info.pci,
-                info.name.as_deref().unwrap_or("?"),
-                info.uuid.as_deref().unwrap_or("?"),
-                info.serial.as_deref().unwrap_or("?"),
-                self.driver_version.as_deref().unwrap_or("?"),
-            ));
-        }
-        let d = self.nvml.device_by_index(info.index).map_err(fail)?;
-        let mut out = String::new();
-        let mut line = |k: &str, v: String| out.push_str(&format!("{k}: {v}\n"));
-        match query {
-            Q::EccErrors => {
-                for (name, err, counter) in [
-                    (
-                        "corrected_volatile",
-                        MemoryError::Corrected,
-                        EccCounter::Volatile,
-                    ),
-                    (
-                        "uncorrected_volatile",
-                        MemoryError::Uncorrected,
-                        EccCounter::Volatile,
-                    ),
-                    (
-                        "corrected_aggregate",
-                        MemoryError::Corrected,
-                        EccCounter::Aggregate,
-                    ),
-                    (
-                        "uncorrected_aggregate",
-                        MemoryError::Uncorrected,
-                        EccCounter::Aggregate,
-                    ),
-                ] {
-                    line(
-                        name,
-                        d.total_ecc_errors(err, counter).map_err(fail)?.to_string(),
-                    );
-                }
-            }
-            Q::RetiredPages => {
-                line(
-                    "pending_retirement",
-                    d.are_pages_pending_retired().map_err(fail)?.to_string(),
-                );
-                for (name, cause) in [
-                    (
-                        "retired_single_bit",
-                        RetirementCause::MultipleSingleBitEccErrors,
-                    ),
-                    ("retired_double_bit", RetirementCause::DoubleBitEccError),
-                ] {
-                    line(
-                        name,
-                        d.retired_pages(cause).map_err(fail)?.len().to_string(),
-                    );
-                }
-            }
-            Q::Temperature => line(
-                "gpu_celsius",
-                d.temperature(TemperatureSensor::Gpu)
-                    .map_err(fail)?
-                    .to_string(),
-            ),
-            Q::Power => {
-                line(
-                    "draw_milliwatts",
-                    d.power_usage().map_err(fail)?.to_string(),
-                );
-                line(
-                    "limit_milliwatts",
-                    d.enforced_power_limit().map_err(fail)?.to_string(),
-                );
-            }
-            Q::Clocks => {
-                for (name, clock) in [
-                    ("graphics", Clock::Graphics),
-                    ("sm", Clock::SM),
-                    ("memory", Clock::Memory),
-                ] {
-                    let now = d.clock_info(clock).map_err(fail)?;
-                    let max = d.max_clock_info(clock).map_err(fail)?;
-                    line(&format!("{name}_mhz"), format!("{now} of {max}"));
-                }
-            }
-            Q::ThrottleReasons => line(
-                "active",
-                format!("{:?}", d.current_throttle_reasons().map_err(fail)?),
-            ),
-            Q::PcieLink => {
-                line(
-                    "gen",
-                    format!(
-                        "{} of {}",
-                        d.current_pcie_link_gen().map_err(fail)?,
-                        d.max_pcie_link_gen().map_err(fail)?
-                    ),
-                );
-                line(
-                    "width",
-                    format!(
-                        "x{} of x{}",
-                        d.current_pcie_link_width().map_err(fail)?,
-                        d.max_pcie_link_width().map_err(fail)?
-                    ),
-                );
-                line(
-                    "replay_counter",
-                    d.pcie_replay_counter().map_err(fail)?.to_string(),
-                );
-            }
-            Q::Processes => {
-                for p in d.running_compute_processes().map_err(fail)? {
-                    let mem = match p.used_gpu_memory {
-                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => {
-                            format!("{} MiB", b >> 20)
-                        }
-                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => "?".into(),
-                    };
-                    line(&format!("pid {}", p.pid), mem);
-                }
-            }
-            Q::RemappedRows | Q::Nvlink => return Err(E::NotSupported),
-            Q::Identity => {}
-        }
-        Ok(out)
-    }
 }

@@ -534,7 +534,7 @@ fn the_unit_protocol_ready_watchdog_stopping() {
 #[test]
 #[ignore = "needs root: writes test lines to /dev/kmsg"]
 fn real_kmsg_end_to_end() {
-    super::support::require_root("it writes test lines to /dev/kmsg");
+    super::support::require_kmsg_e2e();
     let s = Setup::new("[incidents]\nwindow_secs = 3\n");
     let cfg = std::fs::read_to_string(s.config())
         .unwrap()

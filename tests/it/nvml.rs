@@ -6,15 +6,15 @@
 //! `LOCK` for its whole run.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use xidwatch::model::{Category, FindingKind, PciAddress, Severity};
-use xidwatch::source::nvml::{GpuInfo, NvmlEvent, NvmlFailure, NvmlSource};
+use xidwatch::model::{Category, Detail, FindingKind, PciAddress, Severity};
+use xidwatch::source::nvml::{
+    CallError, GpuInfo, NvmlEvent, NvmlFailure, NvmlWorker, Opened, WorkerOptions,
+};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
@@ -25,11 +25,13 @@ fn fake_library() -> PathBuf {
     super::support::fake_nvml_library()
 }
 
-/// Holds the lock and the script for one scenario. The lock is the last field so it is released
-/// last.
+/// Holds the lock and the script for one scenario, and stops the workers it started (so the fake
+/// is shut down and the next scenario's init reads its own script). The lock is the last field
+/// so it is released last.
 struct Scenario {
     dir: TempDir,
     lib: PathBuf,
+    workers: Mutex<Vec<NvmlWorker>>,
     _lock: MutexGuard<'static, ()>,
 }
 
@@ -40,16 +42,62 @@ fn scenario(script: &str) -> Scenario {
     let path = dir.path().join("script.txt");
     std::fs::write(&path, script).expect("write script");
     std::env::set_var("XIDWATCH_FAKE_NVML_SCRIPT", &path);
+    std::fs::create_dir_all(dir.path().join("proc")).expect("procfs tree");
     Scenario {
         dir,
         lib,
+        workers: Mutex::new(Vec::new()),
         _lock: lock,
     }
 }
 
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let workers: Vec<NvmlWorker> = match self.workers.lock() {
+            Ok(mut w) => w.drain(..).collect(),
+            Err(p) => p.into_inner().drain(..).collect(),
+        };
+        for w in workers {
+            let stopped = w.stop(Duration::from_secs(10));
+            // A second panic while a failed test unwinds would abort every test.
+            if !std::thread::panicking() {
+                assert!(stopped, "the worker did not stop");
+            }
+        }
+    }
+}
+
 impl Scenario {
-    fn open(&self) -> Result<NvmlSource, NvmlFailure> {
-        NvmlSource::open(Some(&self.lib))
+    /// A worker on the fake library with `call_timeout`, and its event channel.
+    fn worker_with(
+        &self,
+        lib: &Path,
+        call_timeout: Duration,
+        events: usize,
+    ) -> (NvmlWorker, Receiver<NvmlEvent>) {
+        let (tx, rx) = sync_channel(events);
+        let w = NvmlWorker::spawn(
+            WorkerOptions {
+                library: Some(lib.to_path_buf()),
+                call_timeout,
+                open_timeout: Duration::from_secs(5),
+                procfs_root: self.dir.path().join("proc"),
+            },
+            tx,
+        )
+        .expect("spawn the NVML worker");
+        self.workers.lock().unwrap().push(w.clone());
+        (w, rx)
+    }
+
+    fn worker(&self) -> (NvmlWorker, Receiver<NvmlEvent>) {
+        self.worker_with(&self.lib, Duration::from_secs(5), 16)
+    }
+
+    fn open(&self) -> (NvmlWorker, Receiver<NvmlEvent>, Opened) {
+        let (w, rx) = self.worker();
+        let opened = w.wait_open().expect("open fake NVML");
+        (w, rx, opened)
     }
 }
 
@@ -62,16 +110,12 @@ fn next(rx: &Receiver<NvmlEvent>) -> NvmlEvent {
         .expect("an NVML event within 5 s")
 }
 
-fn join_within(handle: JoinHandle<()>, limit: Duration) {
-    let start = Instant::now();
-    while !handle.is_finished() {
-        assert!(
-            start.elapsed() < limit,
-            "event thread still running after {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+/// The registration report, which comes first.
+fn watching(rx: &Receiver<NvmlEvent>) -> Vec<String> {
+    match next(rx) {
+        NvmlEvent::Watching { notes } => notes,
+        other => panic!("expected the registration report first, got {other:?}"),
     }
-    handle.join().expect("event thread did not panic");
 }
 
 const TWO_GPUS: &str = "
@@ -87,13 +131,13 @@ fn inventory_is_read_through_nvml_wrapper() {
     let s = scenario(&format!(
         "{TWO_GPUS}device pci=4a7f1:00:00.0 uuid=GPU-aaaa serial=42 name=NVIDIA_A100\n"
     ));
-    let src = s.open().expect("open fake NVML");
-    assert_eq!(src.driver_version(), Some("550.54.14"));
-    assert!(src.notes().is_empty(), "{:?}", src.notes());
+    let (w, _rx, src) = s.open();
+    assert_eq!(src.driver_version.as_deref(), Some("550.54.14"));
+    assert!(src.notes.is_empty(), "{:?}", src.notes);
     let name = Some("NVIDIA H100 80GB HBM3".to_string());
     assert_eq!(
-        src.inventory(),
-        &[
+        src.inventory,
+        vec![
             GpuInfo {
                 index: 0,
                 pci: pci("0000:17:00.0"),
@@ -118,10 +162,10 @@ fn inventory_is_read_through_nvml_wrapper() {
         ]
     );
     // NVML spells the bus id `00000000:17:00.0`; the inventory holds the normalised value.
-    assert_eq!(src.inventory()[0].pci.to_string(), "0000:17:00.0");
-    assert_eq!(src.inventory()[2].pci.to_string(), "4a7f1:00:00.0");
+    assert_eq!(src.inventory[0].pci.to_string(), "0000:17:00.0");
+    assert_eq!(src.inventory[2].pci.to_string(), "4a7f1:00:00.0");
     assert_eq!(
-        src.reachable_gpus().expect("reachable"),
+        w.reachable_gpus().expect("reachable"),
         vec![
             pci("0000:17:00.0"),
             pci("0000:2a:00.0"),
@@ -134,7 +178,7 @@ fn inventory_is_read_through_nvml_wrapper() {
 fn runbook_nvml_steps_are_answered_through_the_same_handle() {
     use xidwatch::runbook::{NvmlError as E, NvmlProbe, NvmlQuery as Q};
     let s = scenario(TWO_GPUS);
-    let src = s.open().expect("open fake NVML");
+    let (src, _rx, _) = s.open();
     let id = src
         .query(Q::Identity, pci("0000:17:00.0"))
         .expect("identity");
@@ -170,13 +214,9 @@ event after_ms=10 gpu=0 type=xid data=13    # a lost GPU reports nothing more
 event after_ms=10 gpu=1 type=xid data=31
 "
     ));
-    let src = s.open().expect("open fake NVML");
-    let inventory = src.inventory().to_vec();
-    let prober = src.clone();
-    let (tx, rx) = sync_channel(16);
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread = src.spawn_events(tx, stop.clone()).expect("spawn");
-    assert!(thread.notes.is_empty(), "{:?}", thread.notes);
+    let (w, rx, opened) = s.open();
+    let inventory = opened.inventory;
+    assert!(watching(&rx).is_empty());
 
     let (gpu0, gpu1) = (pci("0000:17:00.0"), pci("0000:2a:00.0"));
     let got: Vec<NvmlEvent> = (0..6).map(|_| next(&rx)).collect();
@@ -200,44 +240,42 @@ event after_ms=10 gpu=1 type=xid data=31
             },
         ]
     );
-    assert_eq!(prober.reachable_gpus().expect("reachable"), vec![gpu1]);
+    // Requests are served between the waits, on the same handle.
+    assert_eq!(w.reachable_gpus().expect("reachable"), vec![gpu1]);
 
-    let xid = got[0].to_finding(&inventory);
+    let finding = |e: &NvmlEvent| e.to_finding(&inventory).expect("a finding");
+    // The catalog rates an NVML Xid as it rates the same Xid in the kernel log.
+    let xid = finding(&got[0]);
     assert_eq!(xid.kind, FindingKind::Xid);
     assert_eq!(xid.xid, Some(79));
     assert_eq!(xid.pci, Some(gpu0));
-    assert_eq!(
-        (xid.category, xid.severity),
-        (Category::Driver, Severity::Warning)
-    );
+    assert_eq!(xid.severity, Severity::Critical);
     assert_eq!(xid.gpu.index, Some(0));
     assert_eq!(xid.gpu.uuid.as_deref(), Some(UUID0));
     assert_eq!(xid.gpu.serial.as_deref(), Some("1650923011234"));
     assert_eq!(xid.gpu.name.as_deref(), Some("NVIDIA H100 80GB HBM3"));
 
-    let sbe = got[1].to_finding(&inventory);
+    let sbe = finding(&got[1]);
     assert_eq!(
         (sbe.kind, sbe.category, sbe.severity),
         (FindingKind::EccError, Category::Memory, Severity::Warning)
     );
+    assert_eq!(sbe.detail, Some(Detail::Ecc { double_bit: false }));
     assert_eq!(sbe.gpu.index, Some(1));
     assert_eq!(sbe.gpu.serial, None);
-    let dbe = got[2].to_finding(&inventory);
+    let dbe = finding(&got[2]);
     assert_eq!(
         (dbe.kind, dbe.category, dbe.severity),
         (FindingKind::EccError, Category::Memory, Severity::Critical)
     );
-    assert_eq!(got[3].to_finding(&inventory).xid, None);
-    let lost = got[4].to_finding(&inventory);
+    assert_eq!(finding(&got[3]).xid, None);
+    let lost = finding(&got[4]);
     assert_eq!(
         (lost.kind, lost.category, lost.severity),
         (FindingKind::GpuLost, Category::Pcie, Severity::Critical)
     );
     assert_eq!(lost.pci, Some(gpu0));
     assert_eq!(lost.gpu.uuid.as_deref(), Some(UUID0));
-
-    stop.store(true, Ordering::Relaxed);
-    join_within(thread.handle, Duration::from_secs(1));
 }
 
 #[test]
@@ -253,9 +291,12 @@ fn init_failures_are_classified() {
         ),
     ] {
         let s = scenario(&format!("init error {code}\n{TWO_GPUS}").replace("init ok\n", ""));
-        let got = s.open().expect_err("init must fail");
+        let (w, _rx) = s.worker();
+        let got = match w.wait_open() {
+            Err(CallError::Failed(f)) => f,
+            other => panic!("init error {code}: {other:?}"),
+        };
         assert_eq!(got, want, "init error {code}");
-        assert_eq!(got.severity(), Severity::Critical);
         let f = got.to_finding().expect("a finding");
         assert_eq!(f.kind, FindingKind::NvmlUnavailable);
         assert_eq!(f.category, Category::Driver);
@@ -265,6 +306,8 @@ fn init_failures_are_classified() {
             "{}",
             f.title
         );
+        // Nothing is served by a worker without NVML.
+        assert_eq!(w.reachable_gpus(), Err(CallError::Closed));
     }
     let mismatch = NvmlFailure::VersionMismatch
         .to_finding()
@@ -276,19 +319,29 @@ fn init_failures_are_classified() {
 }
 
 #[test]
-fn missing_library_is_info_and_a_broken_one_is_not() {
+fn missing_library_is_not_a_finding_and_a_broken_one_is() {
     let s = scenario(TWO_GPUS);
-    let missing = NvmlSource::open(Some(Path::new("/nonexistent/libnvidia-ml.so.1")))
-        .expect_err("no such library");
-    assert_eq!(missing, NvmlFailure::LibraryNotFound);
-    assert_eq!(missing.severity(), Severity::Info);
-    assert_eq!(missing.to_finding(), None);
+    let (w, _rx) = s.worker_with(
+        Path::new("/nonexistent/libnvidia-ml.so.1"),
+        Duration::from_secs(5),
+        4,
+    );
+    let missing = w.wait_open().expect_err("no such library");
+    assert_eq!(missing, CallError::Failed(NvmlFailure::LibraryNotFound));
+    assert_eq!(NvmlFailure::LibraryNotFound.to_finding(), None);
 
     // A file that is there but is no library: a broken install, which must not be silenced.
     let not_a_library = s.dir.path().join("script.txt");
-    let broken = NvmlSource::open(Some(&not_a_library)).expect_err("not a library");
+    let (w, _rx) = s.worker_with(&not_a_library, Duration::from_secs(5), 4);
+    let broken = match w.wait_open() {
+        Err(CallError::Failed(f)) => f,
+        other => panic!("{other:?}"),
+    };
     assert!(matches!(broken, NvmlFailure::Other(_)), "{broken:?}");
-    assert_eq!(broken.severity(), Severity::Critical);
+    assert_eq!(
+        broken.to_finding().expect("a finding").severity,
+        Severity::Critical
+    );
 }
 
 #[test]
@@ -306,23 +359,21 @@ event after_ms=10 gpu=2 type=xid data=48
 event after_ms=10 gpu=0 type=dbe
 ",
     );
-    let src = s.open().expect("open fake NVML");
-    let (tx, rx) = sync_channel(4);
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread = src.spawn_events(tx, stop.clone()).expect("spawn");
-    let notes = thread.notes.join("\n");
-    assert_eq!(thread.notes.len(), 3, "{notes}");
+    let (_w, rx, _) = s.open();
+    let notes = watching(&rx);
+    let text = notes.join("\n");
+    assert_eq!(notes.len(), 3, "{text}");
     assert!(
-        notes.contains("GPU 1 (0000:2a:00.0): not watched for NVML events: registration refused"),
-        "{notes}"
+        text.contains("GPU 1 (0000:2a:00.0): not watched for NVML events: registration refused"),
+        "{text}"
     );
     assert!(
-        notes.contains("GPU 2 (0000:3b:00.0): NVML reports only Xid events"),
-        "{notes}"
+        text.contains("GPU 2 (0000:3b:00.0): NVML reports only Xid events"),
+        "{text}"
     );
     assert!(
-        notes.contains("GPU 3 (0000:4c:00.0): not watched for NVML events"),
-        "{notes}"
+        text.contains("GPU 3 (0000:4c:00.0): not watched for NVML events"),
+        "{text}"
     );
     // GPU 1's Xid and GPU 2's SBE were never registered, so NVML drops them.
     assert_eq!(
@@ -338,44 +389,40 @@ event after_ms=10 gpu=0 type=dbe
             pci: pci("0000:17:00.0")
         }
     );
-    stop.store(true, Ordering::Relaxed);
-    join_within(thread.handle, Duration::from_secs(1));
 }
 
 #[test]
-fn a_failed_wait_is_reported_and_ends_the_thread() {
+fn a_failed_wait_is_reported_and_requests_are_still_served() {
     let s = scenario(&format!("{TWO_GPUS}event after_ms=10 type=error code=9\n"));
-    let src = s.open().expect("open fake NVML");
-    let (tx, rx) = sync_channel(4);
-    let thread = src
-        .spawn_events(tx, Arc::new(AtomicBool::new(false)))
-        .expect("spawn");
+    let (w, rx, _) = s.open();
+    assert!(watching(&rx).is_empty());
     let event = next(&rx);
     assert_eq!(event, NvmlEvent::Failed(NvmlFailure::DriverNotLoaded));
-    let f = event.to_finding(&[]);
+    let f = event.to_finding(&[]).expect("a finding");
     assert_eq!(
         (f.kind, f.severity),
         (FindingKind::NvmlUnavailable, Severity::Critical)
     );
-    join_within(thread.handle, Duration::from_secs(1));
+    assert_eq!(w.reachable_gpus().map(|r| r.len()), Ok(2));
 }
 
 #[test]
-fn stop_ends_an_idle_thread_within_a_second() {
+fn stop_ends_an_idle_worker_within_a_second() {
     let s = scenario(TWO_GPUS);
-    let src = s.open().expect("open fake NVML");
-    let (tx, rx) = sync_channel(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread = src.spawn_events(tx, stop.clone()).expect("spawn");
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!thread.handle.is_finished());
-    stop.store(true, Ordering::Relaxed);
-    join_within(thread.handle, Duration::from_secs(1));
-    assert!(rx.try_recv().is_err(), "an idle GPU reports nothing");
+    let (w, rx, _) = s.open();
+    assert!(watching(&rx).is_empty());
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "an idle GPU reports nothing"
+    );
+    let start = Instant::now();
+    assert!(w.stop(Duration::from_secs(1)));
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(w.reachable_gpus(), Err(CallError::Closed));
 }
 
 #[test]
-fn a_stalled_reader_does_not_pin_the_thread_past_stop() {
+fn a_stalled_reader_does_not_pin_the_worker_past_stop() {
     let s = scenario(&format!(
         "{TWO_GPUS}
 event after_ms=1 gpu=0 type=sbe
@@ -383,17 +430,580 @@ event after_ms=1 gpu=0 type=sbe
 event after_ms=1 gpu=0 type=sbe
 "
     ));
-    let src = s.open().expect("open fake NVML");
-    let (tx, rx) = sync_channel(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread = src.spawn_events(tx, stop.clone()).expect("spawn");
+    let (w, rx) = s.worker_with(&s.lib, Duration::from_secs(5), 1);
+    w.wait_open().expect("open");
+    // The channel holds one event (the registration report); the worker waits to hand the next.
     std::thread::sleep(Duration::from_millis(200));
-    stop.store(true, Ordering::Relaxed);
-    join_within(thread.handle, Duration::from_secs(1));
+    assert!(w.stop(Duration::from_secs(1)));
+    assert!(matches!(rx.try_recv(), Ok(NvmlEvent::Watching { .. })));
+}
+
+/// A fake procfs with one task stuck in the driver, one thread of a job stuck in it too, and a
+/// sleeping one.
+fn stuck_tasks(proc: &Path) {
+    let task = |pid: u32, tid: u32, stat: &str, wchan: &str, stack: &str| {
+        let d = proc
+            .join(pid.to_string())
+            .join("task")
+            .join(tid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("stat"), stat).unwrap();
+        std::fs::write(d.join("wchan"), wchan).unwrap();
+        if !stack.is_empty() {
+            std::fs::write(d.join("stack"), stack).unwrap();
+        }
+    };
+    task(1, 1, "1 (systemd) S 0", "ep_poll", "");
+    task(
+        3150,
+        3150,
+        "3150 (nvidia-smi) D 1",
+        "os_acquire_mutex",
+        "[<0>] os_acquire_mutex+0x2b/0x40 [nvidia]\n[<0>] rm_ioctl+0x5e/0xa0 [nvidia]\n",
+    );
+    task(4242, 4242, "4242 (python3) S 1", "futex_wait_queue", "");
+    task(4242, 4250, "4250 (pt_autograd_0) D 1", "uvm_spin_loop", "");
+}
+
+#[test]
+fn a_hung_call_is_reported_once_with_the_stuck_tasks_and_later_calls_fail_fast() {
+    // The probe's device count (the second call; init makes the first) hangs 1.5 s.
+    let s = scenario(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 1500 skip=1 times=1\n"
+    ));
+    stuck_tasks(&s.dir.path().join("proc"));
+    let (w, rx) = s.worker_with(&s.lib, Duration::from_millis(200), 16);
+    w.wait_open().expect("open");
+    assert!(watching(&rx).is_empty());
+
+    let start = Instant::now();
+    match w.reachable_gpus() {
+        Err(CallError::Timeout { call, .. }) => assert_eq!(call, "nvmlDeviceGetCount"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_millis(700),
+        "{waited:?}"
+    );
+    let stall = match next(&rx) {
+        NvmlEvent::Unresponsive(s) => s,
+        other => panic!("expected the stuck episode, got {other:?}"),
+    };
+    assert_eq!(stall.call, "nvmlDeviceGetCount");
+    let stuck: Vec<(u32, u32, &str)> = stall
+        .blocked
+        .iter()
+        .map(|t| (t.pid, t.tid, t.comm.as_str()))
+        .collect();
     assert_eq!(
-        rx.try_recv(),
-        Ok(NvmlEvent::EccSingleBit {
-            pci: pci("0000:17:00.0")
+        stuck,
+        vec![(3150, 3150, "nvidia-smi"), (4242, 4250, "pt_autograd_0")]
+    );
+    assert_eq!(stall.blocked[0].wchan.as_deref(), Some("os_acquire_mutex"));
+    assert_eq!(
+        stall.blocked[0].stack,
+        vec![
+            "os_acquire_mutex+0x2b/0x40 [nvidia]",
+            "rm_ioctl+0x5e/0xa0 [nvidia]"
+        ]
+    );
+
+    // While the worker is stuck, requests fail at once and say with what; no second report.
+    use xidwatch::runbook::{NvmlProbe, NvmlQuery};
+    for _ in 0..3 {
+        let t = Instant::now();
+        match w.reachable_gpus() {
+            Err(CallError::Busy { call, .. }) => assert_eq!(call, "nvmlDeviceGetCount"),
+            other => panic!("expected busy, got {other:?}"),
+        }
+        let q = w.query(NvmlQuery::Identity, pci("0000:17:00.0"));
+        assert!(
+            matches!(&q, Err(xidwatch::runbook::NvmlError::Failed(e)) if e.contains("NVML worker busy since")),
+            "{q:?}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    // The call returns: the episode ends, said once, and requests are answered again.
+    match next(&rx) {
+        NvmlEvent::Answering { call, stuck_for } => {
+            assert_eq!(call, "nvmlDeviceGetCount");
+            assert!(stuck_for >= Duration::from_millis(1200), "{stuck_for:?}");
+        }
+        other => panic!("expected the worker to answer again, got {other:?}"),
+    }
+    assert_eq!(w.reachable_gpus().map(|r| r.len()), Ok(2));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "one report per episode"
+    );
+
+    let f = NvmlEvent::Unresponsive(stall)
+        .to_finding(&[])
+        .expect("a finding");
+    assert_eq!(
+        (f.kind, f.severity, f.category, f.pci),
+        (
+            FindingKind::DriverUnresponsive,
+            Severity::Critical,
+            Category::Driver,
+            None
+        )
+    );
+    assert!(
+        f.origin
+            .raw
+            .iter()
+            .any(|l| l.contains("pid 3150 (nvidia-smi) in os_acquire_mutex")),
+        "{:?}",
+        f.origin.raw
+    );
+    assert!(matches!(
+        f.detail,
+        Some(Detail::DriverUnresponsive { ref blocked, .. }) if blocked.len() == 2
+    ));
+}
+
+#[test]
+fn an_init_that_hangs_past_its_limit_is_reported_and_learnt_when_it_answers() {
+    // Init's device count hangs 1.2 s; the open limit is 500 ms.
+    let s = scenario(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 1200 times=1\n"
+    ));
+    let spawn = |open_timeout| {
+        let (tx, rx) = sync_channel(16);
+        let w = NvmlWorker::spawn(
+            WorkerOptions {
+                library: Some(s.lib.clone()),
+                call_timeout: Duration::from_millis(200),
+                open_timeout,
+                procfs_root: s.dir.path().join("proc"),
+            },
+            tx,
+        )
+        .expect("spawn");
+        s.workers.lock().unwrap().push(w.clone());
+        (w, rx)
+    };
+    let (w, rx) = spawn(Duration::from_millis(500));
+    // The daemon's way: hold the kernel log briefly, then go on while init goes on.
+    let start = Instant::now();
+    assert!(matches!(
+        w.wait_open_for(Duration::from_millis(100)),
+        Err(CallError::Opening { .. })
+    ));
+    assert!(start.elapsed() < Duration::from_millis(400));
+    // A request meanwhile waits behind init and gives up without calling it stuck...
+    assert!(matches!(w.reachable_gpus(), Err(CallError::Timeout { .. })));
+    assert!(rx.try_recv().is_err(), "init is slow, not stuck, yet");
+    // ...until init overruns its own limit, which the periodic check notices.
+    while !w.check() {
+        assert!(start.elapsed() < Duration::from_secs(1), "never noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(start.elapsed() >= Duration::from_millis(500));
+    assert!(matches!(next(&rx), NvmlEvent::Unresponsive(s) if s.call.starts_with("nvmlInit")));
+    // The inventory comes late, then the episode ends, then events are watched.
+    match next(&rx) {
+        NvmlEvent::Opened(o) => assert_eq!(o.inventory.len(), 2),
+        other => panic!("expected the late inventory, got {other:?}"),
+    }
+    assert!(matches!(next(&rx), NvmlEvent::Answering { .. }));
+    assert!(watching(&rx).is_empty());
+    assert_eq!(w.reachable_gpus().map(|r| r.len()), Ok(2));
+    assert!(w.stop(Duration::from_secs(2)));
+
+    // Waiting the whole open limit: the caller is told it timed out.
+    std::fs::write(
+        s.dir.path().join("script.txt"),
+        format!("{TWO_GPUS}hang nvmlDeviceGetCount_v2 800 times=1\n"),
+    )
+    .unwrap();
+    let (w, rx) = spawn(Duration::from_millis(300));
+    assert!(matches!(w.wait_open(), Err(CallError::Timeout { .. })));
+    assert!(matches!(next(&rx), NvmlEvent::Unresponsive(_)));
+    assert!(matches!(next(&rx), NvmlEvent::Opened(_)));
+}
+
+#[test]
+fn a_stuck_event_wait_is_noticed_though_no_request_waits() {
+    // The fourth event wait hangs 1.5 s; its limit is the wait (100 ms) plus the call timeout.
+    let s = scenario(&format!(
+        "{TWO_GPUS}hang nvmlEventSetWait_v2 1500 skip=3 times=1\n"
+    ));
+    let (w, rx) = s.worker_with(&s.lib, Duration::from_millis(200), 16);
+    w.wait_open().expect("open");
+    assert!(watching(&rx).is_empty());
+    let start = Instant::now();
+    while !w.check() {
+        assert!(start.elapsed() < Duration::from_secs(2), "never noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match next(&rx) {
+        NvmlEvent::Unresponsive(s) => assert_eq!(s.call, "nvmlEventSetWait"),
+        other => panic!("expected the stuck episode, got {other:?}"),
+    }
+    assert!(matches!(w.reachable_gpus(), Err(CallError::Busy { .. })));
+    assert!(matches!(next(&rx), NvmlEvent::Answering { call, .. } if call == "nvmlEventSetWait"));
+    assert!(!w.check());
+    assert_eq!(w.reachable_gpus().map(|r| r.len()), Ok(2));
+}
+
+#[test]
+fn requests_queued_behind_slow_calls_time_out_without_crying_wolf() {
+    // Every device count after init takes 150 ms: slow, within the 400 ms limit.
+    let s = scenario(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 150 skip=1\n"
+    ));
+    let (w, rx) = s.worker_with(&s.lib, Duration::from_millis(400), 16);
+    w.wait_open().expect("open");
+    assert!(watching(&rx).is_empty());
+    let callers: Vec<_> = (0..5)
+        .map(|_| {
+            let w = w.clone();
+            std::thread::spawn(move || w.reachable_gpus())
         })
+        .collect();
+    let results: Vec<_> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+    let answered = results.iter().filter(|r| r.is_ok()).count();
+    let timed_out = results
+        .iter()
+        .filter(|r| matches!(r, Err(CallError::Timeout { .. })))
+        .count();
+    assert!(answered >= 2, "{results:?}");
+    assert_eq!(answered + timed_out, 5, "{results:?}");
+    // Nobody was stuck: no episode is reported.
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a slow queue is not a wedged driver"
+    );
+}
+
+// ---- The daemon as a process, with a wedged driver ----
+
+/// `xidwatch run --json` with the fake library, a regular-file kmsg and a notify socket; its
+/// incidents (JSON lines) and log are collected as they come, with the time each incident came.
+struct Wedged {
+    child: std::process::Child,
+    incidents: std::sync::Arc<Mutex<Vec<(Instant, serde_json::Value)>>>,
+    log: std::sync::Arc<Mutex<String>>,
+    /// sd_notify messages, with the time each came.
+    notes: std::sync::Arc<Mutex<Vec<(Instant, String)>>>,
+    started: Instant,
+}
+
+impl Wedged {
+    fn start(config: &Path, env: &[(&str, &Path)]) -> Wedged {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
+        cmd.args(["run", "--json", "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("WATCHDOG_USEC", "200000");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn xidwatch run");
+        let incidents = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let log = std::sync::Arc::new(Mutex::new(String::new()));
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let i2 = incidents.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let v: serde_json::Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
+                i2.lock().unwrap().push((Instant::now(), v));
+            }
+        });
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let mut l = l2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Wedged {
+            child,
+            incidents,
+            log,
+            notes: std::sync::Arc::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The first incident matching `pred`, and when it came; panics after `limit`.
+    fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> (Instant, serde_json::Value) {
+        let start = Instant::now();
+        loop {
+            if let Some(hit) = self.incidents.lock().unwrap().iter().find(|(_, v)| pred(v)) {
+                return hit.clone();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "no {what} within {limit:?}; incidents: {:#?}\nlog:\n{}",
+                self.incidents.lock().unwrap(),
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Wedged {
+    /// Writes a config (probe every second, NVML calls limited to 1 s, a fake procfs with stuck
+    /// tasks), the fake NVML `script` and an empty kmsg file into a fresh directory, and starts
+    /// the daemon there with a notify socket.
+    fn launch(script: &str) -> (TempDir, Wedged) {
+        use std::os::unix::net::UnixDatagram;
+        let dir = tempfile::tempdir().unwrap();
+        let p = |name: &str| dir.path().join(name);
+        std::fs::write(p("nvml.script"), script).unwrap();
+        std::fs::write(p("kmsg"), "").unwrap();
+        std::fs::write(p("boot_id"), "5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+        std::fs::create_dir_all(p("sys/bus/pci/devices")).unwrap();
+        stuck_tasks(&p("proc"));
+        std::fs::write(
+            p("xidwatch.toml"),
+            format!(
+                "[kmsg]\npath = {:?}\n[nvml]\nenabled = true\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\nprocfs_root = {:?}\n[state]\ndir = {:?}\n",
+                p("kmsg"),
+                fake_library(),
+                p("sys"),
+                p("proc"),
+                p("state")
+            ),
+        )
+        .unwrap();
+        let sock = UnixDatagram::bind(p("notify.sock")).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut d = Wedged::start(
+            &p("xidwatch.toml"),
+            &[
+                ("XIDWATCH_BOOT_ID_PATH", &p("boot_id")),
+                ("XIDWATCH_FAKE_NVML_SCRIPT", &p("nvml.script")),
+                ("NOTIFY_SOCKET", &p("notify.sock")),
+            ],
+        );
+        // Every notification from here on, with the time it came.
+        let n2 = d.notes.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                n2.lock().unwrap().push((Instant::now(), text));
+            }
+        });
+        d.started = Instant::now();
+        (dir, d)
+    }
+
+    fn append_kmsg(dir: &Path, record: &str) -> Instant {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("kmsg"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, record.as_bytes()).unwrap();
+        Instant::now()
+    }
+
+    fn noted(&self, what: &str) -> Option<Instant> {
+        self.notes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, m)| m == what)
+            .map(|(t, _)| *t)
+    }
+}
+
+impl Drop for Wedged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
+    // The probe's device count (the call after init's) hangs 30 s, as on a wedged driver.
+    let (dir, d) = Wedged::launch(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 30000 skip=1 times=1\n"
+    ));
+    let notes = d.notes.clone();
+
+    // The stuck call becomes one critical, host-wide incident naming the stuck tasks.
+    let (stuck_at, stuck) = d.wait_for("driver_unresponsive", Duration::from_secs(15), |v| {
+        v["kind"] == "driver_unresponsive"
+    });
+    assert_eq!(stuck["severity"], "critical", "{stuck}");
+    assert!(stuck.get("pci").is_none_or(|p| p.is_null()), "{stuck}");
+    let finding = &stuck["findings"][0];
+    assert_eq!(
+        finding["detail"]["type"], "driver_unresponsive",
+        "{finding}"
+    );
+    assert_eq!(finding["detail"]["call"], "nvmlDeviceGetCount", "{finding}");
+    assert_eq!(finding["detail"]["blocked"][0]["comm"], "nvidia-smi");
+    assert_eq!(finding["detail"]["blocked"][0]["wchan"], "os_acquire_mutex");
+    let raw = finding["origin"]["raw"].to_string();
+    assert!(
+        raw.contains("pid 4242 tid 4250 (pt_autograd_0) in uvm_spin_loop"),
+        "{raw}"
+    );
+
+    // While the call is still stuck (it returns 30 s after it began), an Xid in the kernel log
+    // is reported at its usual latency.
+    std::thread::sleep(Duration::from_millis(500));
+    let written = Wedged::append_kmsg(
+        dir.path(),
+        "3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
+    );
+    let (xid_at, xid) = d.wait_for("the Xid 79", Duration::from_secs(15), |v| v["xid"] == 79);
+    let latency = xid_at - written;
+    eprintln!("Xid 79 reported {latency:?} after it was written, with NVML stuck");
+    assert!(latency < Duration::from_secs(1), "{latency:?}");
+    // With what NVML told at start: the inventory was read before the driver wedged.
+    assert_eq!(xid["gpu"]["uuid"], UUID0);
+
+    // The watchdog was fed all along (every 100 ms asked; no gap near the call timeout).
+    std::thread::sleep(Duration::from_millis(300));
+    let pings: Vec<Instant> = notes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, m)| m == "WATCHDOG=1")
+        .map(|(t, _)| *t)
+        .filter(|t| *t >= stuck_at - Duration::from_millis(1500))
+        .collect();
+    assert!(
+        notes.lock().unwrap().iter().any(|(_, m)| m == "READY=1"),
+        "READY=1"
+    );
+    assert!(pings.len() >= 10, "{} pings", pings.len());
+    let gap = pings
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    eprintln!("longest watchdog gap while NVML was stuck: {gap:?}");
+    assert!(gap < Duration::from_millis(500), "{gap:?}");
+
+    // Said once, not once per probe round; and the log says what happened.
+    std::thread::sleep(Duration::from_millis(1500));
+    let all = d.incidents.lock().unwrap().clone();
+    assert_eq!(
+        all.iter()
+            .filter(|(_, v)| v["kind"] == "driver_unresponsive")
+            .count(),
+        1,
+        "{all:#?}"
+    );
+    assert!(
+        d.log.lock().unwrap().contains("NVML is unresponsive"),
+        "{}",
+        d.log.lock().unwrap()
+    );
+
+    // SIGTERM is honoured promptly with the worker still stuck in the driver.
+    super::support::sigterm(&d.child);
+    let stopping = Instant::now();
+    let mut d = d;
+    let status = d.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", d.log.lock().unwrap());
+    assert!(stopping.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn the_call_timeout_is_checked_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("xidwatch.toml");
+    for bad in ["0", "601"] {
+        std::fs::write(&path, format!("[nvml]\ncall_timeout_secs = {bad}\n")).unwrap();
+        let err = xidwatch::config::Config::load(Some(&path))
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("nvml.call_timeout_secs"), "{err}");
+    }
+    std::fs::write(
+        &path,
+        "[nvml]\ncall_timeout_secs = 3\nprocfs_root = \"/srv/proc\"\n",
+    )
+    .unwrap();
+    let c = xidwatch::config::Config::load(Some(&path)).expect("valid");
+    assert_eq!(c.nvml.call_timeout_secs, 3);
+    assert_eq!(c.nvml.procfs_root, Path::new("/srv/proc"));
+    assert_eq!(
+        xidwatch::config::NvmlConfig::default().call_timeout_secs,
+        10
+    );
+}
+
+#[test]
+fn an_init_that_hangs_holds_neither_ready_nor_the_kernel_log_longer_than_a_call() {
+    // Init's device count takes 3 s; one NVML call may take 1 s.
+    let (dir, d) = Wedged::launch(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 3000 times=1\n"
+    ));
+    let start = d.started;
+    let wait_ready = Instant::now();
+    while d.noted("READY=1").is_none() {
+        assert!(wait_ready.elapsed() < Duration::from_secs(10), "no READY=1");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ready = d.noted("READY=1").unwrap() - start;
+    eprintln!("READY=1 {ready:?} after start, with NVML's init hanging 3 s");
+    assert!(ready < Duration::from_millis(2500), "{ready:?}");
+
+    // While init still hangs, an Xid is reported at once (without NVML's identity yet).
+    let written = Wedged::append_kmsg(
+        dir.path(),
+        "3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
+    );
+    let (at, x79) = d.wait_for("the Xid 79", Duration::from_secs(10), |v| v["xid"] == 79);
+    assert!(at - written < Duration::from_secs(1), "{:?}", at - written);
+    assert!(at - start < Duration::from_millis(2900), "{:?}", at - start);
+    assert!(x79["gpu"]["uuid"].is_null(), "{x79}");
+
+    // When init answers, its GPUs are learnt: a later fault carries NVML's identity.
+    let wait = Instant::now();
+    while !d
+        .log
+        .lock()
+        .unwrap()
+        .contains("NVML answered its init late")
+    {
+        assert!(
+            wait.elapsed() < Duration::from_secs(10),
+            "{}",
+            d.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Wedged::append_kmsg(
+        dir.path(),
+        "3,2,2000001,-;NVRM: Xid (PCI:0000:2a:00): 48, pid=42, name=python3, An uncorrectable double bit error\n",
+    );
+    let (_, x48) = d.wait_for("the Xid 48", Duration::from_secs(10), |v| v["xid"] == 48);
+    assert_eq!(x48["gpu"]["uuid"], UUID1, "{x48}");
+    // 3 s is slow, not stuck: no driver_unresponsive.
+    let all = d.incidents.lock().unwrap().clone();
+    assert!(
+        all.iter().all(|(_, v)| v["kind"] != "driver_unresponsive"),
+        "{all:#?}"
     );
 }

@@ -244,8 +244,18 @@ fn sighup_while_a_runbook_runs_delivers_the_alert_once_with_its_evidence() {
     // Reload twice while it runs: by signal, and by a real edit of the config.
     super::support::signal(&d, libc::SIGHUP);
     let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap();
-    std::fs::write(s.path("xidwatch.toml"), format!("{cfg}\n# edited\n")).unwrap();
-    wait_until("the alert", Duration::from_secs(30), || !rx.all().is_empty());
+    // As editors save: a new file renamed over the old one.
+    std::fs::write(s.path("xidwatch.toml.new"), format!("{cfg}\n# edited\n")).unwrap();
+    std::fs::rename(s.path("xidwatch.toml.new"), s.path("xidwatch.toml")).unwrap();
+    let start = Instant::now();
+    while rx.all().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no alert within 30 s\n{}",
+            s.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Nothing else is coming: give a duplicate time to show.
     std::thread::sleep(Duration::from_millis(1500));
     super::support::sigterm(&d);

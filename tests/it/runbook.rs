@@ -157,6 +157,7 @@ fn every_shipped_runbook_loads() {
         [
             "application",
             "driver",
+            "driver-unresponsive",
             "fallback",
             "fallen-off-bus",
             "gsp",
@@ -216,6 +217,11 @@ fn shipped_runbooks_serve_every_class() {
         (FindingKind::ApiMismatch, Category::Driver, "driver"),
         (FindingKind::DriverError, Category::Driver, "driver"),
         (FindingKind::NvmlUnavailable, Category::Driver, "driver"),
+        (
+            FindingKind::DriverUnresponsive,
+            Category::Driver,
+            "driver-unresponsive",
+        ),
         (FindingKind::DriverError, Category::Gsp, "gsp"),
         (FindingKind::Sxid, Category::Nvlink, "sxid"),
         (

@@ -55,3 +55,14 @@ pub fn require_root(why: &str) {
     let uid = unsafe { libc::geteuid() };
     assert_eq!(uid, 0, "this test needs root ({why}); it runs as uid {uid}");
 }
+
+/// Fails the calling test unless the run opted in to writing test lines to the real `/dev/kmsg`
+/// (`XIDWATCH_KMSG_E2E=1`, as `.ci/run` does on its throwaway machine) and runs as root.
+pub fn require_kmsg_e2e() {
+    assert_eq!(
+        std::env::var("XIDWATCH_KMSG_E2E").as_deref(),
+        Ok("1"),
+        "this test writes test lines to /dev/kmsg: opt in with XIDWATCH_KMSG_E2E=1 (as .ci/run does)"
+    );
+    require_root("it writes test lines to /dev/kmsg");
+}

@@ -25,6 +25,7 @@
 //! event after_ms=10 gpu=1 type=dbe
 //! event after_ms=10 gpu=0 type=gpu_lost
 //! event after_ms=10 type=error code=999
+//! hang nvmlDeviceGetCount_v2 30000 skip=1 times=1
 //! ```
 //!
 //! `device` lines define GPUs 0, 1, ... in order. Keys: `pci` (required, any width of domain),
@@ -40,6 +41,13 @@
 //! GPU_IS_LOST) and, if the waiting set registered that GPU, makes the wait return GPU_IS_LOST;
 //! `error` makes the wait return `code`. Once the script's events are used up, every wait times
 //! out. A missing or malformed script makes init return UNKNOWN, with the reason on stderr.
+//!
+//! `hang CALL MS [skip=N] [times=M]` makes the exported function `CALL` (its exact symbol name,
+//! e.g. `nvmlDeviceGetCount_v2`; a name the fake does not export is refused) sleep `MS`
+//! milliseconds before it answers, as a call into a wedged driver does. The first `skip` calls
+//! (default 0) answer at once; after that, `times` calls (default: every one) are delayed. The
+//! sleep holds no lock, so calls from other threads go on meanwhile. A hang on `nvmlInit_v2` or
+//! `nvmlInitWithFlags` delays the init that read the script.
 //!
 //! Nothing here panics on purpose, and every export that does more than a lookup runs under
 //! `catch_unwind`, so a bug in the fake shows up as NVML_ERROR_UNKNOWN rather than as undefined
@@ -121,8 +129,18 @@ struct Event {
     kind: EventKind,
 }
 
+/// A `hang` directive and how many calls it has seen.
+struct Hang {
+    call: &'static str,
+    ms: u64,
+    skip: u64,
+    times: Option<u64>,
+    seen: u64,
+}
+
 struct Script {
     init: NvmlReturn,
+    hangs: Vec<Hang>,
     driver_version: Option<String>,
     devices: Vec<Device>,
     events: Vec<Event>,
@@ -138,6 +156,7 @@ struct State {
     /// Registered (GPU, event mask) per live event set.
     sets: HashMap<usize, HashMap<usize, u64>>,
     next_set: usize,
+    hangs: Vec<Hang>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -206,6 +225,7 @@ fn parse_events(v: &str) -> Result<u64, String> {
 fn parse_script(text: &str) -> Result<Script, String> {
     let mut script = Script {
         init: SUCCESS,
+        hangs: Vec::new(),
         driver_version: None,
         devices: Vec::new(),
         events: Vec::new(),
@@ -232,6 +252,7 @@ fn parse_script(text: &str) -> Result<Script, String> {
             },
             "device" => script.devices.push(parse_device(&rest).map_err(at)?),
             "event" => script.events.push(parse_event(&rest).map_err(at)?),
+            "hang" => script.hangs.push(parse_hang(&rest).map_err(at)?),
             other => return Err(at(format!("unknown directive {other:?}"))),
         }
     }
@@ -339,6 +360,80 @@ fn parse_event(words: &[&str]) -> Result<Event, String> {
     })
 }
 
+/// Every function this library exports, for `hang` directives.
+const EXPORTS: [&str; 17] = [
+    "nvmlInit_v2",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlErrorString",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetCreate",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
+];
+
+fn parse_hang(words: &[&str]) -> Result<Hang, String> {
+    let [call, ms, opts @ ..] = words else {
+        return Err("expected `hang CALL MS [skip=N] [times=M]`".into());
+    };
+    let call = EXPORTS
+        .iter()
+        .find(|e| *e == call)
+        .ok_or_else(|| format!("hang: {call:?} is not a function this library exports"))?;
+    let ms = ms
+        .parse::<u64>()
+        .map_err(|_| format!("hang: MS needs a number, got {ms:?}"))?;
+    let mut hang = Hang {
+        call,
+        ms,
+        skip: 0,
+        times: None,
+        seen: 0,
+    };
+    for (k, v) in key_values(opts)? {
+        let n = v
+            .parse::<u64>()
+            .map_err(|_| format!("{k} needs a number, got {v:?}"))?;
+        match k {
+            "skip" => hang.skip = n,
+            "times" => hang.times = Some(n),
+            other => return Err(format!("unknown hang key {other:?}")),
+        }
+    }
+    Ok(hang)
+}
+
+/// Counts a call to `call` and, if a `hang` directive says so, sleeps before it is answered.
+/// The state lock is released before sleeping.
+fn hang_point(call: &str) {
+    let delay = catch_unwind(AssertUnwindSafe(|| {
+        let mut guard = state();
+        let Some(s) = guard.as_mut() else { return 0 };
+        let mut delay = 0;
+        for h in s.hangs.iter_mut().filter(|h| h.call == call) {
+            h.seen += 1;
+            let delayed = h.seen.saturating_sub(h.skip);
+            if delayed > 0 && h.times.is_none_or(|t| delayed <= t) {
+                delay = delay.max(h.ms);
+            }
+        }
+        delay
+    }))
+    .unwrap_or(0);
+    if delay > 0 {
+        std::thread::sleep(Duration::from_millis(delay));
+    }
+}
+
 fn load_script() -> Result<Script, String> {
     let path = std::env::var_os("XIDWATCH_FAKE_NVML_SCRIPT")
         .ok_or("XIDWATCH_FAKE_NVML_SCRIPT is not set")?;
@@ -373,6 +468,7 @@ fn init() -> NvmlReturn {
             next_due: None,
             sets: HashMap::new(),
             next_set: 0,
+            hangs: script.hangs,
         });
         SUCCESS
     })
@@ -380,16 +476,25 @@ fn init() -> NvmlReturn {
 
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
-    init()
+    let code = init();
+    guarded(|| {
+        hang_point("nvmlInit_v2");
+        code
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
-    init()
+    let code = init();
+    guarded(|| {
+        hang_point("nvmlInitWithFlags");
+        code
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> NvmlReturn {
+    hang_point("nvmlShutdown");
     with_state(|s| {
         s.refcount -= 1;
         if s.refcount == 0 {
@@ -401,6 +506,7 @@ pub extern "C" fn nvmlShutdown() -> NvmlReturn {
 
 #[no_mangle]
 pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    hang_point("nvmlErrorString");
     let text: &'static CStr = match result {
         0 => c"Success",
         1 => c"Uninitialized",
@@ -483,6 +589,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    hang_point("nvmlSystemGetDriverVersion");
     // SAFETY: forwarded from the caller.
     with_state(|s| unsafe { write_str(s.driver_version.as_deref(), version, length) })
 }
@@ -491,6 +598,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 /// `count` must be null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    hang_point("nvmlDeviceGetCount_v2");
     with_state(|s| {
         if count.is_null() {
             return ERROR_INVALID_ARGUMENT;
@@ -508,6 +616,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut *mut c_void,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceGetHandleByIndex_v2");
     with_state(|s| {
         let i = index as usize;
         if device.is_null() || i >= s.devices.len() {
@@ -529,6 +638,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: *mut c_void,
     pci: *mut PciInfo,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceGetPciInfo_v3");
     with_device(device, |i, s| {
         if pci.is_null() {
             return ERROR_INVALID_ARGUMENT;
@@ -572,6 +682,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceGetUUID");
     // SAFETY: forwarded from the caller.
     with_device(device, |i, s| unsafe {
         write_str(s.devices[i].uuid.as_deref(), uuid, length)
@@ -586,6 +697,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
     serial: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceGetSerial");
     // SAFETY: forwarded from the caller.
     with_device(device, |i, s| unsafe {
         write_str(s.devices[i].serial.as_deref(), serial, length)
@@ -600,6 +712,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceGetName");
     // SAFETY: forwarded from the caller.
     with_device(device, |i, s| unsafe {
         write_str(s.devices[i].name.as_deref(), name, length)
@@ -610,6 +723,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 /// `index` must be null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: *mut c_void, index: *mut c_uint) -> NvmlReturn {
+    hang_point("nvmlDeviceGetIndex");
     with_device(device, |i, _| {
         if index.is_null() {
             return ERROR_INVALID_ARGUMENT;
@@ -627,6 +741,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: *mut c_void,
     event_types: *mut c_ulonglong,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceGetSupportedEventTypes");
     with_device(device, |i, s| {
         if event_types.is_null() {
             return ERROR_INVALID_ARGUMENT;
@@ -641,6 +756,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 /// `set` must be null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut c_void) -> NvmlReturn {
+    hang_point("nvmlEventSetCreate");
     with_state(|s| {
         if set.is_null() || s.next_set >= MAX_HANDLES {
             return ERROR_INVALID_ARGUMENT;
@@ -660,6 +776,7 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
     event_types: c_ulonglong,
     set: *mut c_void,
 ) -> NvmlReturn {
+    hang_point("nvmlDeviceRegisterEvents");
     with_device(device, |i, s| {
         if let Some(code) = s.devices[i].register_error {
             return code;
@@ -677,6 +794,7 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
 
 #[no_mangle]
 pub extern "C" fn nvmlEventSetFree(set: *mut c_void) -> NvmlReturn {
+    hang_point("nvmlEventSetFree");
     with_state(
         |s| match decode_handle(set, SET_TAG).and_then(|id| s.sets.remove(&id)) {
             Some(_) => SUCCESS,
@@ -762,6 +880,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut EventData,
     timeoutms: c_uint,
 ) -> NvmlReturn {
+    hang_point("nvmlEventSetWait_v2");
     guarded(|| {
         let Some(set_id) = decode_handle(set, SET_TAG) else {
             return ERROR_INVALID_ARGUMENT;
