@@ -352,9 +352,25 @@ fn a_crash_during_the_runbook_loses_no_alert() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let rb = dir.path().join("runbooks");
-    let barrier = dir.path().join("barrier");
+    // The barrier's meeting place: a name under /tmp the unprivileged runbook user can write
+    // (the catalog allows no literal path outside its read roots).
+    let meet = tempfile::Builder::new()
+        .prefix("xw-e2e-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        meet.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let barrier = meet
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     std::fs::create_dir_all(&rb).unwrap();
-    std::fs::create_dir_all(&barrier).unwrap();
     std::fs::write(
         rb.join("slow.toml"),
         format!(
@@ -375,7 +391,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         &config,
         format!(
             "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n\
-             [runbooks]\ndirs = [{rb:?}]\nsearch_path = [{:?}]\nallowed_programs = [\"barrier\"]\n\
+             [runbooks]\ndirs = [{rb:?}]\nsearch_path = [{:?}]\nallow = [[\"barrier\", {barrier:?}, \"2\"]]\n\
              [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
             dir.path().join("state"),
             root.join("fixtures/fake-tools"),

@@ -1229,6 +1229,118 @@ async fn programs_get_a_clean_environment_and_no_stdin() {
     assert!(std::env::vars().any(|(k, _)| !["PATH", "LC_ALL"].contains(&k.as_str())));
 }
 
+/// `/proc/self/status` of a step, as the fake tool id-caps prints it: field -> value.
+async fn status_of_a_step(env: &RunbookEnv) -> std::collections::BTreeMap<String, String> {
+    let rb = test_runbook("", "[[step]]\nrun = [\"id-caps\"]\n");
+    let ev = rb
+        .run(
+            &Subject::manual(None, None, None),
+            env,
+            &RunLimits::default(),
+        )
+        .await;
+    let s = &ev.steps[0];
+    assert_eq!(s.status, StepStatus::Done { exit_code: Some(0) }, "{s:?}");
+    s.output
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn programs_run_without_privileges() {
+    // Whoever runs the tests: no new privileges, and no capability in any set but the bounding.
+    let st = status_of_a_step(&env()).await;
+    assert_eq!(st["NoNewPrivs"], "1", "{st:?}");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(st[set], "0000000000000000", "{set}: {st:?}");
+    }
+}
+
+/// CI runs this as root: the step runs as the service user or nobody, with an empty bounding
+/// set, whoever started xidwatch (sudo xidwatch runbook run / test-alert / scan --runbooks go
+/// through the same code).
+#[tokio::test]
+#[ignore = "needs root"]
+async fn as_root_programs_run_as_an_unprivileged_user() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run this test as root");
+    let st = status_of_a_step(&env()).await;
+    let uids: Vec<&str> = st["Uid"].split_whitespace().collect();
+    let want = [libc_user("xidwatch"), libc_user("nobody")]
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("a user xidwatch or nobody");
+    let want = want.to_string();
+    assert_eq!(
+        uids,
+        [want.as_str(); 4],
+        "real, effective, saved, fs: {st:?}"
+    );
+    assert!(!st["Groups"].split_whitespace().any(|g| g == "0"), "{st:?}");
+    assert_eq!(st["CapBnd"], "0000000000000000", "{st:?}");
+    assert_eq!(st["CapEff"], "0000000000000000", "{st:?}");
+    assert_eq!(st["NoNewPrivs"], "1", "{st:?}");
+}
+
+fn libc_user(name: &str) -> Option<u32> {
+    let out = std::process::Command::new("id")
+        .args(["-u", name])
+        .output()
+        .ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+/// As root, the shipped `dmesg` pattern keeps CAP_SYSLOG (and only it), so the unprivileged
+/// user still reads the kernel log where `kernel.dmesg_restrict = 1`.
+#[tokio::test]
+#[ignore = "needs root"]
+async fn as_root_kernel_log_patterns_keep_cap_syslog_only() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run this test as root");
+    let text = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"dmesg\"]\n";
+    let rb = Runbook::from_toml(Path::new("k.toml"), text, &Catalog::default()).unwrap();
+    let mut env = RunbookEnv::system();
+    env.sysfs_root = fixture("sysfs");
+    let ev = rb
+        .run(
+            &Subject::manual(None, None, None),
+            &env,
+            &RunLimits::default(),
+        )
+        .await;
+    let s = &ev.steps[0];
+    let restrict = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap_or_default();
+    assert_eq!(
+        s.status,
+        StepStatus::Done { exit_code: Some(0) },
+        "dmesg_restrict={restrict} {s:?}"
+    );
+    assert!(!s.output.trim().is_empty());
+}
+
+#[tokio::test]
+async fn secrets_are_cut_out_of_the_evidence() {
+    let secret = "xw-secret-9f8e7d6c5b4a";
+    let mut env = env();
+    env.secrets = Redactor::new([secret.to_string()]);
+    let rb = test_runbook(
+        "",
+        &format!("[[step]]\nname = \"leaky\"\nrun = [\"echo-argv\", \"token={secret}\"]\n"),
+    );
+    let ev = rb
+        .run(
+            &Subject::manual(None, None, None),
+            &env,
+            &RunLimits::default(),
+        )
+        .await;
+    let shown = format!("{ev:?}{}", render_evidence(&ev));
+    assert!(!shown.contains(secret), "{shown}");
+    assert_eq!(ev.steps[0].output, "token=<redacted>\n");
+    assert_eq!(ev.steps[0].target, ["echo-argv", "token=<redacted>"]);
+}
+
 #[tokio::test]
 async fn missing_unrunnable_and_disguised_programs_are_recorded() {
     let rb = test_runbook(
