@@ -1629,3 +1629,17 @@ fn running_is_a_send_future_for_the_daemon() {
     let fut = set.run_for(&s, &e, &l);
     assert_send(&fut);
 }
+
+#[test]
+fn the_docs_list_the_whole_catalog() {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks.md"))
+            .unwrap();
+    use xidwatch::runbook::safety::{BUILTIN, BUILTIN_KERNEL_LOG, READ_ROOTS};
+    for line in BUILTIN.iter().chain(BUILTIN_KERNEL_LOG).chain(READ_ROOTS) {
+        assert!(
+            docs.lines().any(|l| l == *line),
+            "docs/runbooks.md does not list `{line}`"
+        );
+    }
+}
