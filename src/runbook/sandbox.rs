@@ -99,12 +99,15 @@ fn open_checked(program: &str, path: &Path) -> Result<OwnedFd, NotRun> {
     let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
     let meta =
         std::fs::metadata(format!("/proc/self/fd/{raw}")).map_err(|e| refused(e.to_string()))?;
-    // SAFETY: plain syscall.
-    let euid = unsafe { libc::geteuid() };
+    // SAFETY: plain syscalls.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     if !meta.is_file() || meta.mode() & 0o111 == 0 {
         return Err(refused("not executable".into()));
     }
-    if meta.mode() & 0o022 != 0 || (meta.uid() != 0 && meta.uid() != euid) {
+    // Writable by others, by a group other than root's or ours, or owned by someone else: that
+    // someone could change what runs.
+    let group_writable = meta.mode() & 0o020 != 0 && meta.gid() != 0 && meta.gid() != egid;
+    if meta.mode() & 0o002 != 0 || group_writable || (meta.uid() != 0 && meta.uid() != euid) {
         return Err(refused(format!(
             "others could change it (owner uid {}, mode {:o}); only root's (or xidwatch's own) files run",
             meta.uid(),
