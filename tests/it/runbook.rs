@@ -52,8 +52,7 @@ fn catalog_for(steps: &str) -> Catalog {
         if let Some(run) = st.get("run").and_then(|r| r.as_array()) {
             let words = run.iter().map(|w| {
                 let w = w.as_str().unwrap();
-                w.replace("{pci}", "{pci}")
-                    .replace("{xid}", "{int:0-1000}")
+                w.replace("{xid}", "{int:0-1000}")
                     .replace("{gpu_index}", "{gpu}")
                     .replace("{uuid}", "{gpu}")
             });
