@@ -1642,3 +1642,61 @@ fn the_docs_list_the_whole_catalog() {
         );
     }
 }
+
+/// What runs is what was checked: the name must lead, through any links, to a file of that
+/// name that nobody but root (or this user) can change, found in an absolute directory.
+#[tokio::test]
+async fn path_and_symlink_tricks_are_refused_when_a_step_would_run() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let rb = test_runbook("", "[[step]]\nrun = [\"echo-argv\", \"ok\"]\n");
+    let run_in = |dir: PathBuf| {
+        let mut env = env();
+        env.search_path = vec![dir];
+        let rb = rb.clone();
+        async move {
+            let ev = rb
+                .run(
+                    &Subject::manual(None, None, None),
+                    &env,
+                    &RunLimits::default(),
+                )
+                .await;
+            ev.steps[0].clone()
+        }
+    };
+    let real = fixture("fake-tools/echo-argv");
+
+    // A link of the same name to the real program: resolved, checked, run.
+    let d = tempfile::tempdir().unwrap();
+    symlink(&real, d.path().join("echo-argv")).unwrap();
+    let s = run_in(d.path().to_path_buf()).await;
+    assert_eq!(s.output, "ok\n", "{s:?}");
+
+    // A link to another program.
+    let d = tempfile::tempdir().unwrap();
+    symlink(fixture("fake-tools/uname"), d.path().join("echo-argv")).unwrap();
+    let s = run_in(d.path().to_path_buf()).await;
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("another program")),
+        "{s:?}"
+    );
+
+    // A copy anyone could have changed.
+    let d = tempfile::tempdir().unwrap();
+    let copy = d.path().join("echo-argv");
+    std::fs::copy(&real, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = run_in(d.path().to_path_buf()).await;
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("others could change it")),
+        "{s:?}"
+    );
+
+    // A relative search directory.
+    let s = run_in(PathBuf::from("fixtures/fake-tools")).await;
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("relative")),
+        "{s:?}"
+    );
+    assert!(s.output.is_empty());
+}
