@@ -86,225 +86,67 @@ pub const READ_ROOTS: &[&str] = &[
 /// Path components never read, whatever root they are under: they hold secrets (`environ`),
 /// consume or touch something when read (`kmsg`, `config`, `rom`, `resource*`, `vpd`), or lead
 /// somewhere else (`root`, `cwd`, `fd`, `.`, `..`).
+#[rustfmt::skip]
 pub const NEVER_IN_PATH: &[&str] = &[
-    "environ",
-    "mem",
-    "kmsg",
-    "kcore",
-    "pagemap",
-    "config",
-    "rom",
-    "resource*",
-    "vpd",
-    "fd",
-    "fdinfo",
-    "map_files",
-    "root",
-    "cwd",
-    "exe",
-    "sysrq-trigger",
-    ".",
-    "..",
+    "environ", "mem", "kmsg", "kcore", "pagemap", "config", "rom", "resource*", "vpd", "fd",
+    "fdinfo", "map_files", "root", "cwd", "exe", "sysrq-trigger", ".", "..",
 ];
 
 /// Programs no pattern may name: shells, interpreters and launchers (they run anything), what
 /// prints process environments (`ps e`), and what changes power state, modules, processes or
 /// files. The rest of the never-list is in [`Pattern::parse`].
+#[rustfmt::skip]
 pub const NEVER_PROGRAMS: &[&str] = &[
-    "sh",
-    "bash",
-    "dash",
-    "zsh",
-    "ksh",
-    "csh",
-    "tcsh",
-    "fish",
-    "ash",
-    "busybox",
-    "toybox",
-    "env",
-    "sudo",
-    "su",
-    "doas",
-    "pkexec",
-    "runuser",
-    "setpriv",
-    "capsh",
-    "nohup",
-    "timeout",
-    "xargs",
-    "find",
-    "nice",
-    "ionice",
-    "chroot",
-    "nsenter",
-    "unshare",
-    "setsid",
-    "stdbuf",
-    "taskset",
-    "chrt",
-    "flock",
-    "watch",
-    "strace",
-    "ltrace",
-    "gdb",
-    "script",
-    "expect",
-    "awk",
-    "gawk",
-    "mawk",
-    "sed",
-    "systemd-run",
-    "ssh",
-    "socat",
-    "nc",
-    "vi",
-    "vim",
-    "less",
-    "more",
-    "man",
-    "python",
-    "python3",
-    "perl",
-    "ruby",
-    "lua",
-    "php",
-    "node",
-    "tclsh",
-    "ps",
-    "pgrep",
-    "reboot",
-    "shutdown",
-    "poweroff",
-    "halt",
-    "kexec",
-    "init",
-    "telinit",
-    "rmmod",
-    "modprobe",
-    "insmod",
-    "kill",
-    "pkill",
-    "killall",
-    "setpci",
-    "dd",
-    "tee",
-    "cp",
-    "mv",
-    "rm",
-    "ipmitool",
+    "sh", "bash", "dash", "zsh", "ksh", "csh", "tcsh", "fish", "ash", "busybox", "toybox", "env",
+    "sudo", "su", "doas", "pkexec", "runuser", "setpriv", "capsh", "nohup", "timeout", "xargs",
+    "find", "nice", "ionice", "chroot", "nsenter", "unshare", "setsid", "stdbuf", "taskset", "chrt",
+    "flock", "watch", "strace", "ltrace", "gdb", "script", "expect", "awk", "gawk", "mawk", "sed",
+    "systemd-run", "ssh", "socat", "nc", "vi", "vim", "less", "more", "man", "python", "python3",
+    "perl", "ruby", "lua", "php", "node", "tclsh", "ps", "pgrep", "reboot", "shutdown", "poweroff",
+    "halt", "kexec", "init", "telinit", "rmmod", "modprobe", "insmod", "kill", "pkill", "killall",
+    "setpci", "dd", "tee", "cp", "mv", "rm", "ipmitool",
 ];
 
 /// Units `{unit}` may name (`name` or `name.service`).
+#[rustfmt::skip]
 const UNITS: &[&str] = &[
-    "nvidia-persistenced",
-    "nvidia-fabricmanager",
-    "nvidia-dcgm",
-    "dcgm",
-    "nvidia-powerd",
-    "nvidia-imex",
-    "xidwatch",
+    "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "dcgm", "nvidia-powerd",
+    "nvidia-imex", "xidwatch",
 ];
+#[rustfmt::skip]
 const MODULE_FIELDS: &[&str] = &[
-    "version",
-    "filename",
-    "vermagic",
-    "srcversion",
-    "license",
-    "description",
-    "depends",
-    "name",
+    "version", "filename", "vermagic", "srcversion", "license", "description", "depends", "name",
 ];
 /// `nvidia-smi -q -d` sections.
+#[rustfmt::skip]
 const SECTIONS: &[&str] = &[
-    "MEMORY",
-    "UTILIZATION",
-    "ECC",
-    "TEMPERATURE",
-    "POWER",
-    "CLOCK",
-    "COMPUTE",
-    "PIDS",
-    "PERFORMANCE",
-    "SUPPORTED_CLOCKS",
-    "PAGE_RETIREMENT",
-    "ACCOUNTING",
-    "ENCODER_STATS",
-    "SUPPORTED_GPU_TARGET_TEMP",
-    "VOLTAGE",
-    "FBC_STATS",
-    "ROW_REMAPPER",
-    "RESET_STATUS",
+    "MEMORY", "UTILIZATION", "ECC", "TEMPERATURE", "POWER", "CLOCK", "COMPUTE", "PIDS",
+    "PERFORMANCE", "SUPPORTED_CLOCKS", "PAGE_RETIREMENT", "ACCOUNTING", "ENCODER_STATS",
+    "SUPPORTED_GPU_TARGET_TEMP", "VOLTAGE", "FBC_STATS", "ROW_REMAPPER", "RESET_STATUS",
     "GSP_FIRMWARE_VERSION",
 ];
 /// `nvidia-smi --query-gpu` fields.
+#[rustfmt::skip]
 const GPU_FIELDS: &[&str] = &[
-    "timestamp",
-    "index",
-    "name",
-    "uuid",
-    "serial",
-    "count",
-    "driver_version",
-    "vbios_version",
-    "pci.bus_id",
-    "pci.domain",
-    "pci.bus",
-    "pci.device",
-    "pci.device_id",
-    "pci.sub_device_id",
-    "pcie.link.gen.current",
-    "pcie.link.gen.max",
-    "pcie.link.width.current",
-    "pcie.link.width.max",
-    "pstate",
-    "persistence_mode",
-    "compute_mode",
-    "mig.mode.current",
-    "fan.speed",
-    "temperature.gpu",
-    "temperature.memory",
-    "power.draw",
-    "power.limit",
-    "enforced.power.limit",
-    "power.max_limit",
-    "clocks.sm",
-    "clocks.mem",
-    "clocks.gr",
-    "clocks.max.sm",
-    "clocks.max.mem",
-    "clocks.max.gr",
-    "clocks_throttle_reasons.active",
-    "clocks_event_reasons.active",
-    "utilization.gpu",
-    "utilization.memory",
-    "memory.total",
-    "memory.used",
-    "memory.free",
-    "ecc.mode.current",
-    "ecc.errors.corrected.volatile.total",
-    "ecc.errors.uncorrected.volatile.total",
-    "ecc.errors.corrected.aggregate.total",
-    "ecc.errors.uncorrected.aggregate.total",
-    "retired_pages.single_bit_ecc.count",
-    "retired_pages.double_bit.count",
-    "retired_pages.pending",
-    "remapped_rows.correctable",
-    "remapped_rows.uncorrectable",
-    "remapped_rows.pending",
-    "remapped_rows.failure",
+    "timestamp", "index", "name", "uuid", "serial", "count", "driver_version", "vbios_version",
+    "pci.bus_id", "pci.domain", "pci.bus", "pci.device", "pci.device_id", "pci.sub_device_id",
+    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
+    "pstate", "persistence_mode", "compute_mode", "mig.mode.current", "fan.speed",
+    "temperature.gpu", "temperature.memory", "power.draw", "power.limit", "enforced.power.limit",
+    "power.max_limit", "clocks.sm", "clocks.mem", "clocks.gr", "clocks.max.sm", "clocks.max.mem",
+    "clocks.max.gr", "clocks_throttle_reasons.active", "clocks_event_reasons.active",
+    "utilization.gpu", "utilization.memory", "memory.total", "memory.used", "memory.free",
+    "ecc.mode.current", "ecc.errors.corrected.volatile.total",
+    "ecc.errors.uncorrected.volatile.total", "ecc.errors.corrected.aggregate.total",
+    "ecc.errors.uncorrected.aggregate.total", "retired_pages.single_bit_ecc.count",
+    "retired_pages.double_bit.count", "retired_pages.pending", "remapped_rows.correctable",
+    "remapped_rows.uncorrectable", "remapped_rows.pending", "remapped_rows.failure",
 ];
 /// `nvidia-smi --query-compute-apps` fields.
+#[rustfmt::skip]
 const APP_FIELDS: &[&str] = &[
-    "timestamp",
-    "gpu_name",
-    "gpu_bus_id",
-    "gpu_serial",
-    "gpu_uuid",
-    "pid",
-    "process_name",
-    "used_memory",
-    "used_gpu_memory",
+    "timestamp", "gpu_name", "gpu_bus_id", "gpu_serial", "gpu_uuid", "pid", "process_name",
+    "used_memory", "used_gpu_memory",
 ];
 const CSV: &[&str] = &["csv", "csv,noheader", "csv,nounits", "csv,noheader,nounits"];
 const LEVELS: &[&str] = &[
@@ -671,38 +513,30 @@ impl Catalog {
     }
 }
 
-/// Checks a `read` step's path as written, placeholders and all.
+/// Checks a `read` step's path as written, placeholders and all: absolute, each placeholder a
+/// whole component of its type where the root has a slot, nothing never-read.
 pub fn check_read(path: &Template) -> Result<(), Refusal> {
     let comps = path.components();
-    let refuse = |why: &str| Refusal {
+    let refuse = |why: String| Refusal {
         rule: Rule::NotReadable,
         reason: format!("{path}: {why}"),
     };
-    let mut literal_rest = true;
-    for c in comps.iter().skip(1) {
+    let Some(("", rest)) = comps
+        .split_first()
+        .map(|(f, r)| (f.as_literal().unwrap_or("?"), r))
+    else {
+        return Err(refuse("write an absolute path".into()));
+    };
+    for c in rest {
         match c.as_literal() {
-            Some(l) => check_component(l).map_err(|w| refuse(&w))?,
-            // A placeholder value is [A-Za-z0-9:.-] and never `.` or `..`.
-            None => literal_rest &= c.slot_part("").is_some(),
+            Some(l) => check_component(l).map_err(refuse)?,
+            // A placeholder's value is [A-Za-z0-9:.-], never `.` or `..`.
+            None if matches!(c.slot_part(""), Some(SlotPart::One(_))) => {}
+            None => return Err(refuse("a placeholder fills a whole component".into())),
         }
     }
-    let under = READ_ROOTS.iter().any(|root| {
-        let rtoks: Vec<Tok> = root
-            .split('/')
-            .map(|c| Tok::parse(c).unwrap_or(Tok::Lit(c.into())))
-            .collect();
-        comps.len() >= rtoks.len() && rtoks.iter().zip(&comps).all(|(t, c)| t.matches_template(c))
-    });
-    if !(comps.first().and_then(Template::as_literal) == Some("") && literal_rest) {
-        return Err(refuse(
-            "write an absolute path; a placeholder fills a whole component",
-        ));
-    }
-    if !under {
-        return Err(refuse(&format!(
-            "only these may be read: {}",
-            READ_ROOTS.join(", ")
-        )));
+    if !under_root(rest, Tok::matches_template) {
+        return Err(refuse(roots_only()));
     }
     Ok(())
 }
@@ -720,20 +554,25 @@ pub fn check_read_path(path: &str) -> Result<(), Refusal> {
     for c in &comps {
         check_component(c).map_err(refuse)?;
     }
-    let under = READ_ROOTS.iter().any(|root| {
-        let r: Vec<&str> = root[1..].split('/').collect();
-        comps.len() >= r.len()
-            && r.iter()
-                .zip(&comps)
-                .all(|(t, c)| Tok::parse(t).is_ok_and(|t| t.matches_str(c)))
-    });
-    if !under {
-        return Err(refuse(format!(
-            "only these may be read: {}",
-            READ_ROOTS.join(", ")
-        )));
+    if !under_root(&comps, |t, c| t.matches_str(c)) {
+        return Err(refuse(roots_only()));
     }
     Ok(())
+}
+
+/// Whether path components (those after the leading `/`) are a read root or lie below one.
+fn under_root<T>(comps: &[T], matches: impl Fn(&Tok, &T) -> bool) -> bool {
+    READ_ROOTS.iter().any(|root| {
+        let r: Vec<Tok> = root[1..]
+            .split('/')
+            .filter_map(|c| Tok::parse(c).ok())
+            .collect();
+        comps.len() >= r.len() && r.iter().zip(comps).all(|(t, c)| matches(t, c))
+    })
+}
+
+fn roots_only() -> String {
+    format!("only these may be read: {}", READ_ROOTS.join(", "))
 }
 
 fn check_component(c: &str) -> Result<(), String> {
