@@ -1700,3 +1700,22 @@ async fn path_and_symlink_tricks_are_refused_when_a_step_would_run() {
     );
     assert!(s.output.is_empty());
 }
+
+/// The argv as it will run is matched again: a value outside its slot's range refuses the step
+/// even though the placeholder's type fitted at load.
+#[tokio::test]
+async fn the_argv_as_filled_in_is_matched_again() {
+    let text = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"echo-argv\", \"{xid}\"]\n";
+    let catalog =
+        Catalog::with_additions(&[vec!["echo-argv".into(), "{int:1-10}".into()]]).unwrap();
+    let rb = Runbook::from_toml(Path::new("t.toml"), text, &catalog).unwrap();
+    let ev = run(&rb, &Subject::manual(None, Some(7), None)).await;
+    assert_eq!(ev.steps[0].output, "7\n");
+    let ev = run(&rb, &Subject::manual(None, Some(79), None)).await;
+    let s = &ev.steps[0];
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("\"echo-argv 79\" as filled in is not `echo-argv {int:1-10}`")),
+        "{s:?}"
+    );
+    assert!(s.output.is_empty());
+}
