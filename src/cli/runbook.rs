@@ -61,7 +61,7 @@ pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
             // Under sudo the steps still run unprivileged; say as whom.
             match crate::runbook::sandbox::run_as() {
                 Ok(Some(u)) => eprintln!(
-                    "xidwatch: running as root: programs run as {} (uid {}), without capabilities",
+                    "xidwatch: running as root: programs run as {} (uid {}), without capabilities (dmesg keeps CAP_SYSLOG)",
                     u.name, u.uid
                 ),
                 Ok(None) => {}

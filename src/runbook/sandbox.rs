@@ -201,21 +201,32 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// Runs in the forked child: async-signal-safe system calls only, no allocation.
+    ///
+    /// As root, every call must succeed or the program does not run. As another user (the
+    /// service, under its unit's system call filter, which refuses `setrlimit` and `capset` with
+    /// EPERM), an EPERM there is tolerated: the ambient set, through which the daemon's
+    /// CAP_SYSLOG would reach the program, is then cleared directly, and no_new_privs keeps file
+    /// capabilities and set-user-ID bits from granting anything.
     pub fn apply(&self) -> io::Result<()> {
-        let check = |rc: libc::c_int| {
+        let root = self.run_as.is_some();
+        let check = |rc: libc::c_long| {
             if rc < 0 {
                 Err(io::Error::last_os_error())
             } else {
                 Ok(())
             }
         };
+        let filtered = |e: &io::Error| !root && e.raw_os_error() == Some(libc::EPERM);
         let limit = |res, n: u64| {
             let l = libc::rlimit {
                 rlim_cur: n,
                 rlim_max: n,
             };
             // SAFETY: plain syscall on a valid struct.
-            check(unsafe { libc::setrlimit(res, &l) })
+            match check(unsafe { libc::setrlimit(res, &l) }.into()) {
+                Err(e) if !filtered(&e) => Err(e),
+                _ => Ok(()),
+            }
         };
         limit(libc::RLIMIT_CORE, 0)?;
         limit(libc::RLIMIT_FSIZE, 0)?;
@@ -223,31 +234,43 @@ impl Sandbox {
         limit(libc::RLIMIT_CPU, self.cpu_secs)?;
         // SAFETY (this block): plain syscalls on values owned by `self`.
         unsafe {
-            if let Some(u) = &self.run_as {
-                check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
-                for cap in 0..=CAP_LAST {
-                    if !(self.kernel_log && cap == CAP_SYSLOG) {
-                        // EINVAL past the kernel's last capability is expected.
-                        libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
-                    }
+            if root {
+                // Keep the permitted set across setuid, to hand CAP_SYSLOG on where needed.
+                check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0).into())?;
+            }
+            // Without CAP_SETPCAP (not root) this fails, and the bounding set stays as it is.
+            for cap in 0..=CAP_LAST {
+                if !(self.kernel_log && cap == CAP_SYSLOG) {
+                    libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
                 }
-                check(libc::setgroups(u.groups.len(), u.groups.as_ptr()))?;
-                check(libc::setgid(u.gid))?;
-                check(libc::setuid(u.uid))?;
+            }
+            if let Some(u) = &self.run_as {
+                check(libc::setgroups(u.groups.len(), u.groups.as_ptr()).into())?;
+                check(libc::setgid(u.gid).into())?;
+                check(libc::setuid(u.uid).into())?;
                 if libc::getuid() == 0 || libc::geteuid() == 0 {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
                 }
-            } else {
-                // Not root: drop what can be dropped (EPERM without CAP_SETPCAP is fine).
-                for cap in 0..=CAP_LAST {
-                    if !(self.kernel_log && cap == CAP_SYSLOG) {
-                        libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
+            }
+            match set_caps(self.kernel_log) {
+                Err(e) if filtered(&e) => {
+                    if !self.kernel_log {
+                        check(
+                            libc::prctl(
+                                libc::PR_CAP_AMBIENT,
+                                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                                0,
+                                0,
+                                0,
+                            )
+                            .into(),
+                        )?;
                     }
                 }
+                r => r?,
             }
-            set_caps(self.kernel_log)?;
-            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-            check(libc::fcntl(self.program_fd, libc::F_SETFD, 0))?;
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
+            check(libc::fcntl(self.program_fd, libc::F_SETFD, 0).into())?;
         }
         Ok(())
     }
@@ -275,13 +298,6 @@ unsafe fn set_caps(keep_syslog: bool) -> io::Result<()> {
         pid: 0,
     };
     let mut data = [CapData::default(); 2];
-    libc::prctl(
-        libc::PR_CAP_AMBIENT,
-        libc::PR_CAP_AMBIENT_CLEAR_ALL,
-        0,
-        0,
-        0,
-    );
     if libc::syscall(libc::SYS_capget, &hdr, data.as_mut_ptr()) < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -299,15 +315,23 @@ unsafe fn set_caps(keep_syslog: bool) -> io::Result<()> {
     if libc::syscall(libc::SYS_capset, &hdr, new.as_ptr()) < 0 {
         return Err(io::Error::last_os_error());
     }
+    libc::prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+        0,
+        0,
+        0,
+    );
     if keep {
-        let rc = libc::prctl(
+        let raise = libc::PR_CAP_AMBIENT_RAISE;
+        if libc::prctl(
             libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_RAISE,
+            raise,
             CAP_SYSLOG as libc::c_ulong,
             0,
             0,
-        );
-        if rc < 0 {
+        ) < 0
+        {
             return Err(io::Error::last_os_error());
         }
     }
