@@ -358,8 +358,8 @@ pub struct Pattern {
 impl Pattern {
     /// Parses a pattern and enforces the never-list: the program is a literal plain name not in
     /// [`NEVER_PROGRAMS`]; slots only fill a whole token or an option's value; literal tokens are
-    /// printable ASCII without spaces and never mention `environ`; a literal absolute path lies
-    /// under [`READ_ROOTS`]. `kernel_log` keeps CAP_SYSLOG for the step (shipped patterns only).
+    /// printable ASCII without spaces and never mention `environ`; a literal path (any token, or
+    /// option value, with a `/`, and `.` or `..`) is absolute and lies under [`READ_ROOTS`]. `kernel_log` keeps CAP_SYSLOG for the step (shipped patterns only).
     pub fn parse(tokens: &[String], kernel_log: bool) -> Result<Pattern, String> {
         let Some(program) = tokens.first() else {
             return Err("a pattern needs at least the program".into());
@@ -388,8 +388,10 @@ impl Pattern {
             }
             let tok = Tok::parse(t)?;
             if let Tok::Lit(l) = &tok {
+                // Anything path-like is an absolute path under the read roots (the working
+                // directory is `/`, so a relative path reaches as far as an absolute one).
                 let path = l.split_once('=').map_or(l.as_str(), |(_, v)| v);
-                if path.starts_with('/') {
+                if path.contains('/') || path == "." || path == ".." {
                     check_read_path(path).map_err(|r| r.reason)?;
                 }
             }
