@@ -1722,3 +1722,28 @@ async fn the_argv_as_filled_in_is_matched_again() {
     );
     assert!(s.output.is_empty());
 }
+
+/// Every kind of configured secret (inline, `env:`, `file:`; URLs, headers, HMAC keys, SMTP
+/// passwords) reaches the runbook environment's redactor, and nothing else does.
+#[test]
+fn every_configured_secret_is_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "file-secret-2b7c\n").unwrap();
+    // An `env:` secret: a variable this process has (tests do not change their environment).
+    let from_env = std::env::var("PATH").unwrap();
+    let text = format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = \"https://hooks.example.com/T0/inline-secret-4f2a\"\n\
+         format = \"json\"\nhmac_secret = \"env:PATH\"\n\
+         headers = {{ Authorization = \"file:{}\" }}\n\
+         [[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtps://mail.example.com:465\"\nfrom = \"a@example.com\"\n\
+         to = [\"b@example.com\"]\nusername = \"u\"\npassword = \"inline:smtp-secret-6a9c\"\n",
+        file.display()
+    );
+    let config = xidwatch::config::Config::from_toml(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    let env = xidwatch::daemon::runbook_env(&config);
+    let out = env.secrets.text(&format!(
+        "a https://hooks.example.com/T0/inline-secret-4f2a b {from_env} c file-secret-2b7c d smtp-secret-6a9c e"
+    ));
+    assert_eq!(out, "a <redacted> b <redacted> c <redacted> d <redacted> e");
+}
