@@ -61,6 +61,34 @@ impl Redactor {
         }
     }
 
+    /// `text` with the start of a secret cut from the end of every line: where output was cut
+    /// at its cap (the cut always falls at the end of a line of the kept text), a secret may be
+    /// kept in part.
+    fn cut_partial(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        for line in text.split_inclusive('\n') {
+            let (body, nl) = match line.strip_suffix('\n') {
+                Some(b) => (b, "\n"),
+                None => (line, ""),
+            };
+            let part = self.secrets.iter().find_map(|s| {
+                (MIN_SECRET_LEN..s.len())
+                    .rev()
+                    .filter(|k| s.is_char_boundary(*k))
+                    .find(|k| body.ends_with(&s[..*k]))
+            });
+            match part {
+                Some(k) => {
+                    out.push_str(&body[..body.len() - k]);
+                    out.push_str(REDACTED);
+                }
+                None => out.push_str(body),
+            }
+            out.push_str(nl);
+        }
+        out
+    }
+
     /// Cuts secrets out of every text of the evidence: outputs, argv, notes, errors.
     pub fn evidence(&self, ev: &mut Evidence) {
         if self.is_empty() {
@@ -72,6 +100,9 @@ impl Redactor {
         for s in &mut ev.steps {
             self.in_place(&mut s.name);
             self.in_place(&mut s.output);
+            if s.bytes_dropped > 0 {
+                s.output = self.cut_partial(&s.output);
+            }
             s.target.iter_mut().for_each(|t| self.in_place(t));
             s.notes.iter_mut().for_each(|t| self.in_place(t));
             match &mut s.status {
@@ -96,5 +127,15 @@ mod tests {
             "a <redacted> b <redacted> ab"
         );
         assert!(!format!("{r:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_secret_cut_by_the_output_cap_is_cut_out_too() {
+        let r = Redactor::new(["hunter2-token".to_string()]);
+        assert_eq!(
+            r.cut_partial("a hunt\nb hunter2-to"),
+            "a <redacted>\nb <redacted>"
+        );
+        assert_eq!(r.cut_partial("a hun\n"), "a hun\n");
     }
 }

@@ -1328,7 +1328,10 @@ async fn secrets_are_cut_out_of_the_evidence() {
     env.secrets = Redactor::new([secret.to_string()]);
     let rb = test_runbook(
         "",
-        &format!("[[step]]\nname = \"leaky\"\nrun = [\"echo-argv\", \"token={secret}\"]\n"),
+        &format!(
+            "[[step]]\nname = \"leaky\"\nrun = [\"echo-argv\", \"token={secret}\"]\n\
+             [[step]]\nname = \"cut\"\nrun = [\"echo-argv\", \"token={secret}\"]\nmax_output_bytes = 16\n"
+        ),
     );
     let ev = rb
         .run(
@@ -1341,6 +1344,9 @@ async fn secrets_are_cut_out_of_the_evidence() {
     assert!(!shown.contains(secret), "{shown}");
     assert_eq!(ev.steps[0].output, "token=<redacted>\n");
     assert_eq!(ev.steps[0].target, ["echo-argv", "token=<redacted>"]);
+    // Cut by the output cap in the middle: the part kept is cut out as well.
+    assert_eq!(ev.steps[1].output, "token=<redacted>");
+    assert!(ev.steps[1].bytes_dropped > 0);
 }
 
 #[tokio::test]
