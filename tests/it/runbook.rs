@@ -1753,3 +1753,40 @@ fn every_configured_secret_is_redacted() {
     ));
     assert_eq!(out, "a <redacted> b <redacted> c <redacted> d <redacted> e");
 }
+
+/// The configuration refuses what would widen what runs: a relative search directory, the old
+/// program allowlist, an addition that breaks the never-list; each error names its key.
+#[test]
+fn the_configuration_cannot_widen_what_runs() {
+    for (text, needle) in [
+        (
+            "[runbooks]\nsearch_path = [\".\"]\n",
+            "[runbooks] search_path: \".\" is relative",
+        ),
+        (
+            "[runbooks]\nsearch_path = [\"/usr/bin\", \"relbin\"]\n",
+            "\"relbin\" is relative",
+        ),
+        (
+            "[runbooks]\nallowed_programs = [\"lsmod\"]\n",
+            "allowed_programs is gone",
+        ),
+        (
+            "[runbooks]\nallow = [\"lspci\"]\n",
+            "never a bare program name",
+        ),
+        (
+            "[runbooks]\nallow = [[\"sh\", \"-c\", \"reboot\"]]\n",
+            "[runbooks] allow[0]",
+        ),
+        (
+            "[runbooks]\nallow = [[\"cat\", \"/proc/1/environ\"]]\n",
+            "environ",
+        ),
+    ] {
+        let err = xidwatch::config::Config::from_toml(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{text}: {err}");
+    }
+}
