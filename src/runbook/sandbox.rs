@@ -146,6 +146,7 @@ pub fn run_as() -> Result<Option<RunAs>, String> {
 
 fn lookup_user(name: &str) -> Option<RunAs> {
     let cname = CString::new(name).ok()?;
+    // SAFETY: `passwd` is plain data (integers and pointers), for which all zeroes is valid.
     let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     let mut out: *mut libc::passwd = std::ptr::null_mut();
@@ -159,7 +160,8 @@ fn lookup_user(name: &str) -> Option<RunAs> {
             &mut out,
         )
     };
-    if rc != 0 || out.is_null() || pw.pw_uid == 0 {
+    // A user that is root by uid or group is no drop at all.
+    if rc != 0 || out.is_null() || pw.pw_uid == 0 || pw.pw_gid == 0 {
         return None;
     }
     let (uid, gid) = (pw.pw_uid, pw.pw_gid);
@@ -177,6 +179,7 @@ fn lookup_user(name: &str) -> Option<RunAs> {
         // SAFETY: a valid C string; the result is read at once.
         let gr = unsafe { libc::getgrnam(journal.as_ptr()) };
         if !gr.is_null() {
+            // SAFETY: non-null, and read before any other call can reuse the static entry.
             groups.push(unsafe { (*gr).gr_gid });
         }
     }
