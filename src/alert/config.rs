@@ -691,30 +691,20 @@ impl AlertConfig {
         }
     }
 
+    /// The value of every secret that resolves, for cutting them out of runbook evidence.
+    pub fn secret_values(&self) -> Vec<String> {
+        self.secrets()
+            .into_iter()
+            .filter_map(|(_, s)| s.resolve().ok())
+            .map(|v| v.expose().to_string())
+            .collect()
+    }
+
     /// Warnings about secrets that others can read: inline secrets in a config file that is
     /// readable by group or others, and `file:` secrets whose file is.
     pub fn secret_warnings(&self, config_path: Option<&Path>) -> Vec<String> {
         let mut out = Vec::new();
-        let mut secrets: Vec<(String, &Secret)> = Vec::new();
-        for (i, w) in self.webhook.iter().enumerate() {
-            secrets.push((format!("alerts.webhook[{i}].url"), &w.url));
-            if let Some(s) = &w.hmac_secret {
-                secrets.push((format!("alerts.webhook[{i}].hmac_secret"), s));
-            }
-            for (h, s) in &w.headers {
-                secrets.push((format!("alerts.webhook[{i}].headers.{h}"), s));
-            }
-        }
-        for (i, e) in self.email.iter().enumerate() {
-            if let Some(s) = &e.password {
-                secrets.push((format!("alerts.email[{i}].password"), s));
-            }
-        }
-        for (i, a) in self.alertmanager.iter().enumerate() {
-            for (h, s) in &a.headers {
-                secrets.push((format!("alerts.alertmanager[{i}].headers.{h}"), s));
-            }
-        }
+        let secrets = self.secrets();
         let inline: Vec<&str> = secrets
             .iter()
             .filter(|(_, s)| s.is_inline())
@@ -742,6 +732,31 @@ impl AlertConfig {
             }
         }
         out
+    }
+
+    /// Every secret of every channel, by key.
+    fn secrets(&self) -> Vec<(String, &Secret)> {
+        let mut secrets: Vec<(String, &Secret)> = Vec::new();
+        for (i, w) in self.webhook.iter().enumerate() {
+            secrets.push((format!("alerts.webhook[{i}].url"), &w.url));
+            if let Some(s) = &w.hmac_secret {
+                secrets.push((format!("alerts.webhook[{i}].hmac_secret"), s));
+            }
+            for (h, s) in &w.headers {
+                secrets.push((format!("alerts.webhook[{i}].headers.{h}"), s));
+            }
+        }
+        for (i, e) in self.email.iter().enumerate() {
+            if let Some(s) = &e.password {
+                secrets.push((format!("alerts.email[{i}].password"), s));
+            }
+        }
+        for (i, a) in self.alertmanager.iter().enumerate() {
+            for (h, s) in &a.headers {
+                secrets.push((format!("alerts.alertmanager[{i}].headers.{h}"), s));
+            }
+        }
+        secrets
     }
 }
 

@@ -58,6 +58,15 @@ pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
                 .enable_all()
                 .build()
                 .context("starting the runtime")?;
+            // Under sudo the steps still run unprivileged; say as whom.
+            match crate::runbook::sandbox::run_as() {
+                Ok(Some(u)) => eprintln!(
+                    "xidwatch: running as root: programs run as {} (uid {}), without capabilities (dmesg keeps CAP_SYSLOG)",
+                    u.name, u.uid
+                ),
+                Ok(None) => {}
+                Err(e) => eprintln!("xidwatch: {e}"),
+            }
             let subject = Subject::manual(pci, xid, pid);
             let ev =
                 rt.block_on(rb.run(&subject, &crate::daemon::runbook_env(&c), &c.runbook_limits));

@@ -225,8 +225,9 @@ impl Config {
             return Err(invalid(errors.join("; ")));
         }
         let runbook_limits = raw.runbooks.limits().map_err(invalid)?;
+        let catalog = raw.runbooks.catalog().map_err(invalid)?;
         let runbook_set =
-            RunbookSet::load(&raw.runbooks.dirs(), &raw.runbooks.policy()).map_err(|errors| {
+            RunbookSet::load(&raw.runbooks.dirs(), &catalog).map_err(|errors| {
                 invalid(format!(
                     "runbooks refused:\n{}",
                     render_load_errors(&errors).trim_end()

@@ -1148,5 +1148,6 @@ pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
 pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
     let mut env = config.runbooks.env();
     env.host = config.incidents.host.clone().unwrap_or_else(hostname);
+    env.secrets = crate::runbook::Redactor::new(config.alerts.secret_values());
     env
 }

@@ -6,14 +6,14 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::exec::{RunLimits, RunbookEnv};
-use super::safety::SafetyPolicy;
+use super::safety::Catalog;
 
 /// `[runbooks]`: every key optional.
 ///
 /// ```toml
 /// [runbooks]
 /// dirs = ["/usr/share/xidwatch/runbooks", "/etc/xidwatch/runbooks"]  # later ones override by name
-/// allowed_programs = ["lsmod", "lspci", "nvidia-smi", "ibstat"]        # replaces the default list
+/// allow = [["ibstat"], ["ibstatus", "{int:1-64}"]]  # whole commands added to the catalog
 /// max_parallel_runbooks = 2
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -22,11 +22,13 @@ pub struct RunbooksConfig {
     /// Runbook directories in order; a later directory's runbook replaces an earlier one of the
     /// same name. Default: the shipped runbooks only.
     pub dirs: Option<Vec<PathBuf>>,
-    /// Programs runbooks may run (the refusal rules apply regardless). Default:
-    /// [`safety::DEFAULT_ALLOWED`](super::safety::DEFAULT_ALLOWED).
-    pub allowed_programs: Option<Vec<String>>,
-    /// Directories searched for programs. Default: /usr/local/sbin, /usr/local/bin, /usr/sbin,
-    /// /usr/bin, /sbin, /bin.
+    /// Commands added to the shipped catalog: each a whole argv pattern in the catalog's syntax
+    /// (literal tokens and slots), subject to the same never-list. Never a bare program name.
+    pub allow: Option<Vec<toml::Value>>,
+    /// Gone: a program name allowed any arguments. Kept only to say what replaced it.
+    pub allowed_programs: Option<toml::Value>,
+    /// Absolute directories searched for programs (for drills and tests). Default:
+    /// /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin.
     pub search_path: Option<Vec<PathBuf>>,
     /// Ceiling on any runbook's `budget_secs`. Default 120.
     pub max_budget_secs: Option<f64>,
@@ -49,11 +51,37 @@ impl RunbooksConfig {
         self.dirs.clone().unwrap_or_else(super::default_dirs)
     }
 
-    pub fn policy(&self) -> SafetyPolicy {
-        match &self.allowed_programs {
-            Some(list) => SafetyPolicy::new(list.iter().cloned()),
-            None => SafetyPolicy::default(),
+    /// What runbooks may run: the shipped catalog and `allow`, from the `search_path`
+    /// directories. An error names the key.
+    pub fn catalog(&self) -> Result<Catalog, String> {
+        if self.allowed_programs.is_some() {
+            return Err("[runbooks] allowed_programs is gone: a program name allowed any arguments. \
+                        List whole commands in `allow`, e.g. allow = [[\"ibstat\"]] (see docs/runbooks.md)"
+                .into());
         }
+        if let Some(d) = self.search_path.iter().flatten().find(|d| !d.is_absolute()) {
+            return Err(format!(
+                "[runbooks] search_path: {:?} is relative; give absolute directories",
+                d.display().to_string()
+            ));
+        }
+        let mut extra = Vec::new();
+        for (i, v) in self.allow.iter().flatten().enumerate() {
+            let words = v.as_array().and_then(|a| {
+                a.iter()
+                    .map(|w| w.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+            });
+            match words {
+                Some(w) => extra.push(w),
+                None => {
+                    return Err(format!(
+                        "[runbooks] allow[{i}] = {v}: give a whole command as a list of strings, e.g. [\"ibstat\"]; never a bare program name"
+                    ))
+                }
+            }
+        }
+        Catalog::with_additions(&extra)
     }
 
     pub fn env(&self) -> RunbookEnv {
@@ -127,11 +155,22 @@ mod tests {
     #[test]
     fn parses_and_rejects_unknown_keys() {
         let c: RunbooksConfig = toml::from_str(
-            "dirs = [\"/a\", \"/b\"]\nallowed_programs = [\"lsmod\"]\nmax_budget_secs = 30\n",
+            "dirs = [\"/a\", \"/b\"]\nallow = [[\"ibstat\"]]\nmax_budget_secs = 30\n",
         )
         .unwrap();
         assert_eq!(c.dirs(), vec![PathBuf::from("/a"), PathBuf::from("/b")]);
-        assert!(c.policy().allows("lsmod") && !c.policy().allows("lspci"));
+        let n = c.catalog().unwrap().patterns().count();
+        assert_eq!(n, crate::runbook::Catalog::default().patterns().count() + 1);
+        for bad in [
+            "allow = [\"ibstat\"]",
+            "allow = [[\"bash\", \"-c\", \"x\"]]",
+            "allowed_programs = [\"lsmod\"]",
+            "search_path = [\".\"]",
+            "search_path = [\"relbin\"]",
+        ] {
+            let c: RunbooksConfig = toml::from_str(bad).unwrap();
+            assert!(c.catalog().is_err(), "{bad}");
+        }
         assert_eq!(c.limits().unwrap().max_budget, Duration::from_secs(30));
         assert!(toml::from_str::<RunbooksConfig>("dir = []").is_err());
         let bad: RunbooksConfig = toml::from_str("max_parallel_steps = 0").unwrap();

@@ -1,10 +1,14 @@
 //! Running a runbook's steps.
 //!
-//! A program runs from its argv (never a shell), resolved in the environment's search path, with
-//! a cleared environment (only `PATH` and `LC_ALL=C`), stdin from /dev/null, `/` as its working
-//! directory and its own process group. On timeout the whole group is killed with SIGKILL, so
-//! children it started die with it. Output is read as it comes and kept up to a cap; the rest is
-//! counted and dropped. Steps run concurrently up to the runbook's limit, inside its budget.
+//! A program runs from its argv (never a shell), after the argv as filled in is matched again
+//! against the pattern the step was checked against at load. It is resolved in the absolute
+//! search directories and run through the descriptor that was checked (see `sandbox`), as an
+//! unprivileged user with no new privileges and no capabilities, with a cleared environment (only
+//! `PATH` and `LC_ALL=C`), stdin from /dev/null, `/` as its working directory and its own process
+//! group. On timeout the whole group is killed with SIGKILL, so children it started die with it.
+//! Output is read as it comes and kept up to a cap; the rest is counted and dropped. Steps run
+//! concurrently up to the runbook's limit, inside its budget. Every configured secret is cut out
+//! of the evidence before it is returned.
 
 use std::fmt;
 use std::io::Read;
@@ -25,8 +29,10 @@ use super::excerpt;
 use super::excerpt::KmsgSpec;
 use super::interpret;
 use super::nvml::{NvmlError, NvmlProbe, NvmlQuery};
+use super::redact::Redactor;
 use super::render::secs;
-use super::safety;
+use super::safety::{self, Pattern};
+use super::sandbox::{self, NotRun, Sandbox};
 use super::subject::Subject;
 use super::sysfs;
 use super::template::{Placeholder, Template, Values};
@@ -39,10 +45,11 @@ pub const CHILD_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 const MAX_COUNT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Everything that ties runbooks to a machine: where programs are found, where /sys and /proc
-/// are, NVML. Tests point these at fixtures.
+/// are, NVML, the secrets to keep out of evidence. Tests point these at fixtures.
 #[derive(Clone)]
 pub struct RunbookEnv {
-    /// Directories searched, in order, for a step's program.
+    /// Absolute directories searched, in order, for a step's program; a relative one refuses
+    /// the step. Default: the system directories.
     pub search_path: Vec<PathBuf>,
     /// Stands for `/sys` in `read` steps and the PCI topology.
     pub sysfs_root: PathBuf,
@@ -52,6 +59,8 @@ pub struct RunbookEnv {
     pub nvml: Option<Arc<dyn NvmlProbe>>,
     /// Host name written into the evidence.
     pub host: String,
+    /// Secret values cut out of the evidence (the alert channels' tokens and passwords).
+    pub secrets: Redactor,
 }
 
 impl RunbookEnv {
@@ -73,6 +82,7 @@ impl RunbookEnv {
             procfs_root: PathBuf::from("/proc"),
             nvml: None,
             host: crate::host::hostname(),
+            secrets: Redactor::default(),
         }
     }
 }
@@ -85,6 +95,7 @@ impl fmt::Debug for RunbookEnv {
             .field("procfs_root", &self.procfs_root)
             .field("nvml", &self.nvml.is_some())
             .field("host", &self.host)
+            .field("secrets", &self.secrets)
             .finish()
     }
 }
@@ -116,7 +127,7 @@ fn ms(d: Duration) -> u64 {
 
 /// What a step will do once its placeholders are filled.
 enum Job {
-    Run(Vec<String>),
+    Run(Vec<String>, Option<Arc<Pattern>>),
     Read(Vec<String>),
     Nvml(NvmlQuery, PciAddress),
 }
@@ -162,14 +173,16 @@ enum Prepared<'a> {
     Lacks(Placeholder),
 }
 
-fn prepare<'a>(action: &'a Action, values: &Values) -> Prepared<'a> {
+fn prepare<'a>(step: &'a Step, values: &Values) -> Prepared<'a> {
     let expand_all = |ts: &[Template]| {
         ts.iter()
             .map(|t| t.expand(values))
             .collect::<Result<Vec<_>, _>>()
     };
-    let job = match action {
-        Action::Run(argv) => expand_all(argv).map(|a| (Job::Run(a.clone()), a)),
+    let job = match &step.action {
+        Action::Run(argv) => {
+            expand_all(argv).map(|a| (Job::Run(a.clone(), step.pattern.clone()), a))
+        }
         Action::Read(paths) => expand_all(paths).map(|p| (Job::Read(p.clone()), p)),
         Action::Nvml(q) => values
             .pci
@@ -189,6 +202,7 @@ pub(super) async fn run_runbook(
     env: &RunbookEnv,
     limits: &RunLimits,
 ) -> Evidence {
+    sandbox::protect_self();
     let started_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, ms);
     let t0 = Instant::now();
     let own = rb.limits();
@@ -221,7 +235,7 @@ pub(super) async fn run_runbook(
             .max_output_bytes
             .unwrap_or(own.max_output_bytes)
             .min(limits.max_output_bytes);
-        let (job, target) = match prepare(&step.action, &values) {
+        let (job, target) = match prepare(step, &values) {
             Prepared::Job(job, target) => (job, target),
             Prepared::Excerpt(spec) => {
                 let e = excerpt::excerpt(spec, subject, cap);
@@ -296,7 +310,7 @@ pub(super) async fn run_runbook(
     for (i, note) in interpret::cross_notes(&steps_out) {
         steps_out[i].notes.push(note);
     }
-    Evidence {
+    let mut ev = Evidence {
         runbook: rb.name().to_string(),
         meaning: rb.meaning().to_string(),
         next_steps: rb.next_steps().to_string(),
@@ -304,36 +318,19 @@ pub(super) async fn run_runbook(
         started_ms,
         duration_ms: ms(t0.elapsed()),
         host: env.host.clone(),
-    }
+    };
+    env.secrets.evidence(&mut ev);
+    ev
 }
 
 async fn run_job(job: Job, env: &RunbookEnv, timeout: Duration, cap: usize) -> Outcome {
     match job {
-        Job::Run(argv) => run_program(&argv, &env.search_path, timeout, cap).await,
+        Job::Run(argv, pattern) => {
+            run_program(&argv, pattern.as_deref(), &env.search_path, timeout, cap).await
+        }
         Job::Read(paths) => read_paths(paths, env, timeout, cap).await,
         Job::Nvml(q, pci) => nvml(q, pci, env.nvml.clone(), timeout).await,
     }
-}
-
-enum Resolved {
-    Found(PathBuf),
-    NotExecutable(PathBuf),
-    Missing,
-}
-
-fn resolve(program: &str, search_path: &[PathBuf]) -> Resolved {
-    use std::os::unix::fs::PermissionsExt;
-    let mut not_exec = None;
-    for dir in search_path {
-        let p = dir.join(program);
-        if let Ok(m) = std::fs::metadata(&p) {
-            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
-                return Resolved::Found(p);
-            }
-            not_exec.get_or_insert(p);
-        }
-    }
-    not_exec.map_or(Resolved::Missing, Resolved::NotExecutable)
 }
 
 /// Output kept up to a cap, the rest counted.
@@ -399,49 +396,46 @@ impl Drop for GroupGuard {
 
 async fn run_program(
     argv: &[String],
+    pattern: Option<&Pattern>,
     search_path: &[PathBuf],
     timeout: Duration,
     cap: usize,
 ) -> Outcome {
+    let failed = |error: String| Outcome::status(StepStatus::Failed { error });
     let Some(program) = argv.first() else {
-        return Outcome::status(StepStatus::Failed {
-            error: "empty argv".into(),
-        });
+        return failed("empty argv".into());
     };
-    let path = match resolve(program, search_path) {
-        Resolved::Found(p) => p,
-        Resolved::NotExecutable(p) => {
-            return Outcome::status(StepStatus::Failed {
-                error: format!("{} is not executable", p.display()),
-            })
+    // What runs is what was checked: the argv as filled in must still be the step's pattern.
+    match pattern {
+        Some(p) if p.matches(argv) => {}
+        Some(p) => {
+            return failed(format!(
+                "refused: {:?} as filled in is not `{p}`",
+                argv.join(" ")
+            ))
         }
-        Resolved::Missing => {
-            let dirs: Vec<String> = search_path
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect();
-            return Outcome::status(StepStatus::Missing {
-                what: format!("{program} is not installed (searched {})", dirs.join(":")),
-            });
-        }
-    };
-    // The allowlisted name might be a link to a shell; check what will actually run.
-    if let Some(real) = std::fs::canonicalize(&path)
-        .ok()
-        .and_then(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
-    {
-        if safety::is_shell_like(&real) {
-            return Outcome::status(StepStatus::Failed {
-                error: format!(
-                    "refused: {} resolves to {real}, a shell or interpreter",
-                    path.display()
-                ),
-            });
-        }
+        None => return failed("refused: the step matched no pattern of the catalog".into()),
     }
+    let kernel_log = pattern.is_some_and(Pattern::kernel_log);
+    let prog = match sandbox::resolve(program, search_path) {
+        Ok(p) => p,
+        Err(NotRun::Missing(what)) => return Outcome::status(StepStatus::Missing { what }),
+        Err(NotRun::Refused(error)) => return failed(error),
+    };
+    let run_as = match sandbox::run_as() {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let sb = Sandbox {
+        run_as,
+        kernel_log,
+        program_fd: std::os::fd::AsRawFd::as_raw_fd(&prog.fd),
+        cpu_secs: timeout.as_secs().saturating_add(2),
+    };
 
-    let mut cmd = Command::new(&path);
-    cmd.args(&argv[1..])
+    let mut cmd = Command::new(prog.exec_path());
+    cmd.arg0(program)
+        .args(&argv[1..])
         .env_clear()
         .env("PATH", CHILD_PATH)
         .env("LC_ALL", "C")
@@ -451,18 +445,16 @@ async fn run_program(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
+    // SAFETY: `apply` makes only async-signal-safe system calls on values prepared before the
+    // fork, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || sb.apply());
+    }
+    let spawned = cmd.spawn();
+    drop(prog.fd);
+    let mut child = match spawned {
         Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Outcome::status(StepStatus::Missing {
-                what: format!("{}: {e}", path.display()),
-            })
-        }
-        Err(e) => {
-            return Outcome::status(StepStatus::Failed {
-                error: format!("cannot start {}: {e}", path.display()),
-            })
-        }
+        Err(e) => return failed(format!("cannot start {}: {e}", prog.path.display())),
     };
     let mut guard = GroupGuard {
         pgid: child.id().and_then(|p| i32::try_from(p).ok()),
@@ -630,9 +622,10 @@ fn read_paths_blocking(paths: &[String], env: &RunbookEnv, cap: usize) -> Outcom
     let mut reads = Vec::new();
     let mut room = cap;
     for logical in paths {
-        let r = match physical(logical, env) {
-            Some(p) => read_one(&p, room),
-            None => FileRead::Error("not under /sys or /proc".into()),
+        let r = match (safety::check_read_path(logical), physical(logical, env)) {
+            (Ok(()), Some(p)) => read_one(&p, room),
+            (Err(r), _) => FileRead::Error(format!("refused: {}", r.reason)),
+            (_, None) => FileRead::Error("not under /sys or /proc".into()),
         };
         if let FileRead::Text(kept, _) = &r {
             room = room.saturating_sub(kept.len());

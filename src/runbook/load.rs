@@ -12,7 +12,7 @@ use super::excerpt::{KmsgSpec, Window};
 use super::format::{KmsgFile, LimitsFile, MatchFile, RunbookFile, StepFile};
 use super::matcher::MatchRule;
 use super::nvml::NvmlQuery;
-use super::safety::{self, SafetyPolicy};
+use super::safety::{self, Catalog};
 use super::template::Template;
 use super::{Action, Limits, LoadError, LoadErrorKind, Runbook, RunbookSet, Step, StepRef};
 
@@ -27,7 +27,7 @@ const MAX_KMSG_LINES: u64 = 10_000;
 const MAX_KMSG_SECS: u64 = 86_400;
 
 /// Every runbook that loaded, and every problem. A runbook with a problem is not in the set.
-pub(super) fn load_dirs(dirs: &[PathBuf], policy: &SafetyPolicy) -> (RunbookSet, Vec<LoadError>) {
+pub(super) fn load_dirs(dirs: &[PathBuf], catalog: &Catalog) -> (RunbookSet, Vec<LoadError>) {
     let mut errors = Vec::new();
     let mut loaded = Vec::new();
     for dir in dirs {
@@ -54,7 +54,7 @@ pub(super) fn load_dirs(dirs: &[PathBuf], policy: &SafetyPolicy) -> (RunbookSet,
         files.sort();
         for path in files {
             match read_capped(&path) {
-                Ok(text) => match parse_runbook(&path, &text, policy) {
+                Ok(text) => match parse_runbook(&path, &text, catalog) {
                     Ok(rb) => loaded.push(rb),
                     Err(es) => errors.extend(es),
                 },
@@ -167,7 +167,7 @@ impl Errors<'_> {
 pub(super) fn parse_runbook(
     path: &Path,
     text: &str,
-    policy: &SafetyPolicy,
+    catalog: &Catalog,
 ) -> Result<Runbook, Vec<LoadError>> {
     let mut errs = Errors {
         path,
@@ -248,7 +248,7 @@ pub(super) fn parse_runbook(
     let mut names = HashSet::new();
     for (i, s) in file.steps.iter().enumerate() {
         let line = Some(line_of(text, s.span()));
-        if let Some(step) = step(i + 1, s.get_ref(), line, policy, &mut errs) {
+        if let Some(step) = step(i + 1, s.get_ref(), line, catalog, &mut errs) {
             if !names.insert(step.name.clone()) {
                 errs.push(
                     Some(StepRef {
@@ -417,7 +417,7 @@ fn step(
     index: usize,
     s: &StepFile,
     line: Option<usize>,
-    policy: &SafetyPolicy,
+    catalog: &Catalog,
     errs: &mut Errors,
 ) -> Option<Step> {
     // Errors name the step by its `name`, or else by what it runs or reads.
@@ -459,13 +459,15 @@ fn step(
             .map(|t| Template::parse(t).map_err(|e| format!("{t:?}: {e}")))
             .collect()
     };
+    let mut pattern = None;
     let action = if let Some(argv) = &s.run {
         let argv = match parse_all(argv) {
             Ok(a) => a,
             Err(e) => return fail(errs, LoadErrorKind::Invalid, e),
         };
-        if let Err(r) = safety::check_run(&argv, policy) {
-            return fail(errs, LoadErrorKind::Refused(r.rule), r.reason);
+        match catalog.check_run(&argv) {
+            Ok(p) => pattern = Some(p),
+            Err(r) => return fail(errs, LoadErrorKind::Refused(r.rule), r.reason),
         }
         Action::Run(argv)
     } else if let Some(paths) = &s.read {
@@ -528,6 +530,7 @@ fn step(
         action,
         timeout,
         max_output_bytes,
+        pattern,
     })
 }
 

@@ -3,11 +3,14 @@
 //!
 //! - `format`: the file format as serde reads it (unknown keys rejected).
 //! - `load`: files to checked [`Runbook`]s; every step passes `safety` or the runbook is refused.
-//! - `safety`: the refusal rules (pure). Nothing here reboots, resets, unloads or reconfigures.
+//! - `safety`: the catalog of allowed commands and readable paths (pure); a step that is not
+//!   exactly one of them is refused. Nothing there reboots, resets, unloads or reconfigures.
 //! - `matcher`: which runbook serves which incident (pure).
 //! - `template`: placeholders, filled only from checked values (pure).
-//! - `exec`: running steps: argv only, cleared environment, own process group killed whole on
-//!   timeout, bounded output.
+//! - `exec`: running steps: argv only, matched again as filled in, cleared environment, own
+//!   process group killed whole on timeout, bounded output, secrets cut out (`redact`).
+//! - `sandbox`: what the kernel enforces on every program: the checked file is what runs, as an
+//!   unprivileged user, with no new privileges, no capabilities and resource limits.
 //! - `excerpt`, `sysfs`, `interpret`: the kernel log excerpt and notes on what output means.
 //! - `render`: text for `runbook list`, `runbook show`, `runbook run` and `check`.
 
@@ -19,8 +22,10 @@ mod interpret;
 mod load;
 mod matcher;
 mod nvml;
+pub mod redact;
 mod render;
 pub mod safety;
+pub mod sandbox;
 mod subject;
 pub mod sysfs;
 mod template;
@@ -37,8 +42,9 @@ pub use excerpt::{KmsgSpec, Window};
 pub use exec::{RunLimits, RunbookEnv, CHILD_PATH};
 pub use matcher::{MatchRule, NumberSpec, Specificity};
 pub use nvml::{NvmlError, NvmlProbe, NvmlQuery};
+pub use redact::Redactor;
 pub use render::{render_evidence, render_list, render_load_errors, render_show};
-pub use safety::{Refusal, Rule, SafetyPolicy};
+pub use safety::{Catalog, Pattern, Refusal, Rule};
 pub use subject::{GpuUuid, LogLine, Subject};
 pub use template::{Placeholder, Template, Values};
 
@@ -145,6 +151,9 @@ pub struct Step {
     pub timeout: Option<Duration>,
     /// This step's output cap, when it sets one.
     pub max_output_bytes: Option<usize>,
+    /// The catalog pattern a `run` step matched at load; its argv must match it again, as
+    /// filled in, before it runs.
+    pub pattern: Option<std::sync::Arc<Pattern>>,
 }
 
 /// A loaded runbook. Only the loader builds one, so every step has passed the safety rules.
@@ -205,9 +214,9 @@ impl Runbook {
     pub fn from_toml(
         path: &Path,
         text: &str,
-        policy: &SafetyPolicy,
+        catalog: &Catalog,
     ) -> Result<Runbook, Vec<LoadError>> {
-        load::parse_runbook(path, text, policy)
+        load::parse_runbook(path, text, catalog)
     }
 
     /// Whether (and how specifically) this runbook's `[[match]]` tables hold for the subject.
@@ -239,8 +248,8 @@ pub struct RunbookSet {
 impl RunbookSet {
     /// Loads every `*.toml` in `dirs`, in order; a later directory's runbook replaces an earlier
     /// one of the same name. All problems are reported, each naming its file (and step).
-    pub fn load(dirs: &[PathBuf], policy: &SafetyPolicy) -> Result<RunbookSet, Vec<LoadError>> {
-        match load::load_dirs(dirs, policy) {
+    pub fn load(dirs: &[PathBuf], catalog: &Catalog) -> Result<RunbookSet, Vec<LoadError>> {
+        match load::load_dirs(dirs, catalog) {
             (set, errors) if errors.is_empty() => Ok(set),
             (_, errors) => Err(errors),
         }
@@ -250,13 +259,13 @@ impl RunbookSet {
     /// (and report the problems) when one file is bad. A file with any problem, refused steps
     /// included, contributes nothing; it does not hide a runbook of the same name in an earlier
     /// directory either, since it never loaded.
-    pub fn load_partial(dirs: &[PathBuf], policy: &SafetyPolicy) -> (RunbookSet, Vec<LoadError>) {
-        load::load_dirs(dirs, policy)
+    pub fn load_partial(dirs: &[PathBuf], catalog: &Catalog) -> (RunbookSet, Vec<LoadError>) {
+        load::load_dirs(dirs, catalog)
     }
 
-    /// The shipped runbooks with the default policy.
+    /// The shipped runbooks with the shipped catalog.
     pub fn shipped() -> Result<RunbookSet, Vec<LoadError>> {
-        RunbookSet::load(&default_dirs(), &SafetyPolicy::default())
+        RunbookSet::load(&default_dirs(), &Catalog::default())
     }
 
     /// A set from runbooks built elsewhere (e.g. [`Runbook::from_toml`]); later ones replace
@@ -359,7 +368,7 @@ pub enum LoadErrorKind {
     Syntax,
     /// Valid TOML with a value that makes no sense.
     Invalid,
-    /// A step could change the machine (or is not allowlisted).
+    /// A step is not a command of the catalog, or reads outside the read roots.
     Refused(Rule),
     /// Two runbooks disagree (two fallbacks).
     Conflict,

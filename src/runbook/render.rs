@@ -110,6 +110,9 @@ pub fn render_show(rb: &Runbook) -> String {
         match &step.action {
             Action::Run(_) => {
                 let _ = writeln!(s, "       {}", shell_words(&step.action.describe()));
+                if let Some(p) = &step.pattern {
+                    let _ = writeln!(s, "       (catalog: {p})");
+                }
             }
             _ => {
                 for line in step.action.describe() {

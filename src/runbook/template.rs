@@ -111,6 +111,13 @@ impl Values {
     }
 }
 
+/// An argument as a pattern's slot sees it (see [`Template::slot_part`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotPart {
+    Text(String),
+    One(Placeholder),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
@@ -213,6 +220,52 @@ impl Template {
             Some(Segment::Literal(s)) => s,
             _ => "",
         }
+    }
+
+    /// What follows `prefix` when it is exactly one placeholder, or plain text: how a pattern's
+    /// slot (`--query-gpu={gpu_fields}`, `{pci}`) sees this argument. `None` otherwise.
+    pub fn slot_part(&self, prefix: &str) -> Option<SlotPart> {
+        match self.segments.as_slice() {
+            [Segment::Literal(s)] => s
+                .strip_prefix(prefix)
+                .map(|r| SlotPart::Text(r.to_string())),
+            [Segment::Value(p)] if prefix.is_empty() => Some(SlotPart::One(*p)),
+            [Segment::Literal(s), Segment::Value(p)] if s == prefix => Some(SlotPart::One(*p)),
+            _ => None,
+        }
+    }
+
+    /// The template split at every `/` of its literal text: a path's components.
+    pub fn components(&self) -> Vec<Template> {
+        let mut out = vec![Template {
+            segments: Vec::new(),
+        }];
+        for seg in &self.segments {
+            match seg {
+                Segment::Value(_) => out
+                    .last_mut()
+                    .into_iter()
+                    .for_each(|t| t.segments.push(seg.clone())),
+                Segment::Literal(text) => {
+                    for (i, part) in text.split('/').enumerate() {
+                        if i > 0 {
+                            out.push(Template {
+                                segments: Vec::new(),
+                            });
+                        }
+                        if let (false, Some(t)) = (part.is_empty(), out.last_mut()) {
+                            t.segments.push(Segment::Literal(part.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        for t in &mut out {
+            if t.segments.is_empty() {
+                t.segments.push(Segment::Literal(String::new()));
+            }
+        }
+        out
     }
 
     /// Substitutes every placeholder, or names the first one without a value.

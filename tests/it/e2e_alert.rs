@@ -352,9 +352,25 @@ fn a_crash_during_the_runbook_loses_no_alert() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let rb = dir.path().join("runbooks");
-    let barrier = dir.path().join("barrier");
+    // The barrier's meeting place: a name under /tmp the unprivileged runbook user can write
+    // (the catalog allows no literal path outside its read roots).
+    let meet = tempfile::Builder::new()
+        .prefix("xw-e2e-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        meet.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let barrier = meet
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     std::fs::create_dir_all(&rb).unwrap();
-    std::fs::create_dir_all(&barrier).unwrap();
     std::fs::write(
         rb.join("slow.toml"),
         format!(
@@ -375,7 +391,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         &config,
         format!(
             "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n\
-             [runbooks]\ndirs = [{rb:?}]\nsearch_path = [{:?}]\nallowed_programs = [\"barrier\"]\n\
+             [runbooks]\ndirs = [{rb:?}]\nsearch_path = [{:?}]\nallow = [[\"barrier\", {barrier:?}, \"2\"]]\n\
              [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
             dir.path().join("state"),
             root.join("fixtures/fake-tools"),
@@ -433,4 +449,89 @@ fn a_crash_during_the_runbook_loses_no_alert() {
             .is_some_and(|n| n.contains("restarted while this incident's runbook ran")),
         "{doc:#}"
     );
+}
+
+/// A runbook step that prints a configured secret (here an `env:` header of the webhook): the
+/// alert is stored (outbox, report) and sent with the secret cut out.
+#[test]
+fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
+    let secret = "xw-e2e-token-5c1d9a7f3e";
+    let dir = tempfile::tempdir().unwrap();
+    let rb = dir.path().join("runbooks");
+    std::fs::create_dir_all(&rb).unwrap();
+    std::fs::write(
+        rb.join("leaky.toml"),
+        format!(
+            "title = \"leaky\"\n[[match]]\nxids = [48]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\
+             [[step]]\nname = \"prints a token\"\nrun = [\"echo-argv\", \"token={secret}\"]\n"
+        ),
+    )
+    .unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(
+        &kmsg,
+        "3,0,1,-;NVRM: Xid (PCI:0000:2a:00): 48, pid=1, name=x, DBE\n",
+    )
+    .unwrap();
+    let (url, got) = receiver();
+    let extra = format!(
+        "dirs = [{rb:?}]\nallow = [[\"echo-argv\", \"token={secret}\"]]\n\
+         [alerts.outbox]\nkeep_reports = 10\n"
+    );
+    let config = webhook_config(dir.path(), &kmsg, &url, &extra);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}headers = {{ Authorization = \"env:XW_E2E_TOKEN\" }}\n"),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("XW_E2E_TOKEN", secret)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the alert", Duration::from_secs(30), || {
+        !got.lock().unwrap().is_empty()
+    });
+    super::support::sigterm(&child);
+    child.wait().unwrap();
+    let (headers, body) = got.lock().unwrap()[0].clone();
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "authorization" && v == secret),
+        "the channel itself still uses the secret"
+    );
+    assert!(!body.contains(secret), "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["evidence"][0]["steps"][0]["output"], "token=<redacted>\n",
+        "{body}"
+    );
+    // Nothing stored under the state directory (outbox, reports, state) holds it either.
+    let mut stack = vec![dir.path().join("state")];
+    let mut files = 0;
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap().flatten() {
+            let path = e.path();
+            let kind = e.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                files += 1;
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains(secret),
+                    "{} holds the secret",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(files > 0);
 }

@@ -115,6 +115,11 @@ const CHEAP_RUNBOOK: &str = "title = \"cheap\"\nfallback = true\n[guide]\nmeanin
 
 impl Setup {
     fn new(runbook: &str, extra: &str, url: &str) -> Setup {
+        Setup::with_allow(runbook, extra, url, "")
+    }
+
+    /// `allow`: the `[runbooks] allow` line, for a runbook that runs a test tool.
+    fn with_allow(runbook: &str, extra: &str, url: &str, allow: &str) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let s = Setup { dir };
         std::fs::write(s.path("kmsg"), "").unwrap();
@@ -124,7 +129,7 @@ impl Setup {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let cfg = format!(
             "[kmsg]\npath = {:?}\n[nvml]\nenabled = false\nsysfs_root = {:?}\n[state]\ndir = {:?}\n\
-             [runbooks]\ndirs = [{:?}]\nsearch_path = [{:?}]\nallowed_programs = [\"barrier\"]\n\
+             [runbooks]\ndirs = [{:?}]\nsearch_path = [{:?}]\n{allow}\n\
              [alerts.retry]\ninitial_backoff_ms = 50\nmax_backoff_secs = 1\n\
              [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\ntimeout_secs = 60\n{extra}",
             s.path("kmsg"),
@@ -226,13 +231,24 @@ fn sigkill_during_a_burst_of_2000_incidents_loses_none() {
 #[test]
 fn sighup_while_a_runbook_runs_delivers_the_alert_once_with_its_evidence() {
     let rx = Receiver::start(0);
-    let barrier = tempfile::tempdir().unwrap();
+    // The barrier tool waits in /tmp/NAME for a partner that never comes (the catalog takes a
+    // name, not a path); the runbook user must be able to write there.
+    let barrier = tempfile::Builder::new()
+        .prefix("xw-promise-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        barrier.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let name = barrier.path().file_name().unwrap().to_str().unwrap();
     let slow = format!(
         "title = \"slow\"\n[[match]]\nxids = [48]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\
-         [[step]]\nname = \"wait\"\nrun = [\"barrier\", {:?}, \"2\"]\ntimeout_secs = 3\n",
-        barrier.path()
+         [[step]]\nname = \"wait\"\nrun = [\"barrier\", {name:?}, \"2\"]\ntimeout_secs = 3\n"
     );
-    let s = Setup::new(&slow, "", &rx.url);
+    let allow = format!("allow = [[\"barrier\", {name:?}, \"2\"]]");
+    let s = Setup::with_allow(&slow, "", &rx.url, &allow);
     let mut d = s.spawn(&[]);
     wait_until("start-up", Duration::from_secs(20), || {
         s.stderr().contains("caught up")

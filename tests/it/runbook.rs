@@ -1,8 +1,10 @@
-//! Runbooks end to end: the shipped runbooks load and serve every class of fault; every refusal
-//! rule refuses; programs run under a timeout that kills their whole process group, with capped
-//! output, a cleared environment and no stdin; placeholders without a value skip their step; log
-//! text never reaches a command line. Programs are the fake tools in fixtures/fake-tools, /sys and
-//! /proc the trees in fixtures/; no test needs a GPU or root.
+//! Runbooks end to end: the shipped runbooks load and serve every class of fault; whatever is not
+//! exactly a command of the catalog is refused (a table of hostile argv, a property test);
+//! programs run under a timeout that kills their whole process group, with capped output, a
+//! cleared environment and no stdin, as an unprivileged user without capabilities; placeholders
+//! without a value skip their step; log text never reaches a command line; secrets never reach
+//! evidence. Programs are the fake tools in fixtures/fake-tools, /sys and /proc the trees in
+//! fixtures/; no test needs a GPU, and only the one marked so needs root.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,23 +15,11 @@ use xidwatch::model::{
     Category, Evidence, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, PciAddress,
     Severity, StepResult, StepStatus,
 };
-use xidwatch::runbook::safety::DEFAULT_ALLOWED;
 use xidwatch::runbook::{
-    render_evidence, render_list, render_load_errors, render_show, GpuUuid, LoadErrorKind, LogLine,
-    NvmlError, NvmlProbe, NvmlQuery, Placeholder, Rule, RunLimits, Runbook, RunbookEnv, RunbookSet,
-    SafetyPolicy, Subject, Template, Values, CHILD_PATH, SOURCE_DIR,
+    render_evidence, render_list, render_load_errors, render_show, Catalog, GpuUuid, LoadErrorKind,
+    LogLine, NvmlError, NvmlProbe, NvmlQuery, Placeholder, Redactor, Rule, RunLimits, Runbook,
+    RunbookEnv, RunbookSet, Subject, Template, Values, CHILD_PATH, SOURCE_DIR,
 };
-
-const TEST_TOOLS: &[&str] = &[
-    "fake-sleeper",
-    "fake-flood",
-    "echo-argv",
-    "env-dump",
-    "barrier",
-    "sneaky",
-    "not-executable",
-    "not-installed-anywhere",
-];
 
 fn fixture(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -44,11 +34,51 @@ fn env() -> RunbookEnv {
         procfs_root: fixture("proc"),
         nvml: None,
         host: "test-host".into(),
+        secrets: Redactor::default(),
     }
 }
 
-fn policy() -> SafetyPolicy {
-    SafetyPolicy::new(DEFAULT_ALLOWED.iter().chain(TEST_TOOLS).copied())
+/// The shipped catalog plus every `run` argv of `steps`, as literal patterns (placeholders
+/// become the slot of their type): tests of running programs need their fake tools allowed.
+fn catalog_for(steps: &str) -> Catalog {
+    let v: toml::Value = toml::from_str(steps).unwrap();
+    let mut extra = Vec::new();
+    for st in v
+        .get("step")
+        .and_then(|s| s.as_array())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(run) = st.get("run").and_then(|r| r.as_array()) {
+            let words = run.iter().map(|w| {
+                let w = w.as_str().unwrap();
+                w.replace("{xid}", "{int:0-1000}")
+                    .replace("{gpu_index}", "{gpu}")
+                    .replace("{uuid}", "{gpu}")
+            });
+            extra.push(words.collect());
+        }
+    }
+    Catalog::with_additions(&extra).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A directory under /tmp that the unprivileged runbook user can write, and its name (tools take
+/// a name, as the catalog allows no literal path outside its read roots).
+fn scratch() -> (tempfile::TempDir, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("xw-rb-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let name = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    (dir, name)
 }
 
 fn gpu() -> PciAddress {
@@ -56,7 +86,7 @@ fn gpu() -> PciAddress {
 }
 
 fn shipped() -> RunbookSet {
-    RunbookSet::load(&[PathBuf::from(SOURCE_DIR)], &SafetyPolicy::default())
+    RunbookSet::load(&[PathBuf::from(SOURCE_DIR)], &Catalog::default())
         .unwrap_or_else(|e| panic!("{}", render_load_errors(&e)))
 }
 
@@ -65,7 +95,7 @@ fn test_runbook(limits: &str, steps: &str) -> Runbook {
     let text = format!(
         "title = \"test\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n{limits}\n{steps}"
     );
-    Runbook::from_toml(Path::new("test.toml"), &text, &policy())
+    Runbook::from_toml(Path::new("test.toml"), &text, &catalog_for(steps))
         .unwrap_or_else(|e| panic!("{}", render_load_errors(&e)))
 }
 
@@ -286,7 +316,7 @@ fn later_directories_override_by_name_and_ties_are_clear() {
     std::fs::write(dir.path().join("README.md"), "not a runbook").unwrap();
     let set = RunbookSet::load(
         &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
-        &SafetyPolicy::default(),
+        &Catalog::default(),
     )
     .unwrap_or_else(|e| panic!("{}", render_load_errors(&e)));
     let mem = set.get("memory").unwrap();
@@ -311,7 +341,7 @@ fn two_fallbacks_conflict() {
     std::fs::write(dir.path().join("zz-other.toml"), fb).unwrap();
     let errs = RunbookSet::load(
         &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
-        &SafetyPolicy::default(),
+        &Catalog::default(),
     )
     .unwrap_err();
     assert_eq!(errs.len(), 1);
@@ -320,7 +350,7 @@ fn two_fallbacks_conflict() {
     assert!(errs[0].to_string().contains("fallback.toml"), "{}", errs[0]);
     let (set, _) = RunbookSet::load_partial(
         &[PathBuf::from(SOURCE_DIR), dir.path().to_path_buf()],
-        &SafetyPolicy::default(),
+        &Catalog::default(),
     );
     assert_eq!(set.fallback().map(|r| r.name()), Some("fallback"));
     assert!(set.get("zz-other").is_none());
@@ -400,7 +430,7 @@ async fn fallen_off_bus_reads_the_link_and_the_port_above() {
     );
     assert!(has_note(step(&ev, "AER counters of the GPU"), "CmpltTO 2"));
     let port = step(&ev, "the port above the GPU (lspci)");
-    assert_eq!(port.target, ["lspci", "-vv", "-s", "0000:16:01.0"]);
+    assert_eq!(port.target, ["lspci", "-vvv", "-s", "0000:16:01.0"]);
     assert!(port.output.contains("Root Port"));
     assert!(step(&ev, "PCIe link of the port above").notes.is_empty());
     assert!(has_note(
@@ -548,7 +578,7 @@ async fn application_runbook_reads_the_process() {
     s.pid = None;
     let ev = run(rb, &s).await;
     assert_eq!(
-        step(&ev, "the process (ps)").status,
+        step(&ev, "the process (if still alive)").status,
         StepStatus::Skipped {
             reason:
                 "needs {pid} (the process id the driver named), which this incident does not have"
@@ -575,156 +605,221 @@ async fn recovery_action_runbook_relays_the_drivers_verdict() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Safe by construction
+// Read-only by construction: the catalog
 
-/// One step per rule, each refused whatever the allowlist says.
-const REFUSED: &[(Rule, &str)] = &[
-    (Rule::ProgramName, r#"run = ["/sbin/reboot"]"#),
-    (Rule::ProgramName, r#"run = ["{pci}"]"#),
-    (Rule::OptionPlaceholder, r#"run = ["nvidia-smi", "-{xid}"]"#),
-    (Rule::PowerState, r#"run = ["reboot"]"#),
-    (Rule::PowerState, r#"run = ["shutdown", "-h", "now"]"#),
-    (Rule::PowerState, r#"run = ["poweroff"]"#),
-    (Rule::PowerState, r#"run = ["halt"]"#),
-    (Rule::PowerState, r#"run = ["kexec", "-e"]"#),
-    (Rule::PowerState, r#"run = ["systemctl", "reboot"]"#),
-    (
-        Rule::ServiceControl,
-        r#"run = ["systemctl", "restart", "nvidia-persistenced"]"#,
-    ),
-    (
-        Rule::ServiceControl,
-        r#"run = ["systemctl", "stop", "nvidia-fabricmanager"]"#,
-    ),
-    (Rule::KernelModules, r#"run = ["rmmod", "nvidia"]"#),
-    (Rule::KernelModules, r#"run = ["modprobe", "-r", "nvidia"]"#),
-    (Rule::KernelModules, r#"run = ["insmod", "nvidia.ko"]"#),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "-r", "-i", "{pci}"]"#,
-    ),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "--gpu-reset", "-i", "{pci}"]"#,
-    ),
-    (Rule::GpuControl, r#"run = ["nvidia-smi", "-pm", "1"]"#),
-    (Rule::GpuControl, r#"run = ["nvidia-smi", "-pl", "250"]"#),
-    (Rule::GpuControl, r#"run = ["nvidia-smi", "-e", "0"]"#),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "-c", "EXCLUSIVE_PROCESS"]"#,
-    ),
-    (Rule::GpuControl, r#"run = ["nvidia-smi", "-mig", "1"]"#),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "-ac", "1215,1410"]"#,
-    ),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "--applications-clocks=1215,1410"]"#,
-    ),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "-lgc", "1000,1400"]"#,
-    ),
-    (
-        Rule::GpuControl,
-        r#"run = ["nvidia-smi", "-q", "--some-future-option"]"#,
-    ),
-    (
-        Rule::HardwareAccess,
-        r#"run = ["setpci", "-s", "{pci}", "COMMAND=0"]"#,
-    ),
-    (
-        Rule::HardwareAccess,
-        r#"run = ["lspci", "-xxx", "-s", "{pci}"]"#,
-    ),
-    (
-        Rule::WritesFiles,
-        r#"run = ["tee", "/sys/bus/pci/devices/{pci}/remove"]"#,
-    ),
-    (
-        Rule::WritesFiles,
-        r#"run = ["dd", "if=/dev/zero", "of=/sys/bus/pci/rescan"]"#,
-    ),
-    (
-        Rule::WritesFiles,
-        r#"run = ["cat", "1", ">", "/sys/bus/pci/rescan"]"#,
-    ),
-    (Rule::LogControl, r#"run = ["dmesg", "-C"]"#),
-    (
-        Rule::LogControl,
-        r#"run = ["journalctl", "--vacuum-size=1M"]"#,
-    ),
-    (
-        Rule::SystemSettings,
-        r#"run = ["sysctl", "-w", "kernel.panic=1"]"#,
-    ),
-    (
-        Rule::SystemSettings,
-        r#"run = ["ip", "link", "set", "ib0", "down"]"#,
-    ),
-    (Rule::Kill, r#"run = ["kill", "-9", "{pid}"]"#),
-    (Rule::Kill, r#"run = ["pkill", "python3"]"#),
-    (Rule::Shell, r#"run = ["sh", "-c", "nvidia-smi -r"]"#),
-    (Rule::Shell, r#"run = ["bash", "-c", "reboot"]"#),
-    (Rule::ReadPath, r#"read = "/etc/shadow""#),
-    (
-        Rule::ReadPath,
-        r#"read = "/sys/bus/pci/devices/{pci}/../../../../etc/shadow""#,
-    ),
-    (Rule::ReadPath, r#"run = ["cat", "/etc/shadow"]"#),
-    (Rule::SensitivePath, r#"read = "/proc/{pid}/environ""#),
-    (Rule::SensitivePath, r#"read = "/proc/kmsg""#),
-    (
-        Rule::SensitivePath,
-        r#"read = "/sys/bus/pci/devices/{pci}/config""#,
-    ),
-    (Rule::SensitivePath, r#"read = "/proc/1/root/etc/shadow""#),
-    (Rule::NotAllowlisted, r#"run = ["lsblk"]"#),
+/// Steps that are not exactly a command of the catalog, each refused. Every case of the issue,
+/// abbreviations and `=` forms of the write options of every allowed program, options that take
+/// a value and hide a verb, path and symlink tricks, placeholder values and literal values that
+/// look like options, and reads outside the read roots.
+const HOSTILE: &[&str] = &[
+    // Reported: accepted by the old deny-list.
+    r#"run = ["dmesg", "--cle"]"#,
+    r#"run = ["dmesg", "--read-c"]"#,
+    r#"run = ["journalctl", "--vacuum-t=1s"]"#,
+    r#"run = ["journalctl", "--rot"]"#,
+    r#"run = ["journalctl", "--flu"]"#,
+    r#"run = ["journalctl", "-n", "1", "--cursor-f=/tmp/cursor"]"#,
+    r#"run = ["systemctl", "--reboot-argument", "status", "reboot"]"#,
+    r#"run = ["date", "--se=2000-01-01"]"#,
+    r#"run = ["hostname", "--fil=/tmp/name"]"#,
+    r#"run = ["ip", "-ba", "/tmp/cmds"]"#,
+    r#"run = ["ps", "eww", "-C", "xidwatch"]"#,
+    // dmesg: clearing, console control, endless forms, bundles.
+    r#"run = ["dmesg", "-C"]"#,
+    r#"run = ["dmesg", "--clear"]"#,
+    r#"run = ["dmesg", "--clea"]"#,
+    r#"run = ["dmesg", "-c"]"#,
+    r#"run = ["dmesg", "--read-clear"]"#,
+    r#"run = ["dmesg", "-Tc"]"#,
+    r#"run = ["dmesg", "-cT"]"#,
+    r#"run = ["dmesg", "-T", "-c"]"#,
+    r#"run = ["dmesg", "-D"]"#,
+    r#"run = ["dmesg", "--console-off"]"#,
+    r#"run = ["dmesg", "-E"]"#,
+    r#"run = ["dmesg", "-n", "1"]"#,
+    r#"run = ["dmesg", "--console-level=1"]"#,
+    r#"run = ["dmesg", "--console-lev", "1"]"#,
+    r#"run = ["dmesg", "-w"]"#,
+    r#"run = ["dmesg", "-T", "-l", "--clear"]"#,
+    r#"run = ["dmesg", "-T", "-l", "err,--clear"]"#,
+    // journalctl: vacuum, rotate, flush, sync, files written, bounds.
+    r#"run = ["journalctl", "--vacuum-size=1M"]"#,
+    r#"run = ["journalctl", "--vacuum-s=1M"]"#,
+    r#"run = ["journalctl", "--vacuum-files=1"]"#,
+    r#"run = ["journalctl", "--vacuum-time=1s"]"#,
+    r#"run = ["journalctl", "--rotate"]"#,
+    r#"run = ["journalctl", "--flush"]"#,
+    r#"run = ["journalctl", "--sync"]"#,
+    r#"run = ["journalctl", "--relinquish-var"]"#,
+    r#"run = ["journalctl", "--cursor-file=/tmp/cursor"]"#,
+    r#"run = ["journalctl", "--setup-keys"]"#,
+    r#"run = ["journalctl", "--update-catalog"]"#,
+    r#"run = ["journalctl", "-k", "-n", "50", "--no-pager", "--rotate"]"#,
+    r#"run = ["journalctl", "-k", "-n", "50", "--no-pager", "--vacuum-t=1s"]"#,
+    r#"run = ["journalctl", "-k", "-n=50", "--no-pager"]"#,
+    r#"run = ["journalctl", "-k", "-n50", "--no-pager"]"#,
+    r#"run = ["journalctl", "-k", "-n", "100000", "--no-pager"]"#,
+    r#"run = ["journalctl", "-k", "-n", "-1", "--no-pager"]"#,
+    r#"run = ["journalctl", "-u", "sshd", "-n", "5", "--no-pager"]"#,
+    r#"run = ["journalctl", "-u", "--flush", "-n", "5", "--no-pager"]"#,
+    r#"run = ["journalctl", "-u", "xidwatch", "-n", "5", "--no-pager", "--flush"]"#,
+    r#"run = ["journalctl", "-k", "-n", "5"]"#,
+    // systemctl: verbs, and options that take a value and hide one.
+    r#"run = ["systemctl", "reboot"]"#,
+    r#"run = ["systemctl", "poweroff"]"#,
+    r#"run = ["systemctl", "kexec"]"#,
+    r#"run = ["systemctl", "suspend"]"#,
+    r#"run = ["systemctl", "restart", "nvidia-persistenced"]"#,
+    r#"run = ["systemctl", "stop", "nvidia-fabricmanager"]"#,
+    r#"run = ["systemctl", "kill", "nvidia-fabricmanager"]"#,
+    r#"run = ["systemctl", "isolate", "rescue.target"]"#,
+    r#"run = ["systemctl", "daemon-reload"]"#,
+    r#"run = ["systemctl", "--reboot-argument=x", "status", "nvidia-persistenced", "--no-pager"]"#,
+    r#"run = ["systemctl", "status", "reboot", "--no-pager"]"#,
+    r#"run = ["systemctl", "status", "--force", "--no-pager"]"#,
+    r#"run = ["systemctl", "is-active", "nvidia-persistenced", "reboot"]"#,
+    r#"run = ["systemctl", "-H", "otherhost", "status", "xidwatch", "--no-pager"]"#,
+    // nvidia-smi: resets, settings, files written, loops, value-hidden options.
+    r#"run = ["nvidia-smi", "-r"]"#,
+    r#"run = ["nvidia-smi", "--gpu-reset"]"#,
+    r#"run = ["nvidia-smi", "-r", "-i", "{pci}"]"#,
+    r#"run = ["nvidia-smi", "-pm", "1"]"#,
+    r#"run = ["nvidia-smi", "--persistence-m=1"]"#,
+    r#"run = ["nvidia-smi", "-pl", "250"]"#,
+    r#"run = ["nvidia-smi", "--power-limit=250"]"#,
+    r#"run = ["nvidia-smi", "-e", "0"]"#,
+    r#"run = ["nvidia-smi", "--ecc-config=0"]"#,
+    r#"run = ["nvidia-smi", "-p", "0"]"#,
+    r#"run = ["nvidia-smi", "-c", "3"]"#,
+    r#"run = ["nvidia-smi", "-mig", "1"]"#,
+    r#"run = ["nvidia-smi", "-ac", "1215,1410"]"#,
+    r#"run = ["nvidia-smi", "-rac"]"#,
+    r#"run = ["nvidia-smi", "-lgc", "1000,1400"]"#,
+    r#"run = ["nvidia-smi", "--lock-gpu-clocks=1000"]"#,
+    r#"run = ["nvidia-smi", "mig", "-dgi"]"#,
+    r#"run = ["nvidia-smi", "mig", "-cgi", "9", "-C"]"#,
+    r#"run = ["nvidia-smi", "nvlink", "-r", "0"]"#,
+    r#"run = ["nvidia-smi", "drain", "-p", "{pci}", "-m", "1"]"#,
+    r#"run = ["nvidia-smi", "-q", "-f", "/tmp/out"]"#,
+    r#"run = ["nvidia-smi", "-q", "--filename=/tmp/out"]"#,
+    r#"run = ["nvidia-smi", "--query-gpu=index", "--format=csv", "-f", "/tmp/out"]"#,
+    r#"run = ["nvidia-smi", "-q", "-l", "1"]"#,
+    r#"run = ["nvidia-smi", "dmon"]"#,
+    r#"run = ["nvidia-smi", "pmon", "-c", "0"]"#,
+    r#"run = ["nvidia-smi", "-q", "-d", "ECC", "-r"]"#,
+    r#"run = ["nvidia-smi", "-q", "-d", "ECC,--reset"]"#,
+    r#"run = ["nvidia-smi", "--query-gpu=index,--gpu-reset", "--format=csv"]"#,
+    r#"run = ["nvidia-smi", "-q", "-i", "0", "--gpu-reset"]"#,
+    // lspci: config space dumps, direct hardware access, files read or written.
+    r#"run = ["lspci", "-xxx", "-s", "{pci}"]"#,
+    r#"run = ["lspci", "-xxxx", "-s", "{pci}"]"#,
+    r#"run = ["lspci", "-vvv", "-s", "{pci}", "-xxx"]"#,
+    r#"run = ["lspci", "-vv", "-s", "{pci}"]"#,
+    r#"run = ["lspci", "-s", "{pci}", "-vvv"]"#,
+    r#"run = ["lspci", "-vvvs", "{pci}"]"#,
+    r#"run = ["lspci", "-vvv", "-s", "17:00.0"]"#,
+    r#"run = ["lspci", "-H1"]"#,
+    r#"run = ["lspci", "-tv", "-H", "1"]"#,
+    r#"run = ["lspci", "-F", "/tmp/dump"]"#,
+    r#"run = ["lspci", "-q"]"#,
+    // modinfo, uname, ip, and others.
+    r#"run = ["modinfo", "-F", "version", "/tmp/evil.ko"]"#,
+    r#"run = ["modinfo", "-Fversion", "nvidia"]"#,
+    r#"run = ["modinfo", "-b", "/tmp", "-F", "version", "nvidia"]"#,
+    r#"run = ["modinfo", "-F", "version", "nvidia", "nvidia_uvm"]"#,
+    r#"run = ["ip", "link", "set", "ib0", "down"]"#,
+    r#"run = ["ip", "-b", "/tmp/cmds"]"#,
+    r#"run = ["ip", "-batch", "/tmp/cmds"]"#,
+    r#"run = ["ip", "-force", "-b", "/tmp/cmds"]"#,
+    r#"run = ["ip", "netns", "exec", "x", "reboot"]"#,
+    r#"run = ["ip", "-s", "link", "show", "-b", "/tmp/cmds"]"#,
+    r#"run = ["sysctl", "-w", "kernel.panic=1"]"#,
+    r#"run = ["setpci", "-s", "{pci}", "COMMAND=0"]"#,
+    r#"run = ["rmmod", "nvidia"]"#,
+    r#"run = ["modprobe", "-r", "nvidia"]"#,
+    r#"run = ["reboot"]"#,
+    r#"run = ["kill", "-9", "{pid}"]"#,
+    r#"run = ["tee", "/sys/bus/pci/devices/{pci}/remove"]"#,
+    r#"run = ["cat", "/proc/1/environ"]"#,
+    r#"run = ["ps", "e", "-p", "{pid}"]"#,
+    r#"run = ["ls", "-la", "/etc"]"#,
+    r#"run = ["ls", "-la", "/proc/1/environ"]"#,
+    // Programs by path, relative, disguised, or through a shell or launcher.
+    r#"run = ["/usr/bin/nvidia-smi", "-L"]"#,
+    r#"run = ["./nvidia-smi", "-L"]"#,
+    r#"run = ["../../usr/bin/dmesg"]"#,
+    r#"run = ["bin/lspci", "-tv"]"#,
+    r#"run = ["/proc/self/fd/3"]"#,
+    r#"run = ["nvidia-smi ", "-L"]"#,
+    r#"run = ["NVIDIA-SMI", "-L"]"#,
+    r#"run = ["{pci}"]"#,
+    r#"run = ["env", "PATH=/tmp", "nvidia-smi", "-L"]"#,
+    r#"run = ["sudo", "nvidia-smi", "-L"]"#,
+    r#"run = ["busybox", "reboot"]"#,
+    r#"run = ["sh", "-c", "reboot"]"#,
+    r#"run = ["bash", "-c", "nvidia-smi -r"]"#,
+    r#"run = ["xargs", "reboot"]"#,
+    r#"run = ["timeout", "1", "reboot"]"#,
+    r#"run = ["python3", "-c", "import os"]"#,
+    r#"run = ["find", "/", "-delete"]"#,
+    // Placeholders where their type does not belong, and values that look like options.
+    r#"run = ["nvidia-smi", "-{xid}"]"#,
+    r#"run = ["nvidia-smi", "-q", "-i", "{xid}"]"#,
+    r#"run = ["lspci", "-vvv", "-s", "{pid}"]"#,
+    r#"run = ["journalctl", "-k", "-n", "{pid}", "--no-pager"]"#,
+    r#"run = ["nvidia-smi", "--query-gpu={pci}", "--format=csv"]"#,
+    r#"run = ["systemctl", "status", "{uuid}", "--no-pager"]"#,
+    r#"run = ["lspci", "-vvv", "-s", "x{pci}"]"#,
+    r#"run = ["nvidia-smi", "-q", "-i", "-r"]"#,
+    r#"run = ["nvidia-smi", "-q", "-i", "--gpu-reset"]"#,
+    r#"run = ["lspci", "-vvv", "-s", "--help"]"#,
+    r#"run = ["modinfo", "-F", "-k", "nvidia"]"#,
+    r#"run = ["nvidia-smi", "-q", "-d", "-r"]"#,
+    r#"run = ["ls", "-la", "--help"]"#,
+    // Reads outside the roots, through `..`, or of never-read files.
+    r#"read = "/etc/shadow""#,
+    r#"read = "/proc/{pid}/environ""#,
+    r#"read = "/proc/1/environ""#,
+    r#"read = "/proc/kmsg""#,
+    r#"read = "/proc/kcore""#,
+    r#"read = "/proc/sysrq-trigger""#,
+    r#"read = "/proc/{pid}/mem""#,
+    r#"read = "/proc/{pid}/root/etc/shadow""#,
+    r#"read = "/proc/{pid}/cwd/secret""#,
+    r#"read = "/proc/{pid}/fd/0""#,
+    r#"read = "/sys/bus/pci/devices/{pci}/config""#,
+    r#"read = "/sys/bus/pci/devices/{pci}/rom""#,
+    r#"read = "/sys/bus/pci/devices/{pci}/resource0""#,
+    r#"read = "/sys/bus/pci/devices/{pci}/resource2_wc""#,
+    r#"read = "/sys/bus/pci/devices/{pci}/vpd""#,
+    r#"read = "/sys/bus/pci/devices/{pci}/../../../../etc/shadow""#,
+    r#"read = "/proc/driver/nvidia/../../1/environ""#,
+    r#"read = "/proc/driver/nvidia//version""#,
+    r#"read = "proc/driver/nvidia/version""#,
+    r#"read = "/sys/kernel/debug/x""#,
+    r#"read = "/proc/{pci}/status""#,
+    r#"read = "/sys/bus/pci/devices/{pid}/x""#,
 ];
 
-/// A policy allowing every program named above except lsblk: the rules must hold on their own.
-fn permissive() -> SafetyPolicy {
-    let mut names: Vec<String> = DEFAULT_ALLOWED.iter().map(|s| s.to_string()).collect();
-    for (_, step) in REFUSED {
-        if let Some(rest) = step.strip_prefix("run = [\"") {
-            let prog = rest.split('"').next().unwrap();
-            if prog != "lsblk" {
-                names.push(prog.to_string());
-            }
-        }
-    }
-    SafetyPolicy::new(names)
-}
-
 #[test]
-fn every_refusal_rule_refuses_at_load_naming_file_and_step() {
-    for rule in Rule::ALL {
-        assert!(
-            REFUSED.iter().any(|(r, _)| *r == rule),
-            "rule {rule} has no example"
-        );
-    }
+fn hostile_steps_are_refused_naming_file_step_and_nearest_pattern() {
+    assert!(HOSTILE.len() >= 100, "{} cases", HOSTILE.len());
+    let catalog = Catalog::default();
     let dir = tempfile::tempdir().unwrap();
-    for (i, (rule, step)) in REFUSED.iter().enumerate() {
+    for (i, step) in HOSTILE.iter().enumerate() {
         let text = format!(
             "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\n[[step]]\nname = \"fine\"\nrun = [\"lsmod\"]\n\n[[step]]\nname = \"bad one\"\n{step}\n"
         );
         let path = dir.path().join(format!("case{i}.toml"));
         std::fs::write(&path, &text).unwrap();
-        let errs = RunbookSet::load(&[dir.path().to_path_buf()], &permissive()).unwrap_err();
+        let errs = RunbookSet::load(&[dir.path().to_path_buf()], &catalog).unwrap_err();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(errs.len(), 1, "{step}: {errs:?}");
         let e = &errs[0];
-        assert_eq!(e.kind, LoadErrorKind::Refused(*rule), "{step}: {e}");
+        assert!(e.is_refusal(), "{step}: {e}");
         assert_eq!(e.path, path);
-        let step_ref = e.step.as_ref().unwrap();
-        assert_eq!(
-            (step_ref.index, step_ref.name.as_deref()),
-            (2, Some("bad one"))
-        );
-        assert_eq!(e.line, Some(11), "{e}"); // its [[step]] line
+        let at = e.step.as_ref().unwrap();
+        assert_eq!((at.index, at.name.as_deref()), (2, Some("bad one")));
         let shown = e.to_string();
         assert!(
             shown.starts_with(&format!(
@@ -733,19 +828,181 @@ fn every_refusal_rule_refuses_at_load_naming_file_and_step() {
             )),
             "{shown}"
         );
+        if step.starts_with("run") {
+            assert_eq!(
+                e.kind,
+                LoadErrorKind::Refused(Rule::NotInCatalog),
+                "{shown}"
+            );
+            assert!(shown.contains("the nearest is `"), "{shown}");
+            // The same argv, as it would run, matches no pattern either.
+            let v: toml::Value = toml::from_str(step).unwrap();
+            let argv: Vec<String> = v["run"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_str().unwrap().to_string())
+                .collect();
+            assert!(!catalog.patterns().any(|p| p.matches(&argv)), "{step}");
+        } else {
+            assert_eq!(e.kind, LoadErrorKind::Refused(Rule::NotReadable), "{shown}");
+        }
     }
 }
 
 #[test]
-fn the_allowlist_cannot_unlock_a_refused_program() {
-    let everything = SafetyPolicy::new(["reboot", "sh", "rmmod", "kill", "tee"]);
-    for prog in ["reboot", "sh", "rmmod", "kill", "tee"] {
-        let text = format!(
-            "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"{prog}\", \"x\"]\n"
-        );
-        let errs = Runbook::from_toml(Path::new("x.toml"), &text, &everything).unwrap_err();
-        assert!(errs[0].is_refusal(), "{prog}: {}", errs[0]);
-        assert_ne!(errs[0].kind, LoadErrorKind::Refused(Rule::NotAllowlisted));
+fn the_nearest_pattern_is_the_one_meant() {
+    let text = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"lspci\", \"-vv\", \"-s\", \"{pci}\"]\n";
+    let errs = Runbook::from_toml(Path::new("rb.toml"), text, &Catalog::default()).unwrap_err();
+    assert!(
+        errs[0]
+            .to_string()
+            .contains("the nearest is `lspci -vvv -s {pci}`"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[test]
+fn operator_additions_are_exact_and_never_unlock_the_never_list() {
+    let extra = |p: &[&str]| Catalog::with_additions(&[p.iter().map(|s| s.to_string()).collect()]);
+    let c = extra(&["ibstat", "{int:1-4}"]).unwrap();
+    let load = |argv: &str| {
+        let text = format!("title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = {argv}\n");
+        Runbook::from_toml(Path::new("x.toml"), &text, &c)
+    };
+    assert!(load(r#"["ibstat", "2"]"#).is_ok());
+    for bad in [
+        r#"["ibstat"]"#,
+        r#"["ibstat", "5"]"#,
+        r#"["ibstat", "2", "-x"]"#,
+        r#"["ibstat", "--2"]"#,
+    ] {
+        assert!(load(bad).is_err(), "{bad}");
+    }
+    for never in [
+        &["reboot"][..],
+        &["sh", "-c", "x"],
+        &["/usr/sbin/ibstat"],
+        &["ps", "eww"],
+        &["cat", "/proc/self/environ"],
+        &["grep", "-r", "token", "/proc"],
+        &["nvidia-smi", "-{int:1-9}"],
+        &["{pci}"],
+        &["ibstat", "a b"],
+    ] {
+        assert!(extra(never).is_err(), "{never:?}");
+    }
+}
+
+/// Tokens random argv are made of: every program and literal of the catalog, slot values, and
+/// hostile options.
+const TOKENS: &[&str] = &[
+    "lsmod",
+    "lspci",
+    "modinfo",
+    "uname",
+    "nvidia-smi",
+    "journalctl",
+    "dmesg",
+    "ip",
+    "systemctl",
+    "ls",
+    "-tv",
+    "-vvv",
+    "-vv",
+    "-s",
+    "-D",
+    "-nn",
+    "-d",
+    "10de:",
+    "-F",
+    "version",
+    "nvidia",
+    "-r",
+    "-a",
+    "--version",
+    "-L",
+    "-q",
+    "-i",
+    "-d",
+    "ECC",
+    "ECC,POWER",
+    "--format=csv",
+    "topo",
+    "-m",
+    "nvlink",
+    "-e",
+    "mig",
+    "-lgi",
+    "dmon",
+    "pmon",
+    "-c",
+    "1",
+    "0",
+    "50",
+    "-k",
+    "-b",
+    "-n",
+    "--no-pager",
+    "-u",
+    "xidwatch",
+    "link",
+    "show",
+    "status",
+    "is-active",
+    "-T",
+    "-l",
+    "err",
+    "0000:17:00.0",
+    "17:00.0",
+    "-la",
+    "/proc/driver/nvidia",
+    "--clear",
+    "--cle",
+    "-C",
+    "--rot",
+    "--flush",
+    "--vacuum-t=1s",
+    "reboot",
+    "--reboot-argument",
+    "-xxx",
+    "-H1",
+    "-f",
+    "/tmp/x",
+    "--gpu-reset",
+    "-pm",
+    "e",
+    "eww",
+    "--query-gpu=index",
+    "--query-gpu=index,name",
+    "set",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    /// A random argv loads exactly when it is a pattern of the catalog, token for token; and an
+    /// argv with an abbreviated long option is never one.
+    #[test]
+    fn argv_that_is_no_pattern_is_refused(
+        argv in prop::collection::vec(prop::sample::select(TOKENS), 1..7),
+        cut in 3usize..12,
+    ) {
+        let catalog = Catalog::default();
+        let argv: Vec<String> = argv.into_iter().map(String::from).collect();
+        let load = |argv: &[String]| {
+            let run = toml::Value::Array(argv.iter().map(|a| toml::Value::String(a.clone())).collect());
+            let text = format!("title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = {run}\n");
+            Runbook::from_toml(Path::new("p.toml"), &text, &catalog).is_ok()
+        };
+        let is_pattern = catalog.patterns().any(|p| p.matches(&argv));
+        prop_assert_eq!(load(&argv), is_pattern, "{:?}", argv);
+        // Abbreviate one long option: getopt would take it, the catalog never does.
+        if let Some(i) = argv.iter().position(|a| a.starts_with("--") && !a.contains('=') && a.len() > cut) {
+            let mut short = argv.clone();
+            short[i].truncate(cut);
+            prop_assert!(!load(&short), "{:?}", short);
+        }
     }
 }
 
@@ -756,22 +1013,21 @@ fn a_refused_runbook_fails_the_load_with_every_problem_listed() {
     let bad = "title = \"b\"\n[[match]]\nxids = [79]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nname = \"reset it\"\nrun = [\"nvidia-smi\", \"-r\", \"-i\", \"{pci}\"]\n[[step]]\nrun = [\"rmmod\", \"nvidia\"]\n";
     std::fs::write(dir.path().join("good.toml"), good).unwrap();
     std::fs::write(dir.path().join("bad.toml"), bad).unwrap();
-    let errs = RunbookSet::load(&[dir.path().to_path_buf()], &SafetyPolicy::default()).unwrap_err();
+    let errs = RunbookSet::load(&[dir.path().to_path_buf()], &Catalog::default()).unwrap_err();
     assert_eq!(errs.len(), 2, "{}", render_load_errors(&errs));
     let report = render_load_errors(&errs);
     assert!(
-        report.contains("bad.toml: step 1 \"reset it\" (line 7): refused [gpu-control]: nvidia-smi -r/--gpu-reset resets the GPU"),
+        report.contains("bad.toml: step 1 \"reset it\" (line 7): refused [not-in-catalog]: \"nvidia-smi -r -i {pci}\" is not a command of the catalog; the nearest is `nvidia-smi -q -i {gpu}`"),
         "{report}"
     );
     assert!(
-        report.contains("bad.toml: step 2 \"rmmod nvidia\" (line 10): refused [kernel-modules]"),
+        report.contains("bad.toml: step 2 \"rmmod nvidia\" (line 10): refused [not-in-catalog]"),
         "{report}"
     );
     assert!(!report.contains("good.toml"));
     assert!(report.contains("2 problem(s) in runbooks, 2 of them refused steps"));
     // A daemon can go on with what loaded; the refused runbook is not among it.
-    let (set, errs) =
-        RunbookSet::load_partial(&[dir.path().to_path_buf()], &SafetyPolicy::default());
+    let (set, errs) = RunbookSet::load_partial(&[dir.path().to_path_buf()], &Catalog::default());
     assert_eq!(errs.len(), 2);
     assert_eq!(set.iter().map(|r| r.name()).collect::<Vec<_>>(), ["good"]);
 }
@@ -779,7 +1035,7 @@ fn a_refused_runbook_fails_the_load_with_every_problem_listed() {
 #[test]
 fn format_errors_name_the_place() {
     let p = Path::new("runbooks/typo.toml");
-    let load = |text: &str| Runbook::from_toml(p, text, &SafetyPolicy::default()).unwrap_err();
+    let load = |text: &str| Runbook::from_toml(p, text, &Catalog::default()).unwrap_err();
     let head = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n";
     // Unknown keys, with toml's line and column.
     let e = load(&format!(
@@ -843,13 +1099,13 @@ fn format_errors_name_the_place() {
     let e = Runbook::from_toml(
         Path::new("Bad Name.toml"),
         &format!("{head}[[step]]\nrun = [\"lsmod\"]\n"),
-        &SafetyPolicy::default(),
+        &Catalog::default(),
     )
     .unwrap_err();
     assert!(e[0].to_string().contains("runbook's name"), "{}", e[0]);
     let errs = RunbookSet::load(
         &[PathBuf::from("/nonexistent/runbooks")],
-        &SafetyPolicy::default(),
+        &Catalog::default(),
     )
     .unwrap_err();
     assert_eq!(errs[0].kind, LoadErrorKind::Io);
@@ -879,25 +1135,26 @@ fn wait_gone(pid: i32) -> bool {
     false
 }
 
-fn read_pid(path: &Path) -> i32 {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (the fake tool did not start in time?)",
-            path.display()
-        )
-    });
-    text.trim().parse().unwrap()
+/// The pid the fake sleeper recorded as an empty file `WHO.PID` in `dir`.
+fn read_pid(dir: &Path, who: &str) -> i32 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|n| n.strip_prefix(&format!("{who}."))?.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no {who}.PID in {} (the fake tool did not start?)",
+                dir.display()
+            )
+        })
 }
 
 #[tokio::test]
 async fn a_timeout_kills_the_whole_process_group() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, name) = scratch();
     let rb = test_runbook(
         "[limits]\nstep_timeout_secs = 1",
-        &format!(
-            "[[step]]\nname = \"sleeper\"\nrun = [\"fake-sleeper\", \"{}\"]\n",
-            dir.path().display()
-        ),
+        &format!("[[step]]\nname = \"sleeper\"\nrun = [\"fake-sleeper\", \"{name}\"]\n"),
     );
     let t0 = Instant::now();
     let ev = run(&rb, &Subject::manual(None, None, None)).await;
@@ -906,8 +1163,8 @@ async fn a_timeout_kills_the_whole_process_group() {
     assert_eq!(s.status, StepStatus::TimedOut { after_ms: 1000 }, "{s:?}");
     assert_eq!(s.output, "started\n");
     assert!(took < Duration::from_secs(10), "{took:?}");
-    let parent = read_pid(&dir.path().join("parent.pid"));
-    let child = read_pid(&dir.path().join("child.pid"));
+    let parent = read_pid(dir.path(), "parent");
+    let child = read_pid(dir.path(), "child");
     assert!(
         wait_gone(parent),
         "the program {parent} survived its timeout"
@@ -977,11 +1234,132 @@ async fn programs_get_a_clean_environment_and_no_stdin() {
     assert!(std::env::vars().any(|(k, _)| !["PATH", "LC_ALL"].contains(&k.as_str())));
 }
 
+/// `/proc/self/status` of a step, as the fake tool id-caps prints it: field -> value.
+async fn status_of_a_step(env: &RunbookEnv) -> std::collections::BTreeMap<String, String> {
+    let rb = test_runbook("", "[[step]]\nrun = [\"id-caps\"]\n");
+    let ev = rb
+        .run(
+            &Subject::manual(None, None, None),
+            env,
+            &RunLimits::default(),
+        )
+        .await;
+    let s = &ev.steps[0];
+    assert_eq!(s.status, StepStatus::Done { exit_code: Some(0) }, "{s:?}");
+    s.output
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn programs_run_without_privileges() {
+    // Whoever runs the tests: no new privileges, and no capability the program holds or passes
+    // on. (The inheritable set grants nothing by itself; under a system call filter that refuses
+    // capset, as the service unit's does, it may keep what the daemon had.)
+    let st = status_of_a_step(&env()).await;
+    assert_eq!(st["NoNewPrivs"], "1", "{st:?}");
+    for set in ["CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(st[set], "0000000000000000", "{set}: {st:?}");
+    }
+}
+
+/// CI runs this as root: the step runs as the service user or nobody, with an empty bounding
+/// set, whoever started xidwatch (sudo xidwatch runbook run / test-alert / scan --runbooks go
+/// through the same code).
+#[tokio::test]
+#[ignore = "needs root"]
+async fn as_root_programs_run_as_an_unprivileged_user() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run this test as root");
+    let st = status_of_a_step(&env()).await;
+    let uids: Vec<&str> = st["Uid"].split_whitespace().collect();
+    let want = [libc_user("xidwatch"), libc_user("nobody")]
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("a user xidwatch or nobody");
+    let want = want.to_string();
+    assert_eq!(
+        uids,
+        [want.as_str(); 4],
+        "real, effective, saved, fs: {st:?}"
+    );
+    assert!(!st["Groups"].split_whitespace().any(|g| g == "0"), "{st:?}");
+    for set in ["CapBnd", "CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(st[set], "0000000000000000", "{set}: {st:?}");
+    }
+    assert_eq!(st["NoNewPrivs"], "1", "{st:?}");
+}
+
+fn libc_user(name: &str) -> Option<u32> {
+    let out = std::process::Command::new("id")
+        .args(["-u", name])
+        .output()
+        .ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+/// As root, the shipped `dmesg` pattern keeps CAP_SYSLOG (and only it), so the unprivileged
+/// user still reads the kernel log where `kernel.dmesg_restrict = 1`.
+#[tokio::test]
+#[ignore = "needs root"]
+async fn as_root_kernel_log_patterns_keep_cap_syslog_only() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run this test as root");
+    let text = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"dmesg\"]\n";
+    let rb = Runbook::from_toml(Path::new("k.toml"), text, &Catalog::default()).unwrap();
+    let mut env = RunbookEnv::system();
+    env.sysfs_root = fixture("sysfs");
+    let ev = rb
+        .run(
+            &Subject::manual(None, None, None),
+            &env,
+            &RunLimits::default(),
+        )
+        .await;
+    let s = &ev.steps[0];
+    let restrict = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap_or_default();
+    assert_eq!(
+        s.status,
+        StepStatus::Done { exit_code: Some(0) },
+        "dmesg_restrict={restrict} {s:?}"
+    );
+    assert!(!s.output.trim().is_empty());
+}
+
+#[tokio::test]
+async fn secrets_are_cut_out_of_the_evidence() {
+    let secret = "xw-secret-9f8e7d6c5b4a";
+    let mut env = env();
+    env.secrets = Redactor::new([secret.to_string()]);
+    let rb = test_runbook(
+        "",
+        &format!(
+            "[[step]]\nname = \"leaky\"\nrun = [\"echo-argv\", \"token={secret}\"]\n\
+             [[step]]\nname = \"cut\"\nrun = [\"echo-argv\", \"token={secret}\"]\nmax_output_bytes = 16\n"
+        ),
+    );
+    let ev = rb
+        .run(
+            &Subject::manual(None, None, None),
+            &env,
+            &RunLimits::default(),
+        )
+        .await;
+    let shown = format!("{ev:?}{}", render_evidence(&ev));
+    assert!(!shown.contains(secret), "{shown}");
+    assert_eq!(ev.steps[0].output, "token=<redacted>\n");
+    assert_eq!(ev.steps[0].target, ["echo-argv", "token=<redacted>"]);
+    // Cut by the output cap in the middle: the part kept is cut out as well.
+    assert_eq!(ev.steps[1].output, "token=<redacted>");
+    assert!(ev.steps[1].bytes_dropped > 0);
+}
+
 #[tokio::test]
 async fn missing_unrunnable_and_disguised_programs_are_recorded() {
     let rb = test_runbook(
         "",
-        "[[step]]\nname = \"missing\"\nrun = [\"not-installed-anywhere\"]\n[[step]]\nname = \"noexec\"\nrun = [\"not-executable\"]\n[[step]]\nname = \"sneaky\"\nrun = [\"sneaky\", \"-c\", \"echo hi\"]\n",
+        "[[step]]\nname = \"missing\"\nrun = [\"not-installed-anywhere\"]\n[[step]]\nname = \"noexec\"\nrun = [\"not-executable\"]\n[[step]]\nname = \"sneaky\"\nrun = [\"sneaky\", \"-c\", \"id\"]\n",
     );
     let ev = run(&rb, &Subject::manual(None, None, None)).await;
     assert!(
@@ -994,10 +1372,11 @@ async fn missing_unrunnable_and_disguised_programs_are_recorded() {
         "{:?}",
         step(&ev, "noexec")
     );
-    // An allowlisted name that is a link to a shell is refused when it would run.
+    // An allowed name that is a link to another program (here a shell) is refused when it would
+    // run: what runs must be the program the pattern names.
     let sneaky = step(&ev, "sneaky");
     assert!(
-        matches!(&sneaky.status, StepStatus::Failed { error } if error.contains("a shell or interpreter")),
+        matches!(&sneaky.status, StepStatus::Failed { error } if error.contains("another program")),
         "{sneaky:?}"
     );
     assert!(sneaky.output.is_empty());
@@ -1005,16 +1384,15 @@ async fn missing_unrunnable_and_disguised_programs_are_recorded() {
 
 #[tokio::test]
 async fn steps_run_side_by_side_up_to_the_limit() {
-    let together = tempfile::tempdir().unwrap();
-    let steps = |dir: &Path| {
+    let (_together, name) = scratch();
+    let steps = |d: &str| {
         format!(
-            "[[step]]\nname = \"a\"\nrun = [\"barrier\", \"{d}\", \"2\"]\n[[step]]\nname = \"b\"\nrun = [\"barrier\", \"{d}\", \"2\"]\n",
-            d = dir.display()
+            "[[step]]\nname = \"a\"\nrun = [\"barrier\", \"{d}\", \"2\"]\n[[step]]\nname = \"b\"\nrun = [\"barrier\", \"{d}\", \"2\"]\n"
         )
     };
     let rb = test_runbook(
         "[limits]\nconcurrency = 2\nstep_timeout_secs = 20",
-        &steps(together.path()),
+        &steps(&name),
     );
     let ev = run(&rb, &Subject::manual(None, None, None)).await;
     for s in &ev.steps {
@@ -1023,10 +1401,10 @@ async fn steps_run_side_by_side_up_to_the_limit() {
     }
     // One at a time: the first waits in vain for a partner and is killed at its timeout; the
     // second then finds the first one's mark.
-    let alone = tempfile::tempdir().unwrap();
+    let (_alone, name) = scratch();
     let rb = test_runbook(
         "[limits]\nconcurrency = 1\nstep_timeout_secs = 0.3",
-        &steps(alone.path()),
+        &steps(&name),
     );
     let ev = run(&rb, &Subject::manual(None, None, None)).await;
     assert_eq!(ev.steps[0].status, StepStatus::TimedOut { after_ms: 300 });
@@ -1035,8 +1413,7 @@ async fn steps_run_side_by_side_up_to_the_limit() {
 
 #[tokio::test]
 async fn the_budget_bounds_the_whole_runbook() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
+    let (_dir, d) = scratch();
     let rb = test_runbook(
         "[limits]\nbudget_secs = 0.5\nconcurrency = 1\nstep_timeout_secs = 30",
         &format!("[[step]]\nname = \"first\"\nrun = [\"fake-sleeper\", \"{d}\"]\n[[step]]\nname = \"second\"\nrun = [\"fake-sleeper\", \"{d}\"]\n"),
@@ -1115,20 +1492,13 @@ async fn log_text_cannot_reach_an_argv() {
     assert_eq!(s.uuid, None, "a malformed UUID is dropped, not used");
     let rb = test_runbook(
         "",
-        "[[step]]\nname = \"argv\"\nrun = [\"echo-argv\", \"{pci}\", \"{xid}\", \"{pid}\", \"--id={pci}\", \"/proc/{pid}/cmdline\", \"{{literal}}\"]\n\
+        "[[step]]\nname = \"argv\"\nrun = [\"echo-argv\", \"{pci}\", \"{xid}\", \"{pid}\", \"--id={pci}\"]\n\
          [[step]]\nname = \"uuid\"\nrun = [\"echo-argv\", \"{uuid}\"]\n\
          [[step]]\nname = \"log\"\nkmsg = { lines_before = 5, lines_after = 5 }\n",
     );
     let ev = run(&rb, &s).await;
     let argv = step(&ev, "argv");
-    let want = [
-        "0000:17:00.0",
-        "13",
-        "4242",
-        "--id=0000:17:00.0",
-        "/proc/4242/cmdline",
-        "{literal}",
-    ];
+    let want = ["0000:17:00.0", "13", "4242", "--id=0000:17:00.0"];
     assert_eq!(argv.target[1..], want);
     assert_eq!(argv.output, want.map(|w| format!("{w}\n")).concat());
     assert!(
@@ -1272,4 +1642,157 @@ fn running_is_a_send_future_for_the_daemon() {
     let (s, e, l) = (xid_subject(79, Category::Pcie), env(), RunLimits::default());
     let fut = set.run_for(&s, &e, &l);
     assert_send(&fut);
+}
+
+#[test]
+fn the_docs_list_the_whole_catalog() {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks.md"))
+            .unwrap();
+    use xidwatch::runbook::safety::{BUILTIN, BUILTIN_KERNEL_LOG, READ_ROOTS};
+    for line in BUILTIN.iter().chain(BUILTIN_KERNEL_LOG).chain(READ_ROOTS) {
+        assert!(
+            docs.lines().any(|l| l == *line),
+            "docs/runbooks.md does not list `{line}`"
+        );
+    }
+}
+
+/// What runs is what was checked: the name must lead, through any links, to a file of that
+/// name that nobody but root (or this user) can change, found in an absolute directory.
+#[tokio::test]
+async fn path_and_symlink_tricks_are_refused_when_a_step_would_run() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let rb = test_runbook("", "[[step]]\nrun = [\"echo-argv\", \"ok\"]\n");
+    let run_in = |dir: PathBuf| {
+        let mut env = env();
+        env.search_path = vec![dir];
+        let rb = rb.clone();
+        async move {
+            let ev = rb
+                .run(
+                    &Subject::manual(None, None, None),
+                    &env,
+                    &RunLimits::default(),
+                )
+                .await;
+            ev.steps[0].clone()
+        }
+    };
+    let real = fixture("fake-tools/echo-argv");
+
+    // A link of the same name to the real program: resolved, checked, run.
+    let d = tempfile::tempdir().unwrap();
+    symlink(&real, d.path().join("echo-argv")).unwrap();
+    let s = run_in(d.path().to_path_buf()).await;
+    assert_eq!(s.output, "ok\n", "{s:?}");
+
+    // A link to another program.
+    let d = tempfile::tempdir().unwrap();
+    symlink(fixture("fake-tools/uname"), d.path().join("echo-argv")).unwrap();
+    let s = run_in(d.path().to_path_buf()).await;
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("another program")),
+        "{s:?}"
+    );
+
+    // A copy anyone could have changed.
+    let d = tempfile::tempdir().unwrap();
+    let copy = d.path().join("echo-argv");
+    std::fs::copy(&real, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = run_in(d.path().to_path_buf()).await;
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("others could change it")),
+        "{s:?}"
+    );
+
+    // A relative search directory.
+    let s = run_in(PathBuf::from("fixtures/fake-tools")).await;
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("relative")),
+        "{s:?}"
+    );
+    assert!(s.output.is_empty());
+}
+
+/// The argv as it will run is matched again: a value outside its slot's range refuses the step
+/// even though the placeholder's type fitted at load.
+#[tokio::test]
+async fn the_argv_as_filled_in_is_matched_again() {
+    let text = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"echo-argv\", \"{xid}\"]\n";
+    let catalog =
+        Catalog::with_additions(&[vec!["echo-argv".into(), "{int:1-10}".into()]]).unwrap();
+    let rb = Runbook::from_toml(Path::new("t.toml"), text, &catalog).unwrap();
+    let ev = run(&rb, &Subject::manual(None, Some(7), None)).await;
+    assert_eq!(ev.steps[0].output, "7\n");
+    let ev = run(&rb, &Subject::manual(None, Some(79), None)).await;
+    let s = &ev.steps[0];
+    assert!(
+        matches!(&s.status, StepStatus::Failed { error } if error.contains("\"echo-argv 79\" as filled in is not `echo-argv {int:1-10}`")),
+        "{s:?}"
+    );
+    assert!(s.output.is_empty());
+}
+
+/// Every kind of configured secret (inline, `env:`, `file:`; URLs, headers, HMAC keys, SMTP
+/// passwords) reaches the runbook environment's redactor, and nothing else does.
+#[test]
+fn every_configured_secret_is_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "file-secret-2b7c\n").unwrap();
+    // An `env:` secret: a variable this process has (tests do not change their environment).
+    let from_env = std::env::var("PATH").unwrap();
+    let text = format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = \"https://hooks.example.com/T0/inline-secret-4f2a\"\n\
+         format = \"json\"\nhmac_secret = \"env:PATH\"\n\
+         headers = {{ Authorization = \"file:{}\" }}\n\
+         [[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtps://mail.example.com:465\"\nfrom = \"a@example.com\"\n\
+         to = [\"b@example.com\"]\nusername = \"u\"\npassword = \"inline:smtp-secret-6a9c\"\n",
+        file.display()
+    );
+    let config = xidwatch::config::Config::from_toml(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    let env = xidwatch::daemon::runbook_env(&config);
+    let out = env.secrets.text(&format!(
+        "a https://hooks.example.com/T0/inline-secret-4f2a b {from_env} c file-secret-2b7c d smtp-secret-6a9c e"
+    ));
+    assert_eq!(out, "a <redacted> b <redacted> c <redacted> d <redacted> e");
+}
+
+/// The configuration refuses what would widen what runs: a relative search directory, the old
+/// program allowlist, an addition that breaks the never-list; each error names its key.
+#[test]
+fn the_configuration_cannot_widen_what_runs() {
+    for (text, needle) in [
+        (
+            "[runbooks]\nsearch_path = [\".\"]\n",
+            "[runbooks] search_path: \".\" is relative",
+        ),
+        (
+            "[runbooks]\nsearch_path = [\"/usr/bin\", \"relbin\"]\n",
+            "\"relbin\" is relative",
+        ),
+        (
+            "[runbooks]\nallowed_programs = [\"lsmod\"]\n",
+            "allowed_programs is gone",
+        ),
+        (
+            "[runbooks]\nallow = [\"lspci\"]\n",
+            "never a bare program name",
+        ),
+        (
+            "[runbooks]\nallow = [[\"sh\", \"-c\", \"reboot\"]]\n",
+            "[runbooks] allow[0]",
+        ),
+        (
+            "[runbooks]\nallow = [[\"cat\", \"/proc/1/environ\"]]\n",
+            "environ",
+        ),
+    ] {
+        let err = xidwatch::config::Config::from_toml(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{text}: {err}");
+    }
 }
