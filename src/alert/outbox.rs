@@ -133,7 +133,15 @@ struct Meta {
     dropped_unreported: u64,
     /// Dropped since the outbox was created.
     dropped_total: u64,
+    /// Ids of the newest opened-incident alerts accepted, oldest first: after a crash the
+    /// daemon reads again the records after its last checkpoint and opens the same incidents
+    /// (same ids); an alert already accepted is not queued a second time.
+    #[serde(default)]
+    accepted: std::collections::VecDeque<String>,
 }
+
+/// Opened-incident ids remembered against duplicates after a crash.
+const MAX_REMEMBERED: usize = 4096;
 
 /// An alert dropped to make room.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,8 +154,12 @@ pub struct Dropped {
 /// What [`Outbox::push`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pushed {
-    /// The new alert's sequence number, or `None` when the new alert itself was dropped.
+    /// The new alert's sequence number, or `None` when the new alert itself was dropped (or
+    /// was already accepted before).
     pub seq: Option<u64>,
+    /// The same incident's opening alert was accepted before (a record read again after a
+    /// crash): not queued again.
+    pub duplicate: bool,
     pub dropped: Vec<Dropped>,
     /// The file could not be written; the error, for the log.
     pub write_error: Option<String>,
@@ -178,6 +190,8 @@ pub struct Outbox {
     meta: Meta,
     /// While [`Outbox::push_many`] runs: the files it will write together.
     batch: Option<Vec<(u64, Vec<u8>)>>,
+    /// `meta` changed since it was last written.
+    meta_dirty: bool,
 }
 
 fn file_name(seq: u64) -> String {
@@ -193,21 +207,21 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
 /// Writes several files under `dir` durably with one filesystem flush: every temporary file is
 /// written, the filesystem is flushed once (`syncfs`), each is renamed over its real name, and
 /// the directory is flushed once. A crash leaves each file old or new, never torn.
-fn write_batch(dir: &Path, files: &[(u64, Vec<u8>)]) -> io::Result<()> {
+fn write_batch(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     if files.is_empty() {
         return Ok(());
     }
-    let tmp = |seq: u64| dir.join(format!(".{}.tmp", file_name(seq)));
+    let tmp = |name: &str| dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let written = (|| {
-        for (seq, bytes) in files {
+        for (name, bytes) in files {
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .mode(crate::state::STATE_FILE_MODE)
-                .open(tmp(*seq))?;
+                .open(tmp(name))?;
             f.write_all(bytes)?;
         }
         let d = File::open(dir)?;
@@ -215,15 +229,15 @@ fn write_batch(dir: &Path, files: &[(u64, Vec<u8>)]) -> io::Result<()> {
         if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        for (seq, _) in files {
-            fs::rename(tmp(*seq), dir.join(file_name(*seq)))?;
+        for (name, _) in files {
+            fs::rename(tmp(name), dir.join(name))?;
         }
         d.sync_all()
     })();
     if written.is_err() {
         // Leave no litter: a half-written batch is written again, one by one, later.
-        for (seq, _) in files {
-            let _ = fs::remove_file(tmp(*seq));
+        for (name, _) in files {
+            let _ = fs::remove_file(tmp(name));
         }
     }
     written
@@ -316,6 +330,7 @@ impl Outbox {
                 next_seq,
                 meta,
                 batch: None,
+                meta_dirty: false,
             },
             warnings,
         ))
@@ -366,9 +381,11 @@ impl Outbox {
         .unwrap_or_default()
     }
 
-    fn write_meta(&self) -> io::Result<()> {
+    fn write_meta(&mut self) -> io::Result<()> {
         let bytes = serde_json::to_vec(&self.meta).unwrap_or_default();
-        write_atomic(&self.dir, META, &bytes)
+        write_atomic(&self.dir, META, &bytes)?;
+        self.meta_dirty = false;
+        Ok(())
     }
 
     fn remove_slot(&mut self, seq: u64) -> Option<Slot> {
@@ -409,6 +426,21 @@ impl Outbox {
         now_ms: u64,
         held_until_mono: Option<u64>,
     ) -> Pushed {
+        if doc.phase == super::document::Phase::Opened && !doc.test {
+            if self.meta.accepted.contains(&doc.id) {
+                return Pushed {
+                    seq: None,
+                    duplicate: true,
+                    dropped: Vec::new(),
+                    write_error: None,
+                };
+            }
+            if self.meta.accepted.len() >= MAX_REMEMBERED {
+                self.meta.accepted.pop_front();
+            }
+            self.meta.accepted.push_back(doc.id.clone());
+            self.meta_dirty = true;
+        }
         let mut dropped = Vec::new();
         doc.dropped_alerts_before += self.meta.dropped_unreported;
         let reported = self.meta.dropped_unreported;
@@ -478,6 +510,9 @@ impl Outbox {
         self.meta.dropped_total += dropped_now;
         let mut write_error = None;
         if reported > 0 || dropped_now > 0 {
+            self.meta_dirty = true;
+        }
+        if self.meta_dirty && self.batch.is_none() {
             if let Err(e) = self.write_meta() {
                 write_error = Some(format!("{}: {e}", self.dir.join(META).display()));
             }
@@ -485,6 +520,7 @@ impl Outbox {
         if !accept {
             return Pushed {
                 seq: None,
+                duplicate: false,
                 dropped,
                 write_error,
             };
@@ -506,6 +542,7 @@ impl Outbox {
         self.slots.insert(seq, slot);
         Pushed {
             seq: Some(seq),
+            duplicate: false,
             dropped,
             write_error,
         }
@@ -527,7 +564,21 @@ impl Outbox {
         let mut batch = self.batch.take().unwrap_or_default();
         // Not what a later alert of the same batch pushed out again.
         batch.retain(|(seq, _)| self.slots.contains_key(seq));
-        let result = write_batch(&self.dir, &batch);
+        let mut files: Vec<(String, Vec<u8>)> = batch
+            .iter()
+            .map(|(seq, bytes)| (file_name(*seq), bytes.clone()))
+            .collect();
+        if self.meta_dirty {
+            // With the alerts it accounts for, in the same flush.
+            files.push((
+                META.to_string(),
+                serde_json::to_vec(&self.meta).unwrap_or_default(),
+            ));
+        }
+        let result = write_batch(&self.dir, &files);
+        if result.is_ok() {
+            self.meta_dirty = false;
+        }
         for (seq, _) in &batch {
             // A slot may already be gone again (dropped by a later push of the same batch).
             if let Some(slot) = self.slots.get_mut(seq) {
@@ -992,6 +1043,37 @@ mod tests {
         assert_eq!(ob.due_except("a", 2000, 0, &busy), Some(seq2));
         assert!(ob.get(seq2).unwrap().doc.evidence_note.is_some());
         assert!(ob.get(seq).unwrap().doc.evidence_note.is_none());
+    }
+
+    /// After a crash the daemon reads the records after its checkpoint again and opens the same
+    /// incidents: an opening alert already accepted (waiting or delivered) is not queued twice,
+    /// across a restart too; digests are not affected.
+    #[test]
+    fn an_opening_alert_is_accepted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
+        let first = ob.push(doc("i", Severity::Critical), &chans(), 1);
+        assert!(first.seq.is_some() && !first.duplicate);
+        let again = ob.push(doc("i", Severity::Critical), &chans(), 2);
+        assert!(again.seq.is_none() && again.duplicate);
+        let seq = first.seq.unwrap();
+        ob.record(seq, "a", Outcome::Delivered);
+        ob.record(seq, "b", Outcome::Delivered);
+        assert!(ob.is_empty());
+        let mut digest = doc("i", Severity::Critical);
+        digest.phase = crate::alert::document::Phase::Digest;
+        assert!(ob.push(digest, &chans(), 3).seq.is_some());
+        drop(ob);
+        let (mut ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
+        let batch = ob.push_many(vec![
+            (doc("i", Severity::Critical), chans(), 4, None),
+            (doc("j", Severity::Critical), chans(), 4, None),
+        ]);
+        assert!(batch[0].duplicate, "remembered across a restart");
+        assert!(batch[1].seq.is_some());
+        drop(ob);
+        let (mut ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
+        assert!(ob.push(doc("j", Severity::Critical), &chans(), 5).duplicate, "written with its batch");
     }
 
     #[test]
