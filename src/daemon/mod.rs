@@ -257,6 +257,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         saved_seq: resume_after,
         saved_changes: engine.changes(),
         saved_probe: probe::Memory::default(),
+        shown_changes: u64::MAX,
         last_save: tokio::time::Instant::now(),
         errors: 0,
     };
@@ -496,6 +497,8 @@ struct Checkpointer {
     saved_seq: Option<u64>,
     saved_changes: u64,
     saved_probe: probe::Memory,
+    /// The engine state last shown to `status`.
+    shown_changes: u64,
     last_save: tokio::time::Instant,
     errors: u64,
 }
@@ -533,6 +536,12 @@ impl Checkpointer {
         tel: &Telemetry,
         force: bool,
     ) -> bool {
+        if engine.changes() != self.shown_changes {
+            // `status` shows open incidents as soon as the engine has them, not at the next
+            // status tick.
+            tel.set_open_incidents_from(engine.open_incidents());
+            self.shown_changes = engine.changes();
+        }
         if !acks.settle(ACK_WAIT).await {
             return false;
         }
