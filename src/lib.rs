@@ -12,6 +12,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod files;
 pub mod host;
 pub mod incident;
 pub mod model;

@@ -353,7 +353,7 @@ impl Secret {
             },
             Secret::File(path) => {
                 // Like the config: a regular file of bounded size, never a device or FIFO.
-                let text = crate::config::read_config_file(path)
+                let text = crate::files::read_config_file(path)
                     .map_err(|e| format!("cannot read secret file {}: {e}", path.display()))?;
                 let v = text.trim_end_matches(['\n', '\r']).to_string();
                 if v.is_empty() {

@@ -58,10 +58,10 @@ impl XidOverrides {
                 return Err(format!("xid.{key}.min_count: expected at least 1"));
             }
             if let Some(w) = value.window_secs {
-                if w == 0 || w > crate::config::MAX_WINDOW_SECS {
+                if w == 0 || w > crate::model::MAX_WINDOW_SECS {
                     return Err(format!(
                         "xid.{key}.window_secs = {w}: expected seconds from 1 to {} (30 days)",
-                        crate::config::MAX_WINDOW_SECS
+                        crate::model::MAX_WINDOW_SECS
                     ));
                 }
             }

@@ -6,7 +6,7 @@
 //! 0 running, 3 not running, 4 unknown (the status could not be read), 78 config error.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -72,10 +72,7 @@ impl Report {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::wall_ms()
 }
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<u8> {

@@ -131,3 +131,6 @@ impl fmt::Display for Category {
         f.write_str(self.as_str())
     }
 }
+
+/// The longest correlation window (and probe interval) accepted anywhere: 30 days.
+pub const MAX_WINDOW_SECS: u64 = 30 * 24 * 3600;
