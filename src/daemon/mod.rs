@@ -7,6 +7,7 @@
 //! behind, the kmsg thread waits, the kernel ring buffer overwrites, and the loss is reported as an
 //! overrun rather than hidden in an ever-growing queue.
 
+pub mod checkpoint;
 pub mod control;
 pub mod metrics;
 pub mod notify;
@@ -28,10 +29,11 @@ use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
 use crate::host::hostname;
-use crate::incident::{Engine, EngineConfig, Origin, Persisted};
+use crate::incident::{Engine, EngineConfig, Origin};
 use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::kmsg::follow::{self, KmsgEvent};
-use crate::state::{self, Position, StateDir};
+use crate::state::{self, StateDir};
+use checkpoint::{Acks, Checkpointer, SavedIncidents, CHECKPOINT};
 use telemetry::Telemetry;
 
 /// Where `run` sends incidents when no alert channel takes them.
@@ -54,29 +56,10 @@ pub struct RunOptions {
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
 const FOLD_QUIET: Duration = Duration::from_millis(50);
-/// How often the kmsg position is written while records flow.
-const POSITION_EVERY: Duration = Duration::from_millis(250);
 
 fn now_ms() -> u64 {
     crate::clock::wall_ms()
 }
-
-/// The checkpoint: open incidents, the lost-GPU probe's memory and the kernel log record they
-/// account for, tied to the boot they belong to. Written as one file, so after a crash the
-/// incidents restored and the records read again never overlap.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SavedIncidents {
-    boot_id: String,
-    open: Vec<Persisted>,
-    /// The last kernel log record the snapshot includes.
-    #[serde(default)]
-    last_seq: Option<u64>,
-    #[serde(default)]
-    probe: Option<probe::Memory>,
-}
-
-/// Where the checkpoint is.
-const CHECKPOINT: &str = "incidents.json";
 
 /// Counters the daemon keeps about its sources.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -440,14 +423,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // Runbooks still running give up; their alerts go out without evidence rather than not at all.
     out.finish().await;
     if !ckpt
-        .save(
-            &mut acks,
-            last_seq,
-            &engine,
-            &probe_memory,
-            &tel,
-            true,
-        )
+        .save(&mut acks, last_seq, &engine, &probe_memory, &tel, true)
         .await
     {
         tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
@@ -486,124 +462,6 @@ fn push(
 ) {
     tel.record_finding(&f);
     engine.push(f, origin, now, at_startup, out);
-}
-
-/// Writes the checkpoint (open incidents, probe memory, the record they account for) and the
-/// kernel log position, only once every alert handed over is durable.
-struct Checkpointer {
-    state: StateDir,
-    boot: [u8; 16],
-    boot_hex: String,
-    saved_seq: Option<u64>,
-    saved_changes: u64,
-    saved_probe: probe::Memory,
-    /// The engine state last shown to `status`.
-    shown_changes: u64,
-    last_save: tokio::time::Instant,
-    errors: u64,
-}
-
-/// The shortest time between two checkpoints, however many alerts arrive.
-const SAVE_GAP: Duration = Duration::from_millis(100);
-
-impl Checkpointer {
-    /// When the loop must call [`Checkpointer::save`] even if nothing else happens.
-    fn due_at(
-        &self,
-        acks: &Acks,
-        last_seq: Option<u64>,
-        engine: &Engine,
-    ) -> Option<tokio::time::Instant> {
-        let changed = last_seq != self.saved_seq || engine.changes() != self.saved_changes;
-        if acks.since_save {
-            Some(self.last_save + SAVE_GAP)
-        } else if changed {
-            Some(self.last_save + POSITION_EVERY)
-        } else {
-            None
-        }
-    }
-
-    /// Saves when something changed and either an alert was handed over since the last save,
-    /// `force`, or [`POSITION_EVERY`] has passed. Returns false when alerts are still not
-    /// durable (nothing is saved then: the position must not pass them).
-    async fn save(
-        &mut self,
-        acks: &mut Acks,
-        last_seq: Option<u64>,
-        engine: &Engine,
-        probe: &probe::Memory,
-        tel: &Telemetry,
-        force: bool,
-    ) -> bool {
-        if engine.changes() != self.shown_changes {
-            // `status` shows open incidents as soon as the engine has them, not at the next
-            // status tick.
-            tel.set_open_incidents_from(engine.open_incidents());
-            self.shown_changes = engine.changes();
-        }
-        if !acks.settle(ACK_WAIT).await {
-            return false;
-        }
-        // Promptly after an alert (a crash then re-sends little), but not after every small
-        // batch of a burst: the snapshot grows with the open incidents.
-        let gap = if acks.since_save {
-            SAVE_GAP
-        } else {
-            POSITION_EVERY
-        };
-        let due = force || self.last_save.elapsed() >= gap;
-        let changed = last_seq != self.saved_seq || engine.changes() != self.saved_changes;
-        if !due || !(changed || force) {
-            return true;
-        }
-        let started = std::time::Instant::now();
-        let snapshot = SavedIncidents {
-            boot_id: self.boot_hex.clone(),
-            open: engine.snapshot(),
-            last_seq,
-            probe: Some(probe.clone()),
-        };
-        // The snapshot first: it names the record it accounts for, and a start after a crash
-        // between the two writes goes on from the snapshot.
-        let result = self
-            .state
-            .save_json(CHECKPOINT, &snapshot)
-            .and_then(|()| match last_seq {
-                Some(seq) => self.state.save_position(&Position {
-                    boot_id: self.boot,
-                    last_seq: seq,
-                }),
-                None => Ok(()),
-            });
-        self.last_save = tokio::time::Instant::now();
-        tracing::debug!(
-            incidents = snapshot.open.len(),
-            ms = started.elapsed().as_millis() as u64,
-            "checkpoint saved"
-        );
-        match result {
-            Ok(()) => {
-                if let Some(seq) = last_seq {
-                    tel.set_kmsg_position(&self.boot_hex, seq);
-                }
-                self.saved_seq = last_seq;
-                self.saved_changes = engine.changes();
-                self.saved_probe = probe.clone();
-                acks.since_save = false;
-                if self.errors > 0 {
-                    tracing::info!("state saved again after {} failed attempts", self.errors);
-                    self.errors = 0;
-                }
-            }
-            Err(e) => {
-                // A full disk: rate-limited, as this fails at every save.
-                self.errors += 1;
-                state::log_write_error("checkpoint", &format!("{e:#}"));
-            }
-        }
-        true
-    }
 }
 
 /// What is in force: the config file's bytes and every runbook file's name and bytes. Reload
@@ -1039,61 +897,6 @@ impl Emitter {
                 tracing::error!("alert stage: {e}");
             }
         });
-    }
-}
-
-/// Acknowledgements of alerts handed to the alert stage and not yet durable. The kernel log
-/// position (and the incident snapshot saved with it) is written only when none is missing, so
-/// the saved state never runs ahead of an alert that exists only in memory.
-#[derive(Default)]
-struct Acks {
-    waiting: Vec<tokio::sync::oneshot::Receiver<crate::alert::dispatch::Ack>>,
-    /// An alert was handed over since the last save: save promptly.
-    since_save: bool,
-}
-
-/// How long the loop waits for the alert stage to make a batch's alerts durable before it goes
-/// on reading (the position then simply stays where it is until they are).
-const ACK_WAIT: Duration = Duration::from_secs(2);
-
-impl Acks {
-    fn submitted(
-        &mut self,
-        r: Result<
-            tokio::sync::oneshot::Receiver<crate::alert::dispatch::Ack>,
-            crate::alert::SendError,
-        >,
-    ) {
-        match r {
-            Ok(rx) => {
-                self.waiting.push(rx);
-                self.since_save = true;
-            }
-            // Only at shutdown: the alert stage is gone, so the position must not move.
-            Err(e) => {
-                tracing::error!("alert stage: {e}");
-                self.waiting.push(tokio::sync::oneshot::channel().1);
-            }
-        }
-    }
-
-    /// Waits (bounded) for the outstanding acknowledgements; true when none is missing.
-    async fn settle(&mut self, limit: Duration) -> bool {
-        if self.waiting.is_empty() {
-            return true;
-        }
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut left = Vec::new();
-        for mut rx in std::mem::take(&mut self.waiting) {
-            match tokio::time::timeout_at(deadline, &mut rx).await {
-                Ok(Ok(_)) => {}
-                // The stage dropped it without an answer: never durable.
-                Ok(Err(_)) => left.push(tokio::sync::oneshot::channel().1),
-                Err(_) => left.push(rx),
-            }
-        }
-        self.waiting = left;
-        self.waiting.is_empty()
     }
 }
 
