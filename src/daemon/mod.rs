@@ -73,20 +73,15 @@ pub struct SourceStats {
 }
 
 /// Runs until SIGTERM/SIGINT. Returns after persisting state.
+///
+/// The shape: the kernel log reader thread and the NVML worker feed this task; the [`Pipeline`]
+/// classifies, correlates and hands incidents to the runbooks and the alert stage (which lives for
+/// the whole run); the checkpoint moves only behind alerts the stage has made durable.
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let cfg = &opts.config;
     let notifier = notify::Notifier::from_env();
     let state = StateDir::open(&cfg.state_dir)?;
     let boot = state::current_boot_id(&opts.boot_id_path)?;
-    let boot_hex = state::hex(&boot);
-    let position = match state.load_position() {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!("{e:#}; reading the whole kernel log again");
-            None
-        }
-    };
-    let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
     let tel = Arc::new(Telemetry::new());
     tel.set_xid_overrides(cfg.overrides.clone());
     tel.set_kmsg_path(&cfg.kmsg.path);
@@ -98,84 +93,155 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             "disabled"
         },
     );
-    let host = cfg.incidents.host.clone().unwrap_or_else(hostname);
-
-    let mut engine = Engine::new(EngineConfig {
-        window_ms: cfg.incidents.window_secs.saturating_mul(1000),
-        max_open: cfg.incidents.max_open,
-        nvml_match_ms: cfg.incidents.nvml_match_ms,
-        host: host.clone(),
-        boot_id: boot_hex.clone(),
-        overrides: cfg.overrides.clone(),
-    });
-    let mut probe_memory: Option<probe::Memory> = None;
-    match state.load_json::<SavedIncidents>(CHECKPOINT) {
-        Ok(Some(saved)) if saved.boot_id == boot_hex => {
-            engine.restore(saved.open);
-            probe_memory = saved.probe;
-            // The snapshot accounts for every record up to its own position: go on from there,
-            // so nothing is counted twice (the position file is only a fallback).
-            if saved.last_seq.is_some() {
-                resume_after = saved.last_seq;
-            }
-        }
-        Ok(_) => {}
-        // Say so, and go on: the kernel log position still prevents duplicates; only the counts
-        // of incidents open before the restart start again.
-        Err(e) => tracing::warn!("{e:#}; open incidents of the previous run are not restored"),
-    }
+    // The alert stage first: what an earlier run left in the outbox goes out meanwhile.
+    let alerts = AlertStage::start(cfg, opts.output)?;
+    set_alert_provider(&tel, &alerts);
+    let (mut p, probe_memory) =
+        Pipeline::restore(&opts, &state, boot, tel.clone(), alerts.sender())?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let (ktx, mut krx) = mpsc::channel::<KmsgEvent>(1024);
     let kfile = follow::open(&cfg.kmsg.path)?;
-    let kthread = follow::spawn(
-        cfg.kmsg.path.clone(),
-        kfile,
-        resume_after,
-        ktx,
-        stop.clone(),
-    )
-    .context("starting the kernel log reader")?;
-    match resume_after {
+    let kthread = follow::spawn(cfg.kmsg.path.clone(), kfile, p.last_seq, ktx, stop.clone())
+        .context("starting the kernel log reader")?;
+    match p.last_seq {
         Some(seq) => tracing::info!("kernel log: resuming after record {seq} of this boot"),
         None => {
             tracing::info!("kernel log: first start in this boot, reading the whole buffer once")
         }
     }
 
-    let mut classifier = Classifier::new();
-    let mut stats = SourceStats::default();
-    let mut out_buf: Vec<Incident> = Vec::new();
-    let mut findings: Vec<Finding> = Vec::new();
-
     // NVML, on its own worker thread; the kernel log waits for its init at most
     // nvml.call_timeout_secs (capped at nvml::NVML_OPEN_LIMIT). Failures become findings, said
     // once.
     let (mut nvml_link, nvml_now) =
-        nvml::start(cfg, &tel, &mut classifier, &mut stats, probe_memory).await?;
+        nvml::start(cfg, &tel, &mut p.classifier, &mut p.stats, probe_memory).await?;
     for f in nvml_now {
-        push(
-            &tel,
-            &mut engine,
-            f,
-            Origin::Nvml,
-            Now::read(),
-            true,
-            &mut out_buf,
-        );
+        p.feed(f, Origin::Nvml, Now::read(), true);
+    }
+    // Runbook `nvml` steps are answered through the NVML worker, under its deadline.
+    p.out.env.nvml = nvml_link.probe_handle();
+
+    let ops_shutdown = start_ops(cfg, &tel).await?;
+
+    let signal = |kind| tokio::signal::unix::signal(kind).context("installing the signal handlers");
+    use tokio::signal::unix::SignalKind;
+    let (mut sigterm, mut sigint, mut sighup) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::hangup())?,
+    );
+    let mut watchdog =
+        tokio::time::interval(notifier.watchdog_every.unwrap_or(Duration::from_secs(3600)));
+    let mut status_timer = tokio::time::interval(control::STATUS_FILE_INTERVAL);
+    let (reload_tx, mut reload_rx) = mpsc::channel::<()>(1);
+    // Held for as long as the loop runs: dropping it stops the watching.
+    let mut _watcher = watch_config(cfg, reload_tx.clone());
+
+    notifier.notify("READY=1");
+    tracing::info!(
+        "xidwatch watching {} (state in {})",
+        cfg.kmsg.path.display(),
+        cfg.state_dir.display()
+    );
+    p.flush(&nvml_link.probe_memory, false).await;
+
+    loop {
+        let deadline = p
+            .engine
+            .next_deadline()
+            .map(|d| d.saturating_sub(crate::clock::mono_ms()))
+            .unwrap_or(3_600_000);
+        let save_at = p.ckpt.due_at(&p.acks, p.last_seq, &p.engine);
+        let fold_wait = FOLD_QUIET.saturating_sub(p.last_record.elapsed());
+        tokio::select! {
+            ev = krx.recv() => {
+                let Some(ev) = ev else { break };
+                let mut batch = vec![ev];
+                // Drain what is already queued so a storm is handled in batches.
+                while batch.len() < 512 {
+                    match krx.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(_) => break,
+                    }
+                }
+                p.kmsg(batch)?;
+                p.flush(&nvml_link.probe_memory, false).await;
+            }
+            Some(msg) = nvml_link.next() => {
+                for (f, origin) in nvml_link.handle(msg, &tel, &mut p.classifier, &mut p.stats) {
+                    p.feed(f, origin, Now::read(), false);
+                }
+                // The probe's memory is part of the checkpoint: save it promptly when it moved.
+                let moved = nvml_link.probe_memory != p.ckpt.saved_probe;
+                p.flush(&nvml_link.probe_memory, moved).await;
+            }
+            _ = tokio::time::sleep(fold_wait), if p.classifier.has_pending() => {
+                p.fold_quiet();
+                p.flush(&nvml_link.probe_memory, false).await;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
+                p.engine.tick(Now::read(), &mut p.out_buf);
+                p.flush(&nvml_link.probe_memory, false).await;
+            }
+            _ = status_timer.tick() => {
+                p.flush(&nvml_link.probe_memory, false).await;
+                p.write_status_file();
+            }
+            _ = watchdog.tick() => {
+                notifier.notify("WATCHDOG=1");
+                p.flush(&nvml_link.probe_memory, false).await;
+            }
+            _ = sighup.recv() => {
+                p.reload(&opts, true).await;
+                // The runbook directories may have changed (or appeared): watch what is in force now.
+                _watcher = watch_config(&p.current, reload_tx.clone());
+                p.flush(&nvml_link.probe_memory, false).await;
+            }
+            Some(()) = reload_rx.recv() => {
+                // Editors write a file in several steps: let them finish.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                while reload_rx.try_recv().is_ok() {}
+                if p.reload(&opts, false).await {
+                    _watcher = watch_config(&p.current, reload_tx.clone());
+                    p.flush(&nvml_link.probe_memory, false).await;
+                }
+            }
+            _ = tokio::time::sleep_until(save_at.unwrap_or_else(tokio::time::Instant::now)), if save_at.is_some() => {
+                p.flush(&nvml_link.probe_memory, false).await;
+            }
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+        }
     }
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .context("installing the SIGINT handler")?;
-    let watchdog_every = notifier.watchdog_every.unwrap_or(Duration::from_secs(3600));
-    let mut watchdog = tokio::time::interval(watchdog_every);
+    // Graceful shutdown: stop the sources, keep what is in flight.
+    notifier.notify("STOPPING=1");
+    stop.store(true, Ordering::Relaxed);
+    let probe_memory = nvml_link.probe_memory.clone();
+    nvml_link.stop();
+    p.fold_quiet();
+    // Runbooks still running give up; their alerts go out without evidence rather than not at all.
+    p.out.emit_all(&mut p.out_buf, &mut p.acks).await;
+    p.out.finish().await;
+    if !p.flush(&probe_memory, true).await {
+        tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
+    }
+    drop(krx);
+    let _ = kthread.join();
+    let _ = ops_shutdown.send(true);
+    p.stopped();
+    drop(p);
+    alerts.stop().await;
+    Ok(())
+}
 
-    // Runbook `nvml` steps are answered through the NVML worker, under its deadline.
-    let nvml_probe = nvml_link.probe_handle();
-    let alerts = AlertStage::start(cfg, opts.output)?;
-    set_alert_provider(&tel, &alerts);
+/// The Prometheus endpoint (when configured) and the status socket; they end when the returned
+/// sender says so.
+async fn start_ops(
+    cfg: &Config,
+    tel: &Arc<Telemetry>,
+) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
     let metrics_settings = cfg.metrics.validate().map_err(|e| anyhow::anyhow!(e))?;
     for w in &metrics_settings.warnings {
@@ -196,258 +262,308 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             tracing::warn!("status socket unavailable ({e:#}); `xidwatch status` reads status.json")
         }
     }
-    let mut status_timer = tokio::time::interval(control::STATUS_FILE_INTERVAL);
-    let mut current = cfg.clone();
-    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("installing the SIGHUP handler")?;
-    let (reload_tx, mut reload_rx) = mpsc::channel::<()>(1);
-    // Held for as long as the loop runs: dropping it stops the watching.
-    let mut _watcher = watch_config(cfg, reload_tx.clone());
-    let mut last_reload_error: Option<String> = None;
-    let mut fingerprint = Fingerprint::of(cfg);
+    Ok(ops_shutdown)
+}
 
-    notifier.notify("READY=1");
-    tracing::info!(
-        "xidwatch watching {} (state in {})",
-        cfg.kmsg.path.display(),
-        cfg.state_dir.display()
-    );
+/// Classify, correlate, hand over, checkpoint: everything the processing task owns. Nothing in
+/// here blocks on NVML, a child process or the network.
+struct Pipeline {
+    tel: Arc<Telemetry>,
+    classifier: Classifier,
+    engine: Engine,
+    stats: SourceStats,
+    out: Emitter,
+    acks: Acks,
+    ckpt: Checkpointer,
+    /// Incidents the engine produced and not yet handed over.
+    out_buf: Vec<Incident>,
+    findings: Vec<Finding>,
+    /// The last kernel log record read.
+    last_seq: Option<u64>,
+    last_record: tokio::time::Instant,
+    caught_up: bool,
+    /// The config in force (settings that need a restart keep their start-up values).
+    current: Config,
+    last_reload_error: Option<String>,
+    fingerprint: Fingerprint,
+}
 
-    let mut out = Emitter {
-        output: opts.output,
-        stdout: std::io::stdout(),
-        alerts: alerts.sender(),
-        runbooks: cfg.runbook_set.clone(),
-        env: {
-            let mut env = runbook_env(cfg);
-            env.nvml = nvml_probe.clone();
-            env
-        },
-        limits: cfg.runbook_limits,
-        permits: Arc::new(tokio::sync::Semaphore::new(
-            cfg.runbooks.max_parallel_runbooks(),
-        )),
-        log: std::collections::VecDeque::with_capacity(LOG_RING),
-        tel: tel.clone(),
-        tasks: tokio::task::JoinSet::new(),
-        stop_runbooks: tokio::sync::watch::channel(false).0,
-    };
-    let mut acks = Acks::default();
-    let mut ckpt = Checkpointer {
-        state: state.clone(),
-        boot,
-        boot_hex: boot_hex.clone(),
-        saved_seq: resume_after,
-        saved_changes: engine.changes(),
-        saved_probe: probe::Memory::default(),
-        shown_changes: u64::MAX,
-        last_save: tokio::time::Instant::now(),
-        errors: 0,
-    };
-    out.emit_all(&mut out_buf, &mut acks).await;
-    let mut last_seq: Option<u64> = resume_after;
-    let mut last_record = tokio::time::Instant::now();
-    let mut caught_up = false;
-
-    loop {
-        let deadline = engine
-            .next_deadline()
-            .map(|d| d.saturating_sub(crate::clock::mono_ms()))
-            .unwrap_or(3_600_000);
-        let save_at = ckpt.due_at(&acks, last_seq, &engine);
-        let fold_wait = if classifier.has_pending() {
-            FOLD_QUIET
-        } else {
-            Duration::from_secs(3600)
+impl Pipeline {
+    /// The pipeline as the last checkpoint of this boot left it (or new), and the probe's
+    /// memory from that checkpoint.
+    fn restore(
+        opts: &RunOptions,
+        state: &StateDir,
+        boot: [u8; 16],
+        tel: Arc<Telemetry>,
+        alerts: crate::alert::AlertSender,
+    ) -> anyhow::Result<(Pipeline, Option<probe::Memory>)> {
+        let cfg = &opts.config;
+        let boot_hex = state::hex(&boot);
+        let position = match state.load_position() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("{e:#}; reading the whole kernel log again");
+                None
+            }
         };
-        tokio::select! {
-            ev = krx.recv() => {
-                let Some(ev) = ev else { break };
-                let mut batch = vec![ev];
-                // Drain what is already queued so a storm is handled in batches.
-                while batch.len() < 512 {
-                    match krx.try_recv() {
-                        Ok(ev) => batch.push(ev),
-                        Err(_) => break,
+        let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
+        let mut engine = Engine::new(EngineConfig {
+            window_ms: cfg.incidents.window_secs.saturating_mul(1000),
+            max_open: cfg.incidents.max_open,
+            nvml_match_ms: cfg.incidents.nvml_match_ms,
+            host: cfg.incidents.host.clone().unwrap_or_else(hostname),
+            boot_id: boot_hex.clone(),
+            overrides: cfg.overrides.clone(),
+        });
+        let mut probe_memory = None;
+        match state.load_json::<SavedIncidents>(CHECKPOINT) {
+            Ok(Some(saved)) if saved.boot_id == boot_hex => {
+                engine.restore(saved.open);
+                probe_memory = saved.probe;
+                // The snapshot accounts for every record up to its own position: go on from
+                // there, so nothing is counted twice (the position file is only a fallback).
+                if saved.last_seq.is_some() {
+                    resume_after = saved.last_seq;
+                }
+            }
+            Ok(_) => {}
+            // Say so, and go on: the kernel log position still prevents duplicates; only the
+            // counts of incidents open before the restart start again.
+            Err(e) => {
+                tracing::warn!("{e:#}; open incidents of the previous run are not restored")
+            }
+        }
+        let out = Emitter {
+            output: opts.output,
+            stdout: std::io::stdout(),
+            alerts,
+            runbooks: cfg.runbook_set.clone(),
+            env: runbook_env(cfg),
+            limits: cfg.runbook_limits,
+            permits: Arc::new(tokio::sync::Semaphore::new(
+                cfg.runbooks.max_parallel_runbooks(),
+            )),
+            log: std::collections::VecDeque::with_capacity(LOG_RING),
+            tel: tel.clone(),
+            tasks: tokio::task::JoinSet::new(),
+            stop_runbooks: tokio::sync::watch::channel(false).0,
+        };
+        let ckpt = Checkpointer {
+            state: state.clone(),
+            boot,
+            boot_hex,
+            saved_seq: resume_after,
+            saved_changes: engine.changes(),
+            saved_probe: probe::Memory::default(),
+            shown_changes: u64::MAX,
+            last_save: tokio::time::Instant::now(),
+            errors: 0,
+        };
+        let p = Pipeline {
+            tel,
+            classifier: Classifier::new(),
+            engine,
+            stats: SourceStats::default(),
+            out,
+            acks: Acks::default(),
+            ckpt,
+            out_buf: Vec::new(),
+            findings: Vec::new(),
+            last_seq: resume_after,
+            last_record: tokio::time::Instant::now(),
+            caught_up: false,
+            current: cfg.clone(),
+            last_reload_error: None,
+            fingerprint: Fingerprint::of(cfg),
+        };
+        Ok((p, probe_memory))
+    }
+
+    /// Counts a finding and hands it to the incident engine.
+    fn feed(&mut self, f: Finding, origin: Origin, now: Now, at_startup: bool) {
+        push(
+            &self.tel,
+            &mut self.engine,
+            f,
+            origin,
+            now,
+            at_startup,
+            &mut self.out_buf,
+        );
+    }
+
+    /// One batch from the kernel log reader.
+    fn kmsg(&mut self, batch: Vec<KmsgEvent>) -> anyhow::Result<()> {
+        let now = Now::read();
+        for ev in batch {
+            match ev {
+                KmsgEvent::Record { rec, at_startup } => {
+                    self.stats.kmsg_records += 1;
+                    self.tel.kmsg_records(1);
+                    self.last_seq = Some(rec.seq);
+                    if !rec.is_kernel() && !self.current.kmsg.accept_userspace {
+                        self.stats.kmsg_userspace_ignored += 1;
+                        self.tel.kmsg_userspace_ignored(1);
+                        continue;
+                    }
+                    let at = LineOrigin {
+                        line: 0,
+                        seq: Some(rec.seq),
+                        ts_usec: Some(rec.ts_usec),
+                        timestamp: Some(format!(
+                            "[{:>5}.{:06}]",
+                            rec.ts_usec / 1_000_000,
+                            rec.ts_usec % 1_000_000
+                        )),
+                    };
+                    for line in rec.lines() {
+                        self.out.remember(rec.seq, rec.ts_usec, line);
+                        if crate::classify::prefix::message_start(line) == Some(0) {
+                            self.classifier.push(line, &at, &mut self.findings);
+                        }
+                    }
+                    for f in std::mem::take(&mut self.findings) {
+                        self.feed(f, Origin::Kmsg, now, at_startup);
                     }
                 }
-                let now = Now::read();
-                for ev in batch {
-                    match ev {
-                        KmsgEvent::Record { rec, at_startup } => {
-                            stats.kmsg_records += 1;
-                            tel.kmsg_records(1);
-                            last_seq = Some(rec.seq);
-                            if !rec.is_kernel() && !current.kmsg.accept_userspace {
-                                stats.kmsg_userspace_ignored += 1;
-                                tel.kmsg_userspace_ignored(1);
-                                continue;
-                            }
-                            let at = LineOrigin { line: 0, seq: Some(rec.seq), ts_usec: Some(rec.ts_usec), timestamp: Some(format!("[{:>5}.{:06}]", rec.ts_usec / 1_000_000, rec.ts_usec % 1_000_000)) };
-                            for line in rec.lines() {
-                                out.remember(rec.seq, rec.ts_usec, line);
-                                if crate::classify::prefix::message_start(line) == Some(0) {
-                                    classifier.push(line, &at, &mut findings);
-                                }
-                            }
-                            for f in findings.drain(..) {
-                                push(&tel, &mut engine, f, Origin::Kmsg, now, at_startup, &mut out_buf);
-                            }
-                        }
-                        KmsgEvent::Overrun { lost, next_seq, at_startup } => {
-                            stats.kmsg_lost += lost;
-                            tel.kmsg_lost(lost);
-                            tracing::warn!("kernel log overrun: {lost} records lost before record {next_seq}");
-                            push(&tel, &mut engine, overrun_finding(lost, next_seq), Origin::Kmsg, now, at_startup, &mut out_buf);
-                        }
-                        KmsgEvent::SequenceAnomaly { anomaly, at_startup } => {
-                            // Counted; reported once as a finding, later ones sparingly in the log.
-                            tel.kmsg_out_of_sequence(1);
-                            if anomaly.count == 1 {
-                                tracing::warn!("kernel log: {anomaly}; later records are still read");
-                                push(&tel, &mut engine, sequence_finding(&anomaly), Origin::Kmsg, now, at_startup, &mut out_buf);
-                            } else if anomaly.count <= 10 || anomaly.count.is_power_of_two() {
-                                tracing::warn!("kernel log: {anomaly}; {} records out of sequence so far", anomaly.count);
-                            }
-                        }
-                        KmsgEvent::Malformed(why) => {
-                            stats.kmsg_malformed += 1;
-                            tel.kmsg_malformed(1);
-                            if stats.kmsg_malformed <= 10 || stats.kmsg_malformed.is_power_of_two() {
-                                tracing::warn!("kernel log: skipped a malformed record ({why}); {} so far", stats.kmsg_malformed);
-                            }
-                        }
-                        KmsgEvent::CaughtUp => {
-                            if !caught_up {
-                                caught_up = true;
-                                tracing::info!("kernel log: caught up ({} records read at start-up)", stats.kmsg_records);
-                            }
-                        }
-                        KmsgEvent::Failed(why) => {
-                            anyhow::bail!("kernel log reader stopped: {why}");
-                        }
+                KmsgEvent::Overrun {
+                    lost,
+                    next_seq,
+                    at_startup,
+                } => {
+                    self.stats.kmsg_lost += lost;
+                    self.tel.kmsg_lost(lost);
+                    tracing::warn!(
+                        "kernel log overrun: {lost} records lost before record {next_seq}"
+                    );
+                    self.feed(
+                        overrun_finding(lost, next_seq),
+                        Origin::Kmsg,
+                        now,
+                        at_startup,
+                    );
+                }
+                KmsgEvent::SequenceAnomaly {
+                    anomaly,
+                    at_startup,
+                } => {
+                    // Counted; reported once as a finding, later ones sparingly in the log.
+                    self.tel.kmsg_out_of_sequence(1);
+                    if anomaly.count == 1 {
+                        tracing::warn!("kernel log: {anomaly}; later records are still read");
+                        self.feed(sequence_finding(&anomaly), Origin::Kmsg, now, at_startup);
+                    } else if anomaly.count <= 10 || anomaly.count.is_power_of_two() {
+                        tracing::warn!(
+                            "kernel log: {anomaly}; {} records out of sequence so far",
+                            anomaly.count
+                        );
                     }
                 }
-                last_record = tokio::time::Instant::now();
-                out.emit_all(&mut out_buf, &mut acks).await;
-                // Move the position promptly after an alert, otherwise at a steady pace.
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-            }
-            Some(msg) = nvml_link.next() => {
-                for (f, origin) in nvml_link.handle(msg, &tel, &mut classifier, &mut stats) {
-                    push(&tel, &mut engine, f, origin, Now::read(), false, &mut out_buf);
-                }
-                out.emit_all(&mut out_buf, &mut acks).await;
-                // The probe's memory is part of the checkpoint: save it promptly when it moved.
-                let moved = nvml_link.probe_memory != ckpt.saved_probe;
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, moved).await;
-            }
-            _ = tokio::time::sleep(fold_wait.saturating_sub(last_record.elapsed())), if classifier.has_pending() => {
-                classifier.flush(&mut findings);
-                let now = Now::read();
-                for f in findings.drain(..) {
-                    push(&tel, &mut engine, f, Origin::Kmsg, now, false, &mut out_buf);
-                }
-                out.emit_all(&mut out_buf, &mut acks).await;
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-            }
-            _ = tokio::time::sleep(Duration::from_millis(deadline)) => {
-                engine.tick(Now::read(), &mut out_buf);
-                out.emit_all(&mut out_buf, &mut acks).await;
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-            }
-            _ = status_timer.tick() => {
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-                tel.set_open_incidents_from(engine.open_incidents());
-                let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = control::write_status_file(&dir, &snap) {
-                        state::log_write_error("status", &format!("{e:#}"));
+                KmsgEvent::Malformed(why) => {
+                    self.stats.kmsg_malformed += 1;
+                    self.tel.kmsg_malformed(1);
+                    let n = self.stats.kmsg_malformed;
+                    if n <= 10 || n.is_power_of_two() {
+                        tracing::warn!(
+                            "kernel log: skipped a malformed record ({why}); {n} so far"
+                        );
                     }
-                });
-            }
-            _ = watchdog.tick() => {
-                notifier.notify("WATCHDOG=1");
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-            }
-            _ = sighup.recv() => {
-                reload(&opts, &mut current, &mut engine, &mut out, &mut last_reload_error, &mut out_buf).await;
-                fingerprint = Fingerprint::of(&current);
-                // The runbook directories may have changed (or appeared): watch what is in force now.
-                _watcher = watch_config(&current, reload_tx.clone());
-                out.emit_all(&mut out_buf, &mut acks).await;
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-            }
-            Some(()) = reload_rx.recv() => {
-                // Editors write a file in several steps: let them finish.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                while reload_rx.try_recv().is_ok() {}
-                // Only a real change of what is in force reloads: not a stray file, not a save
-                // without edits.
-                let now = Fingerprint::of(&current);
-                if now != fingerprint {
-                    reload(&opts, &mut current, &mut engine, &mut out, &mut last_reload_error, &mut out_buf).await;
-                    fingerprint = Fingerprint::of(&current);
-                    // The runbook directories may have changed (or appeared): watch what is in force now.
-                    _watcher = watch_config(&current, reload_tx.clone());
-                    out.emit_all(&mut out_buf, &mut acks).await;
-                    ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
+                }
+                KmsgEvent::CaughtUp => {
+                    if !self.caught_up {
+                        self.caught_up = true;
+                        tracing::info!(
+                            "kernel log: caught up ({} records read at start-up)",
+                            self.stats.kmsg_records
+                        );
+                    }
+                }
+                KmsgEvent::Failed(why) => {
+                    anyhow::bail!("kernel log reader stopped: {why}");
                 }
             }
-            _ = tokio::time::sleep_until(save_at.unwrap_or_else(tokio::time::Instant::now)), if save_at.is_some() => {
-                ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
-            }
-            _ = sigterm.recv() => break,
-            _ = sigint.recv() => break,
+        }
+        self.last_record = tokio::time::Instant::now();
+        Ok(())
+    }
+
+    /// A multi-line message got no next line in time: report it as it is.
+    fn fold_quiet(&mut self) {
+        self.classifier.flush(&mut self.findings);
+        let now = Now::read();
+        for f in std::mem::take(&mut self.findings) {
+            self.feed(f, Origin::Kmsg, now, false);
         }
     }
 
-    // Graceful shutdown: stop the sources, keep what is in flight.
-    notifier.notify("STOPPING=1");
-    stop.store(true, Ordering::Relaxed);
-    let probe_memory = nvml_link.probe_memory.clone();
-    nvml_link.stop();
-    classifier.flush(&mut findings);
-    for f in findings.drain(..) {
-        push(
-            &tel,
-            &mut engine,
-            f,
-            Origin::Kmsg,
-            Now::read(),
-            false,
-            &mut out_buf,
+    /// Hands what the engine produced over, then writes the checkpoint if it is due and every
+    /// alert is durable. False when an alert is still not durable.
+    async fn flush(&mut self, probe: &probe::Memory, force: bool) -> bool {
+        self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
+        self.ckpt
+            .save(
+                &mut self.acks,
+                self.last_seq,
+                &self.engine,
+                probe,
+                &self.tel,
+                force,
+            )
+            .await
+    }
+
+    /// Reloads on SIGHUP (`explicit`), or on a file change when what is in force really
+    /// changed. True when it reloaded.
+    async fn reload(&mut self, opts: &RunOptions, explicit: bool) -> bool {
+        // Only a real change of what is in force reloads: not a stray file, not a save without
+        // edits.
+        if !explicit && Fingerprint::of(&self.current) == self.fingerprint {
+            return false;
+        }
+        reload(
+            opts,
+            &mut self.current,
+            &mut self.engine,
+            &mut self.out,
+            &mut self.last_reload_error,
+            &mut self.out_buf,
+        )
+        .await;
+        self.fingerprint = Fingerprint::of(&self.current);
+        true
+    }
+
+    fn write_status_file(&self) {
+        self.tel
+            .set_open_incidents_from(self.engine.open_incidents());
+        let (dir, snap) = (self.current.state_dir.clone(), self.tel.snapshot());
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = control::write_status_file(&dir, &snap) {
+                state::log_write_error("status", &format!("{e:#}"));
+            }
+        });
+    }
+
+    /// The last status file, and the last log line.
+    fn stopped(&self) {
+        self.tel
+            .set_open_incidents_from(self.engine.open_incidents());
+        let mut last = self.tel.snapshot();
+        last.stopped_ms = Some(now_ms());
+        if let Err(e) = control::write_status_file(&self.current.state_dir, &last) {
+            tracing::warn!("{e:#}");
+        }
+        let st = &self.stats;
+        tracing::info!(
+            "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
+            st.kmsg_records,
+            st.kmsg_lost,
+            st.kmsg_userspace_ignored,
+            st.kmsg_malformed,
+            self.engine.open_count()
         );
     }
-    out.emit_all(&mut out_buf, &mut acks).await;
-    // Runbooks still running give up; their alerts go out without evidence rather than not at all.
-    out.finish().await;
-    if !ckpt
-        .save(&mut acks, last_seq, &engine, &probe_memory, &tel, true)
-        .await
-    {
-        tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
-    }
-    drop(krx);
-    let _ = kthread.join();
-    drop(out);
-    alerts.stop().await;
-    let _ = ops_shutdown.send(true);
-    tel.set_open_incidents_from(engine.open_incidents());
-    let mut last = tel.snapshot();
-    last.stopped_ms = Some(now_ms());
-    if let Err(e) = control::write_status_file(&cfg.state_dir, &last) {
-        tracing::warn!("{e:#}");
-    }
-    tracing::info!(
-        "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
-        stats.kmsg_records,
-        stats.kmsg_lost,
-        stats.kmsg_userspace_ignored,
-        stats.kmsg_malformed,
-        engine.open_count()
-    );
-    Ok(())
 }
 
 /// Counts a finding for metrics and status, then hands it to the incident engine.

@@ -424,6 +424,20 @@ fn a_crash_during_the_runbook_loses_no_alert() {
     wait_until("the incident to open", Duration::from_secs(30), || {
         open_incidents() >= 1
     });
+    // The alert is durable (held in the outbox for its runbook's evidence) before the kill.
+    let outbox = dir.path().join("state/alert-outbox");
+    wait_until(
+        "the held alert in the outbox",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_dir(&outbox).is_ok_and(|d| {
+                d.filter_map(Result::ok).any(|e| {
+                    e.file_name().to_string_lossy().ends_with(".json")
+                        && e.file_name() != "meta.json"
+                })
+            })
+        },
+    );
     first.kill().unwrap(); // SIGKILL while the runbook waits
     first.wait().unwrap();
     assert!(
