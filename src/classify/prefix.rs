@@ -87,13 +87,18 @@ fn is_digits(s: &str) -> bool {
 
 /// Byte offset where a message we understand starts, if any.
 pub fn message_start(line: &str) -> Option<usize> {
+    tag_start(line).or_else(|| other_start(line))
+}
+
+/// Where a driver tag (`NVRM`, `nvidia...`, `pcieport`) starts.
+fn tag_start(line: &str) -> Option<usize> {
     let b = line.as_bytes();
     let mut from = 0;
     while from < b.len() {
         // The tags all start with "NVRM", "nvidia" or "pcieport"; find the next such spot.
         let rest = &b[from..];
         let i = [
-            memchr::memmem::find(rest, b"NVRM:"),
+            memchr::memmem::find(rest, b"NVRM"),
             memchr::memmem::find(rest, b"nvidia"),
             memchr::memmem::find(rest, b"pcieport "),
         ]
@@ -110,10 +115,81 @@ pub fn message_start(line: &str) -> Option<usize> {
     None
 }
 
+/// Messages that carry no driver tag: the GSP crash report's first line, nvidia-drm's
+/// `[drm:nv_drm_...]` errors, nvidia-smi and NVML error texts, hung-task reports and call-trace
+/// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
+fn other_start(line: &str) -> Option<usize> {
+    const ANCHORS: &[&str] = &[
+        "GSP task ",
+        "[drm:",
+        "NVIDIA-SMI has failed",
+        "Failed to initialize NVML",
+        "Unable to determine the device handle",
+        "Unable to detect the device handle",
+        "No devices were found",
+        "Error: nvmlDevice",
+        "INFO: task ",
+        "task:",
+        "Call Trace:",
+        "Call trace:",
+        "RIP: ",
+        "Bad or missing usercopy",
+    ];
+    let b = line.as_bytes();
+    for a in ANCHORS {
+        let Some(i) = memchr::memmem::find(b, a.as_bytes()) else {
+            continue;
+        };
+        let rest = &line[i..];
+        let ok = match *a {
+            "[drm:" => rest.contains("[nvidia_drm]"),
+            "INFO: task " => rest.contains(" blocked for more than"),
+            "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
+            "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
+            "Bad or missing usercopy" => rest.contains("'nvidia"),
+            _ => true,
+        };
+        if ok {
+            return Some(i);
+        }
+    }
+    frame_start(line)
+}
+
+/// Where a call-trace frame in an NVIDIA module starts: the spaces, `[<address>]` and `? ` before
+/// `symbol+0x1f/0x40 [nvidia_uvm]` belong to the message, the timestamp before them does not.
+fn frame_start(line: &str) -> Option<usize> {
+    crate::classify::shapes::frame_module(line)?;
+    let plus = line.find("+0x")?;
+    let mut start = line[..plus].rfind([' ', '>']).map_or(0, |i| i + 1);
+    let head = &line[..start];
+    let trimmed = head.trim_end();
+    if trimmed.ends_with('?') {
+        start = trimmed.len() - 1;
+    }
+    let t = line[..start].trim_end();
+    if t.ends_with(">]") {
+        if let Some(open) = t.rfind("[<") {
+            start = open;
+        }
+    }
+    while start > 0 && line.as_bytes()[start - 1] == b' ' {
+        start -= 1;
+    }
+    crate::classify::shapes::is_frame(&line[start..]).then_some(start)
+}
+
 /// Whether `s` begins with a tag in the exact shape the kernel prints it.
 fn tag_shape_ok(s: &str) -> bool {
     if s.starts_with("NVRM: ") || s == "NVRM:" {
         return true;
+    }
+    if let Some(rest) = s.strip_prefix("NVRM ") {
+        // Older open-module builds: `NVRM funcName: text`.
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        return end > 0 && rest[end..].starts_with(": ");
     }
     if let Some(rest) = s.strip_prefix("pcieport ") {
         return device_then_colon(rest);

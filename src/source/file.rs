@@ -12,7 +12,23 @@ use std::path::Path;
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 
 /// Literals at least one of which every line we classify contains.
-pub const CANDIDATE_LITERALS: &[&str] = &["NVRM", "SXid", "nvidia", "AER:"];
+pub const CANDIDATE_LITERALS: &[&str] = &[
+    "NVRM",
+    "SXid",
+    "nvidia",
+    "AER:",
+    "PCIe Bus Error",
+    "GSP task",
+    "NVIDIA-SMI",
+    "NVML",
+    "device handle",
+    "No devices were found",
+    "nvmlDevice",
+    "blocked for more than",
+    "state:D",
+    "Call Trace",
+    "Call trace",
+];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
 const CHUNK: usize = 1 << 20;

@@ -4,8 +4,10 @@
 mod alert;
 mod catalog_current;
 mod classify;
+mod corpus;
 mod daemon;
 mod e2e_alert;
+mod families;
 mod install;
 mod nvml;
 mod ops;
