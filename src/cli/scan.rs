@@ -3,7 +3,7 @@
 //! Exit status: 0 when nothing is at warning or above, 1 when something is, 2 on an error (an
 //! unreadable or truncated file), in which case whatever was readable is still reported.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use super::{render, ScanArgs, EXIT_ERROR};
 use crate::classify::{prefix, Classifier, LineOrigin};
-use crate::model::{Detail, Finding, FindingKind, GpuIdentity, PciAddress, Severity};
+use crate::incident::{Engine, EngineConfig, Origin as FindingOrigin};
+use crate::model::{Detail, Finding, FindingKind, GpuIdentity, Incident, PciAddress, Severity};
 use crate::source::file::{self, Prefilter};
 
 /// A finding as `scan --json` prints it: the contract fields at the top level.
@@ -47,7 +48,7 @@ struct JsonFinding<'a> {
 /// One runbook run per (kind, Xid, GPU) when `--runbooks` is given.
 type SubjectKey = (FindingKind, Option<u32>, Option<PciAddress>);
 
-/// Per-GPU tallies for the closing summary.
+/// Per-device tallies for the closing summary.
 #[derive(Default)]
 struct Tally {
     findings: u64,
@@ -56,19 +57,102 @@ struct Tally {
     gpu: GpuIdentity,
 }
 
+/// The device a summary line is about: a GPU, an NVSwitch, or none named.
+type Device = (bool, Option<PciAddress>);
+
+/// Groups one input's findings into incidents with the daemon's engine, its clock driven by the
+/// records' own timestamps, so a fault and its echoes read as one block led by the cause.
+struct Grouper {
+    engine: Engine,
+    now_ms: u64,
+    /// Latest version of every incident, in the order they opened.
+    incidents: Vec<Incident>,
+    index: HashMap<String, usize>,
+    out: Vec<Incident>,
+}
+
+impl Grouper {
+    fn new() -> Self {
+        let d = crate::config::IncidentsConfig::default();
+        Grouper {
+            engine: Engine::new(EngineConfig {
+                window_ms: d.window_secs.saturating_mul(1000),
+                max_open: d.max_open,
+                nvml_match_ms: d.nvml_match_ms,
+                host: String::new(),
+                boot_id: String::new(),
+                overrides: crate::classify::XidOverrides::default(),
+            }),
+            now_ms: 0,
+            incidents: Vec::new(),
+            index: HashMap::new(),
+            out: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, f: Finding) {
+        // Kernel timestamps drive the windows; a line without one shares the last time seen.
+        if let Some(ms) = f.origin.ts_usec.map(|u| u / 1000) {
+            if ms > self.now_ms {
+                self.now_ms = ms;
+                self.engine.tick(ms, &mut self.out);
+            }
+        }
+        self.engine
+            .push(f, FindingOrigin::Kmsg, self.now_ms, false, &mut self.out);
+        self.collect();
+    }
+
+    fn collect(&mut self) {
+        for inc in self.out.drain(..) {
+            match self.index.get(&inc.id) {
+                Some(&i) => self.incidents[i] = inc,
+                None => {
+                    self.index.insert(inc.id.clone(), self.incidents.len());
+                    self.incidents.push(inc);
+                }
+            }
+        }
+    }
+
+    /// Every incident, final counts; one superseded by a worse cause on the same GPU (an AER
+    /// warning before the Xid 79) is shown inside its successor, not on its own.
+    fn finish(mut self) -> Vec<Incident> {
+        self.engine.close_all(&mut self.out);
+        self.collect();
+        let key = |f: &Finding| (f.origin.line, f.kind, f.xid, f.pci);
+        let absorbed: std::collections::HashSet<_> = self
+            .incidents
+            .iter()
+            .flat_map(|i| i.findings.iter().skip(1).map(key))
+            .collect();
+        self.incidents
+            .into_iter()
+            .filter(|i| {
+                i.findings
+                    .first()
+                    .is_none_or(|c| !absorbed.contains(&key(c)))
+            })
+            .collect()
+    }
+}
+
 struct Output<W: Write> {
     out: W,
     json: bool,
     /// Standard output went away (`| head`): stop writing, still exit normally.
     closed: bool,
     worst: Option<Severity>,
-    per_gpu: BTreeMap<Option<PciAddress>, Tally>,
+    per_gpu: BTreeMap<Device, Tally>,
     counts: BTreeMap<Severity, u64>,
+    /// Inputs that could not be read to the end.
+    failed: usize,
     /// With `--runbooks`: one subject per (kind, Xid, GPU) at warning or above.
     subjects: Option<BTreeMap<SubjectKey, crate::runbook::Subject>>,
 }
 
 impl<W: Write> Output<W> {
+    /// Counts a finding and, for `--json`, prints it. Text output is per incident instead.
     fn emit(&mut self, file: &str, f: &Finding) {
         if let Some(subjects) = self.subjects.as_mut() {
             if f.severity >= Severity::Warning && subjects.len() < 64 {
@@ -85,23 +169,30 @@ impl<W: Write> Output<W> {
         self.worst = self.worst.max(Some(f.severity));
         *self.counts.entry(f.severity).or_default() += 1;
         if f.kind != FindingKind::GpuIdentity {
-            let t = self.per_gpu.entry(f.pci).or_default();
+            let t = self
+                .per_gpu
+                .entry((f.kind == FindingKind::Sxid, f.pci))
+                .or_default();
             t.findings += 1;
             t.worst = t.worst.max(Some(f.severity));
-            let what = match (f.kind, f.xid) {
-                (FindingKind::Xid, Some(x)) => format!("Xid {x}"),
-                (FindingKind::Sxid, Some(x)) => format!("SXid {x}"),
-                (k, _) => k.as_str().to_string(),
-            };
-            *t.by_what.entry(what).or_default() += 1;
+            match t
+                .by_what
+                .iter_mut()
+                .find(|(k, _)| **k == render::what(f.kind, f.xid))
+            {
+                Some((_, n)) => *n += 1,
+                None => {
+                    t.by_what.insert(render::what(f.kind, f.xid), 1);
+                }
+            }
             if !f.gpu.is_empty() {
                 t.gpu = f.gpu.clone();
             }
         }
-        if self.closed {
+        if self.closed || !self.json {
             return;
         }
-        let res = if self.json {
+        let res = {
             let j = JsonFinding {
                 file,
                 kind: f.kind,
@@ -126,12 +217,25 @@ impl<W: Write> Output<W> {
             serde_json::to_writer(&mut self.out, &j)
                 .map_err(io::Error::from)
                 .and_then(|_| self.out.write_all(b"\n"))
-        } else {
-            let loc = format!("{file}:{}", f.origin.line);
-            writeln!(self.out, "{}", render::finding_block(f, &loc))
         };
         if res.is_err() {
             self.closed = true;
+        }
+    }
+
+    /// Prints one input's incidents, one block each.
+    fn incidents(&mut self, file: &str, incidents: &[Incident]) {
+        for inc in incidents {
+            if self.closed {
+                return;
+            }
+            let Some(cause) = inc.findings.first() else {
+                continue;
+            };
+            let loc = format!("{file}:{}", cause.origin.line);
+            if writeln!(self.out, "{}", render::incident_block(inc, &loc)).is_err() {
+                self.closed = true;
+            }
         }
     }
 
@@ -140,25 +244,46 @@ impl<W: Write> Output<W> {
             return;
         }
         let total: u64 = self.counts.values().sum();
+        let inputs = |n: usize| format!("{n} input{}", if n == 1 { "" } else { "s" });
         let mut s = String::new();
         if total == 0 {
-            s.push_str(&format!(
-                "No GPU faults found in {files} input{}.\n",
-                if files == 1 { "" } else { "s" }
-            ));
+            if self.failed == 0 {
+                s.push_str(&format!("No GPU faults found in {}.\n", inputs(files)));
+            } else {
+                // Never "no faults" for what could not be read.
+                s.push_str(&format!(
+                    "No GPU faults found in what could be read; {} of {} could not be read to the end (see the errors above), so faults may be missing.\n",
+                    inputs(self.failed),
+                    inputs(files)
+                ));
+            }
         } else {
             let parts: Vec<String> = [Severity::Critical, Severity::Warning, Severity::Info]
                 .iter()
                 .filter_map(|sev| self.counts.get(sev).map(|n| format!("{n} {sev}")))
                 .collect();
             s.push_str(&format!(
-                "Summary: {total} findings ({})\n",
+                "Summary: {total} finding{} ({})\n",
+                if total == 1 { "" } else { "s" },
                 parts.join(", ")
             ));
-            for (pci, t) in &self.per_gpu {
+            if self.failed > 0 {
+                s.push_str(&format!(
+                    "  ({} could not be read to the end; faults in the unread part are missing)\n",
+                    inputs(self.failed)
+                ));
+            }
+            // Worst first, then the busiest.
+            let mut rows: Vec<(&Device, &Tally)> = self.per_gpu.iter().collect();
+            rows.sort_by(|a, b| {
+                (b.1.worst, b.1.findings)
+                    .cmp(&(a.1.worst, a.1.findings))
+                    .then(a.0.cmp(b.0))
+            });
+            for ((nvswitch, pci), t) in rows {
                 let who = match pci {
                     Some(p) => {
-                        let mut w = format!("GPU {p}");
+                        let mut w = format!("{} {p}", if *nvswitch { "NVSwitch" } else { "GPU" });
                         if let Some(u) = &t.gpu.uuid {
                             w.push_str(&format!(" {u}"));
                         }
@@ -167,7 +292,7 @@ impl<W: Write> Output<W> {
                         }
                         w
                     }
-                    None => "no GPU named".to_string(),
+                    None => "no device named".to_string(),
                 };
                 let what: Vec<String> =
                     t.by_what.iter().map(|(k, n)| format!("{k} x{n}")).collect();
@@ -196,6 +321,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         worst: None,
         per_gpu: BTreeMap::new(),
         counts: BTreeMap::new(),
+        failed: 0,
         subjects: args.runbooks.as_ref().map(|_| BTreeMap::new()),
     };
     let runbook_config = match &args.runbooks {
@@ -221,6 +347,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
     for path in &files {
         if !scan_one(path, &pre, &mut out) {
             failed = true;
+            out.failed += 1;
         }
     }
     out.summary(files.len());
@@ -246,6 +373,7 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     };
     let mut classifier = Classifier::new();
     let mut findings = Vec::new();
+    let mut grouper = (!out.json).then(Grouper::new);
     let mut invalid_utf8 = 0u64;
     let mut on_line = |line_no: u64, bytes: &[u8]| {
         let text = match std::str::from_utf8(bytes) {
@@ -269,6 +397,9 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
         }
         for f in findings.drain(..) {
             out.emit(&name, &f);
+            if let Some(g) = grouper.as_mut() {
+                g.push(f);
+            }
         }
     };
     let mapped = if path == Path::new("-") {
@@ -289,6 +420,13 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     classifier.flush(&mut findings);
     for f in findings.drain(..) {
         out.emit(&name, &f);
+        if let Some(g) = grouper.as_mut() {
+            g.push(f);
+        }
+    }
+    if let Some(g) = grouper.take() {
+        let incidents = g.finish();
+        out.incidents(&name, &incidents);
     }
     if invalid_utf8 > 0 {
         eprintln!("xidwatch: {name}: note: {invalid_utf8} candidate line(s) held invalid UTF-8; the bad bytes were replaced and the rest classified");

@@ -13,5 +13,6 @@ mod nvml;
 mod ops;
 mod runbook;
 mod scan_cli;
+mod scan_groups;
 mod service;
 mod support;
