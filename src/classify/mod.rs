@@ -838,33 +838,33 @@ impl Classifier {
             self.last_xid = Some((x.xid, p));
         }
         let entry = catalog::lookup(x.xid);
-        let mut f = match entry {
+        let (sev, cat, title) = match entry {
             Some(e) => {
-                let mut title = String::with_capacity(8 + e.mnemonic.len());
+                let mut title = String::with_capacity(16 + e.mnemonic.len());
                 title.push_str("Xid ");
                 push_u32(&mut title, x.xid);
                 title.push(' ');
                 title.push_str(e.mnemonic);
-                base(FindingKind::Xid, e.severity, e.category, &title, msg, at)
+                (e.severity, e.category, title)
             }
-            None => base(
-                FindingKind::Xid,
+            None => (
                 Severity::Warning,
                 Category::Driver,
-                &format!(
+                format!(
                     "unknown Xid {} (the catalog may be older than the driver)",
                     x.xid
                 ),
-                msg,
-                at,
             ),
         };
+        let caused = caused_by(&x.rest);
+        let detail = xid_detail(x.xid, &x.rest, self.driver_version.as_deref());
+        let mut f = base_owned(FindingKind::Xid, sev, cat, title, x.rest, msg, at);
+        f.caused_by = caused;
+        f.detail = detail;
         f.xid = Some(x.xid);
         f.pci = x.pci;
         f.pid = x.pid;
         f.process = x.process;
-        f.caused_by = caused_by(&x.rest);
-        f.detail = xid_detail(x.xid, &x.rest, self.driver_version.as_deref());
         match &f.detail {
             Some(Detail::Recovery { to, .. }) => f.severity = to.severity(),
             Some(Detail::Nvlink5 { decode, .. }) if !decode.is_empty() => {
@@ -883,7 +883,6 @@ impl Classifier {
             }
             _ => {}
         }
-        f.message = x.rest;
         self.enrich(f)
     }
 
@@ -1091,8 +1090,22 @@ fn base(
     msg: &str,
     at: &LineOrigin,
 ) -> Finding {
-    let mut f = Finding::new(kind, sev, cat, title.to_string());
-    f.message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
+    let message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
+    base_owned(kind, sev, cat, title.to_string(), message, msg, at)
+}
+
+/// [`base`] with the title and message already built (no copy of either).
+fn base_owned(
+    kind: FindingKind,
+    sev: Severity,
+    cat: Category,
+    title: String,
+    message: String,
+    msg: &str,
+    at: &LineOrigin,
+) -> Finding {
+    let mut f = Finding::new(kind, sev, cat, title);
+    f.message = message;
     f.origin = Origin {
         line: at.line,
         lines: 1,
@@ -1137,7 +1150,10 @@ fn aer_severity(class: &str, nvidia: bool) -> Severity {
 }
 
 fn caused_by(rest: &str) -> Option<u32> {
-    let i = rest.find("caused by previous Xid ")?;
+    static F: std::sync::OnceLock<memchr::memmem::Finder<'static>> = std::sync::OnceLock::new();
+    let i = F
+        .get_or_init(|| memchr::memmem::Finder::new(b"caused by previous Xid "))
+        .find(rest.as_bytes())?;
     let n = &rest[i + "caused by previous Xid ".len()..];
     let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
     n[..end].parse().ok()

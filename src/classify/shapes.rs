@@ -959,9 +959,8 @@ fn parse_aer(m: &str) -> Option<AerLine> {
     let text = c[3].trim().to_string();
     // Without the `AER:` tag only the older kernels' "PCIe Bus Error" lines and their detail
     // lines are AER; "pcieport ...: PCI bridge to [bus 04-24]" is not.
-    let older_kernel_line = text.starts_with("PCIe Bus Error")
-        || text.starts_with("device [")
-        || text.starts_with('[');
+    let older_kernel_line =
+        text.starts_with("PCIe Bus Error") || text.starts_with("device [") || text.starts_with('[');
     if !has_aer && !older_kernel_line {
         return None;
     }

@@ -5,6 +5,7 @@
 
 pub mod explain;
 pub mod install;
+pub mod json;
 pub mod logging;
 pub mod render;
 pub mod run;

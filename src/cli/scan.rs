@@ -7,15 +7,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
 use serde::Serialize;
 
 use super::{render, ScanArgs, EXIT_ERROR};
 use crate::classify::{prefix, Classifier, LineOrigin};
 use crate::incident::{Engine, EngineConfig, Origin as FindingOrigin};
-use crate::model::{Detail, Finding, FindingKind, GpuIdentity, Incident, PciAddress, Severity};
+#[cfg(test)]
+use crate::model::Detail;
+use crate::model::{Finding, FindingKind, GpuIdentity, Incident, PciAddress, Severity};
 use crate::source::file::{self, Prefilter};
 
-/// A finding as `scan --json` prints it: the contract fields at the top level.
+/// A finding as `scan --json` prints it: the contract fields at the top level. The writer in
+/// `cli::json` writes exactly this, faster; this type is the reference its test compares with.
+#[cfg(test)]
 #[derive(Serialize)]
 struct JsonFinding<'a> {
     file: &'a str,
@@ -53,7 +58,7 @@ type SubjectKey = (FindingKind, Option<u32>, Option<PciAddress>);
 struct Tally {
     findings: u64,
     worst: Option<Severity>,
-    by_what: BTreeMap<String, u64>,
+    by_what: BTreeMap<(FindingKind, Option<u32>), u64>,
     gpu: GpuIdentity,
 }
 
@@ -175,49 +180,15 @@ impl<W: Write> Output<W> {
                 .or_default();
             t.findings += 1;
             t.worst = t.worst.max(Some(f.severity));
-            match t
-                .by_what
-                .iter_mut()
-                .find(|(k, _)| **k == render::what(f.kind, f.xid))
-            {
-                Some((_, n)) => *n += 1,
-                None => {
-                    t.by_what.insert(render::what(f.kind, f.xid), 1);
-                }
-            }
-            if !f.gpu.is_empty() {
+            *t.by_what.entry((f.kind, f.xid)).or_default() += 1;
+            if !f.gpu.is_empty() && t.gpu != f.gpu {
                 t.gpu = f.gpu.clone();
             }
         }
         if self.closed || !self.json {
             return;
         }
-        let res = {
-            let j = JsonFinding {
-                file,
-                kind: f.kind,
-                xid: f.xid,
-                pci: f.pci,
-                pid: f.pid,
-                process: f.process.as_deref(),
-                severity: f.severity,
-                category: f.category,
-                title: &f.title,
-                line: f.origin.line,
-                lines: f.origin.lines,
-                message: &f.message,
-                caused_by: f.caused_by,
-                timestamp: f.origin.timestamp.as_deref(),
-                ts_usec: f.origin.ts_usec,
-                seq: f.origin.seq,
-                gpu: &f.gpu,
-                detail: f.detail.as_ref(),
-                raw: &f.origin.raw,
-            };
-            serde_json::to_writer(&mut self.out, &j)
-                .map_err(io::Error::from)
-                .and_then(|_| self.out.write_all(b"\n"))
-        };
+        let res = super::json::write_finding(&mut self.out, file, f);
         if res.is_err() {
             self.closed = true;
         }
@@ -294,8 +265,11 @@ impl<W: Write> Output<W> {
                     }
                     None => "no device named".to_string(),
                 };
-                let what: Vec<String> =
-                    t.by_what.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+                let what: Vec<String> = t
+                    .by_what
+                    .iter()
+                    .map(|((k, x), n)| format!("{} x{n}", render::what(*k, *x)))
+                    .collect();
                 s.push_str(&format!(
                     "  {who}: {} finding{}, worst {}: {}\n",
                     t.findings,
@@ -383,16 +357,16 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
                 String::from_utf8_lossy(bytes)
             }
         };
-        let Some(split) = prefix::split(&text) else {
+        let Some((prefix, messages)) = prefix::split_borrowed(&text) else {
             return;
         };
         let at = LineOrigin {
             line: line_no,
-            seq: split.prefix.seq,
-            ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text,
+            seq: prefix.seq,
+            ts_usec: prefix.ts_usec,
+            timestamp: prefix.text,
         };
-        for msg in &split.messages {
+        for msg in messages.iter() {
             classifier.push(msg, &at, &mut findings);
         }
         for f in findings.drain(..) {
@@ -493,4 +467,78 @@ fn run_runbooks<W: Write>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast writer prints exactly what serializing the contract type would, byte for byte,
+    /// for every finding of the sample log and of the corpus of real lines.
+    #[test]
+    fn json_writer_matches_the_contract_type() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut texts =
+            vec![std::fs::read_to_string(root.join("fixtures/logs/mixed.log")).unwrap()];
+        for e in std::fs::read_dir(root.join("fixtures/corpus")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "log") {
+                let t = std::fs::read_to_string(&p).unwrap();
+                texts.push(
+                    t.lines()
+                        .filter_map(|l| l.split_once(" | ").map(|(_, r)| r))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                );
+            }
+        }
+        let mut n = 0;
+        for text in texts {
+            let mut c = Classifier::new();
+            let mut fs = Vec::new();
+            for (i, line) in text.lines().enumerate() {
+                if let Some((p, m)) = prefix::split_borrowed(line) {
+                    let at = LineOrigin {
+                        line: i as u64 + 1,
+                        seq: p.seq,
+                        ts_usec: p.ts_usec,
+                        timestamp: p.text,
+                    };
+                    for msg in m.iter() {
+                        c.push(msg, &at, &mut fs);
+                    }
+                }
+            }
+            c.flush(&mut fs);
+            for f in &fs {
+                let j = JsonFinding {
+                    file: "a \"file\".log",
+                    kind: f.kind,
+                    xid: f.xid,
+                    pci: f.pci,
+                    pid: f.pid,
+                    process: f.process.as_deref(),
+                    severity: f.severity,
+                    category: f.category,
+                    title: &f.title,
+                    line: f.origin.line,
+                    lines: f.origin.lines,
+                    message: &f.message,
+                    caused_by: f.caused_by,
+                    timestamp: f.origin.timestamp.as_deref(),
+                    ts_usec: f.origin.ts_usec,
+                    seq: f.origin.seq,
+                    gpu: &f.gpu,
+                    detail: f.detail.as_ref(),
+                    raw: &f.origin.raw,
+                };
+                let mut mine = Vec::new();
+                super::super::json::write_finding(&mut mine, "a \"file\".log", f).unwrap();
+                let want = serde_json::to_string(&j).unwrap() + "\n";
+                assert_eq!(String::from_utf8(mine).unwrap(), want);
+                n += 1;
+            }
+        }
+        assert!(n > 200, "{n} findings compared");
+    }
 }

@@ -11,7 +11,8 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 
-/// Literals at least one of which every line we classify contains.
+/// Literals at least one of which every line we classify contains: the driver tags, and for the
+/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts and hung-task reports.
 pub const CANDIDATE_LITERALS: &[&str] = &[
     "NVRM",
     "SXid",
@@ -21,9 +22,9 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "GSP task",
     "NVIDIA-SMI",
     "NVML",
-    "device handle",
-    "No devices were found",
+    "Unable to det",
     "nvmlDevice",
+    "No devices were found",
     "blocked for more than",
     "state:D",
     "Call Trace",
