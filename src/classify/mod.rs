@@ -970,7 +970,12 @@ impl Classifier {
             f.message = a.text;
             f.detail = Some(Detail::Aer {
                 reporter: (a.reporter != device).then_some(a.reporter),
-                class: "unspecified".into(),
+                class: match st {
+                    AerStatus::RecoveryFailed => "recovery failed",
+                    AerStatus::LinkReset => "link reset",
+                    AerStatus::CantRecover => "no recovery (the driver has no error handler)",
+                }
+                .into(),
             });
             out.push(self.enrich(f));
             return;

@@ -68,26 +68,38 @@ type Device = (bool, Option<PciAddress>);
 /// Groups one input's findings into incidents with the daemon's engine, its clock driven by the
 /// records' own timestamps, so a fault and its echoes read as one block led by the cause.
 struct Grouper {
-    engine: Engine,
+    /// Engine 0 takes every finding that names a device (the engine's key is GPU, kind, Xid).
+    /// Findings that name none are grouped per title in engines of their own: "nvidia-modeset
+    /// error" and "GSP firmware crash report" are different problems even without an address.
+    engines: Vec<Engine>,
+    by_title: HashMap<String, usize>,
     now_ms: u64,
     /// Latest version of every incident, in the order they opened.
     incidents: Vec<Incident>,
-    index: HashMap<String, usize>,
+    index: HashMap<(usize, String), usize>,
     out: Vec<Incident>,
+}
+
+/// Bound on the per-title engines; past it, findings share engine 0.
+const MAX_TITLE_ENGINES: usize = 256;
+
+fn new_engine() -> Engine {
+    let d = crate::config::IncidentsConfig::default();
+    Engine::new(EngineConfig {
+        window_ms: d.window_secs.saturating_mul(1000),
+        max_open: d.max_open,
+        nvml_match_ms: d.nvml_match_ms,
+        host: String::new(),
+        boot_id: String::new(),
+        overrides: crate::classify::XidOverrides::default(),
+    })
 }
 
 impl Grouper {
     fn new() -> Self {
-        let d = crate::config::IncidentsConfig::default();
         Grouper {
-            engine: Engine::new(EngineConfig {
-                window_ms: d.window_secs.saturating_mul(1000),
-                max_open: d.max_open,
-                nvml_match_ms: d.nvml_match_ms,
-                host: String::new(),
-                boot_id: String::new(),
-                overrides: crate::classify::XidOverrides::default(),
-            }),
+            engines: vec![new_engine()],
+            by_title: HashMap::new(),
             now_ms: 0,
             incidents: Vec::new(),
             index: HashMap::new(),
@@ -100,45 +112,67 @@ impl Grouper {
         if let Some(ms) = f.origin.ts_usec.map(|u| u / 1000) {
             if ms > self.now_ms {
                 self.now_ms = ms;
-                self.engine.tick(ms, &mut self.out);
+                for e in 0..self.engines.len() {
+                    self.engines[e].tick(ms, &mut self.out);
+                    self.collect(e);
+                }
             }
         }
-        self.engine
-            .push(f, FindingOrigin::Kmsg, self.now_ms, false, &mut self.out);
-        self.collect();
+        let e = if f.pci.is_none() && f.kind != FindingKind::Xid {
+            match self.by_title.get(&f.title) {
+                Some(&e) => e,
+                None if self.engines.len() <= MAX_TITLE_ENGINES => {
+                    self.engines.push(new_engine());
+                    let e = self.engines.len() - 1;
+                    self.by_title.insert(f.title.clone(), e);
+                    e
+                }
+                None => 0,
+            }
+        } else {
+            0
+        };
+        self.engines[e].push(f, FindingOrigin::Kmsg, self.now_ms, false, &mut self.out);
+        self.collect(e);
     }
 
-    fn collect(&mut self) {
+    fn collect(&mut self, engine: usize) {
         for inc in self.out.drain(..) {
-            match self.index.get(&inc.id) {
+            match self.index.get(&(engine, inc.id.clone())) {
                 Some(&i) => self.incidents[i] = inc,
                 None => {
-                    self.index.insert(inc.id.clone(), self.incidents.len());
+                    self.index
+                        .insert((engine, inc.id.clone()), self.incidents.len());
                     self.incidents.push(inc);
                 }
             }
         }
     }
 
-    /// Every incident, final counts; one superseded by a worse cause on the same GPU (an AER
-    /// warning before the Xid 79) is shown inside its successor, not on its own.
+    /// Every incident, final counts, in log order; one superseded by a worse cause on the same
+    /// GPU (an AER warning before the Xid 79) is shown inside its successor, not on its own.
     fn finish(mut self) -> Vec<Incident> {
-        self.engine.close_all(&mut self.out);
-        self.collect();
+        for e in 0..self.engines.len() {
+            self.engines[e].close_all(&mut self.out);
+            self.collect(e);
+        }
         let key = |f: &Finding| (f.origin.line, f.kind, f.xid, f.pci);
         let absorbed: std::collections::HashSet<_> = self
             .incidents
             .iter()
             .flat_map(|i| i.findings.iter().skip(1).map(key))
             .collect();
-        self.incidents
+        let mut v: Vec<Incident> = self
+            .incidents
             .into_iter()
             .filter(|i| {
                 i.findings
                     .first()
                     .is_none_or(|c| !absorbed.contains(&key(c)))
             })
-            .collect()
+            .collect();
+        v.sort_by_key(|i| i.findings.first().map(|f| f.origin.line));
+        v
     }
 }
 

@@ -154,3 +154,23 @@ fn explain_sxid_names_the_catalog_and_its_source() {
     assert!(text.contains("NVSwitch"), "{text}");
     assert!(text.contains("Fabric Manager"), "{text}");
 }
+
+#[test]
+fn findings_without_an_address_group_per_problem_not_into_one() {
+    // https://github.com/NVIDIA/open-gpu-kernel-modules/issues/1045 and /issues/1230
+    let (out, _, _) = scan_text(
+        "Jun 12 16:30:32 fedora-box kernel: nvidia-modeset: ERROR: GPU:0: Failed to query display engine channel state: 0x0000ca7e:2:0:0x00000062
+Jun 12 16:30:32 fedora-box kernel: nvidia-modeset: ERROR: GPU:0: Failed to query display engine channel state: 0x0000ca7e:4:0:0x00000062
+Jun 12 16:30:41 fedora-box kernel: [drm:nv_drm_atomic_commit [nvidia_drm]] *ERROR* [nvidia-drm] [GPU ID 0x00000100] Flip event timeout on head 0
+Aug 07 17:19:18 ubuntu kernel: GSP task watchdog timeout @ pc:0x1250c5c, partition:2#0, task:3
+Aug 07 17:19:18 ubuntu kernel: NVRM:     Reported by libos partition:2#4 kernel v3.1 [0] @ ts:1786148357
+",
+    );
+    let h = headlines(&out);
+    assert_eq!(h.len(), 3, "{out}");
+    assert!(h[0].starts_with("WARNING  nvidia-modeset error"), "{out}");
+    assert!(h[1].starts_with("WARNING  nvidia-drm error"), "{out}");
+    assert!(h[2].starts_with("CRITICAL GSP firmware crash report"), "{out}");
+    assert!(out.contains("repeats  2 times"), "{out}");
+    assert!(out.contains("GSP firmware on the GPU crashed"), "its own guidance: {out}");
+}
