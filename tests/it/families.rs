@@ -206,7 +206,8 @@ Aug 07 17:19:18 ubuntu kernel: NVRM:     RISC-V GPR State:");
         assert_eq!((f[0].kind, f[0].severity), (FindingKind::DriverError, Severity::Warning), "{line}");
     }
     // https://github.com/LiquidGalaxy/liquid-galaxy/issues/45
-    let f = loud("[27297.939038] NVRM: os_schedule: Attempted to yield the CPU while in atomic or ");
+    let f =
+        loud("[27297.939038] NVRM: os_schedule: Attempted to yield the CPU while in atomic or ");
     assert_eq!((f.len(), f[0].kind), (1, FindingKind::DriverError));
     // An RPC event the driver could not process opens a GSP dump (critical), like the timeouts.
     let f = loud("Oct 03 18:01:37 mnemosyne kernel: NVRM: _kgspProcessRpcEvent: Failed to process received event 0x1004 (RC_TRIGGERED) from GPU0: status=0x21");
