@@ -193,7 +193,6 @@ lazy_re!(
     re_gpu_uuid,
     r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})"
 );
-lazy_re!(re_serial, r"^GPU Board Serial Number: (\S{1,64})");
 lazy_re!(re_rm_init, r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?");
 lazy_re!(
     re_rm_init_minor,
@@ -224,18 +223,6 @@ lazy_re!(
 );
 lazy_re!(re_loading, r"^The NVIDIA GPU (ADDR)\s*(.*)$");
 lazy_re!(
-    re_aer_dev,
-    r"^(pcieport|nvidia) (ADDR):\s+(?:AER:\s+)?(.*)$"
-);
-lazy_re!(
-    re_aer_received,
-    r"(Corrected|Correctable|Uncorrected \((?:Fatal|Non-Fatal)\)|Uncorrectable \((?:Fatal|Non-Fatal)\)|Multiple Corrected|Multiple Correctable|Multiple Uncorrected \((?:Fatal|Non-Fatal)\)|Multiple Uncorrectable \((?:Fatal|Non-Fatal)\)) error (?:message )?received(?::| from)\s*(?:id=\S+\s*)?(ADDR)?"
-);
-lazy_re!(
-    re_aer_class,
-    r"severity=(Corrected|Correctable|Uncorrected \((?:Fatal|Non-Fatal)\)|Uncorrectable \((?:Fatal|Non-Fatal)\))"
-);
-lazy_re!(
     re_fw_load,
     r"^nvidia (ADDR): (?:Direct firmware load for|loading) (\S+) failed with error (-?\d+)"
 );
@@ -254,10 +241,6 @@ lazy_re!(
 lazy_re!(
     re_version_magic,
     r"^(nvidia[\w-]*): version magic '([^']*)' should be '([^']*)'"
-);
-lazy_re!(
-    re_banner,
-    r"^loading NVIDIA UNIX .*?Kernel Module\s+(\d+\.\d+(?:\.\d+)?)"
 );
 lazy_re!(re_any_addr, r"PCI:(ADDR)");
 
@@ -580,16 +563,14 @@ fn parse_nvrm(m: &str) -> Shape {
             }
         }
     }
-    if m.starts_with("GPU Board Serial Number: ") {
-        if let Some(c) = re_serial().captures(m) {
-            return Shape::BoardSerial(c[1].to_string());
+    if let Some(rest) = m.strip_prefix("GPU Board Serial Number: ") {
+        if let Some(serial) = rest.split_whitespace().next().filter(|s| s.len() <= 64) {
+            return Shape::BoardSerial(serial.to_string());
         }
     }
     if m.starts_with("loading NVIDIA UNIX") {
-        return match re_banner().captures(m) {
-            Some(c) => Shape::DriverLoaded {
-                version: c[1].to_string(),
-            },
+        return match banner_version(m) {
+            Some(version) => Shape::DriverLoaded { version },
             None => Shape::Harmless,
         };
     }
@@ -711,6 +692,22 @@ fn parse_nvrm(m: &str) -> Shape {
         };
     }
     Shape::Other
+}
+
+/// The version in the load banner: `loading NVIDIA UNIX ... Kernel Module  575.51.03  Wed ...`.
+fn banner_version(m: &str) -> Option<String> {
+    // The open modules say `... Kernel Module for x86_64  570.158.01`: the version is one of the
+    // next few words.
+    let i = m.find("Kernel Module")?;
+    m[i + "Kernel Module".len()..]
+        .split_whitespace()
+        .take(3)
+        .find(|v| {
+            v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                && v.bytes().next().is_some_and(|b| b.is_ascii_digit())
+                && v.contains('.')
+        })
+        .map(str::to_string)
 }
 
 /// Driver initialisation and probe failures after `NVRM: ` (and a GPU prefix).
@@ -949,14 +946,41 @@ fn parse_sxid(m: &str) -> Option<SxidLine> {
     })
 }
 
+/// The AER classes the kernel names, longest first (so "Multiple ..." wins over its tail).
+const AER_CLASSES: &[&str] = &[
+    "Multiple Uncorrected (Non-Fatal)",
+    "Multiple Uncorrectable (Non-Fatal)",
+    "Multiple Uncorrected (Fatal)",
+    "Multiple Uncorrectable (Fatal)",
+    "Multiple Correctable",
+    "Multiple Corrected",
+    "Uncorrected (Non-Fatal)",
+    "Uncorrectable (Non-Fatal)",
+    "Uncorrected (Fatal)",
+    "Uncorrectable (Fatal)",
+    "Correctable",
+    "Corrected",
+];
+
+/// `pcieport|nvidia ADDRESS: [AER: ]TEXT`, read without regexes: AER lines come in bursts.
 fn parse_aer(m: &str) -> Option<AerLine> {
-    let c = re_aer_dev().captures(m)?;
-    let reporter = pci(&c[2])?;
-    let has_aer = m[c.get(2)?.end()..]
-        .trim_start_matches(':')
-        .trim_start()
-        .starts_with("AER:");
-    let text = c[3].trim().to_string();
+    let (driver, rest) = m.split_once(' ')?;
+    if driver != "pcieport" && driver != "nvidia" {
+        return None;
+    }
+    // The address holds two colons itself (`0000:16:01.0`); the third ends it.
+    let mut fields = rest.splitn(4, ':');
+    let (a, b, c) = (fields.next()?, fields.next()?, fields.next()?);
+    let after = fields.next()?;
+    let addr = &rest[..a.len() + b.len() + c.len() + 2];
+    let reporter = pci(addr)?;
+    let after = after.trim_start();
+    let has_aer = after.starts_with("AER:");
+    let text = after
+        .strip_prefix("AER:")
+        .unwrap_or(after)
+        .trim()
+        .to_string();
     // Without the `AER:` tag only the older kernels' "PCIe Bus Error" lines and their detail
     // lines are AER; "pcieport ...: PCI bridge to [bus 04-24]" is not.
     let older_kernel_line =
@@ -965,11 +989,31 @@ fn parse_aer(m: &str) -> Option<AerLine> {
         return None;
     }
     let (mut source, mut class) = (None, None);
-    if let Some(rc) = re_aer_received().captures(&text) {
-        class = Some(normalise_class(rc[1].trim_start_matches("Multiple ")));
-        source = rc.get(2).and_then(|a| pci(a.as_str()));
-    } else if let Some(cc) = re_aer_class().captures(&text) {
-        class = Some(normalise_class(&cc[1]));
+    let received = text
+        .find(" error received")
+        .or_else(|| text.find(" error message received"));
+    if let Some(i) = received {
+        let before = &text[..i];
+        if let Some(c) = AER_CLASSES.iter().find(|c| before.ends_with(*c)) {
+            class = Some(normalise_class(c.trim_start_matches("Multiple ")));
+            let tail = &text[i..];
+            let tail = tail[tail.find("received").map_or(0, |j| j + "received".len())..]
+                .trim_start_matches(':')
+                .trim_start();
+            let tail = tail.strip_prefix("from").unwrap_or(tail).trim_start();
+            let tail = match tail.strip_prefix("id=") {
+                // `id=00e5` names a requester id, not an address; an address may follow.
+                Some(t) => t.split_once(' ').map_or("", |(_, r)| r).trim_start(),
+                None => tail,
+            };
+            source = tail.split_whitespace().next().and_then(pci);
+        }
+    } else if let Some(i) = text.find("severity=") {
+        let v = &text[i + "severity=".len()..];
+        class = AER_CLASSES
+            .iter()
+            .find(|c| v.starts_with(*c))
+            .map(|c| normalise_class(c));
     }
     let status = if text.starts_with("device recovery failed") {
         Some(AerStatus::RecoveryFailed)
@@ -982,7 +1026,7 @@ fn parse_aer(m: &str) -> Option<AerLine> {
     };
     Some(AerLine {
         reporter,
-        driver: c[1].to_string(),
+        driver: driver.to_string(),
         source,
         class,
         nvidia_device: text.contains("[10de:"),
@@ -1245,6 +1289,12 @@ mod tests {
             parse("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  575.51.03  Wed May 21 2025"),
             Shape::DriverLoaded {
                 version: "575.51.03".into()
+            }
+        );
+        assert_eq!(
+            parse("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build  (dvs-builder@U22-I3-B10-02-5)  Mon Jun  2 13:13:04 UTC 2025"),
+            Shape::DriverLoaded {
+                version: "570.158.01".into()
             }
         );
     }
