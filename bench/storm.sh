@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Storm: 100,000 Xid lines (N=...) written to the kernel log as fast as possible; prints lines/s
-# kept up with, peak RSS, whether counts were exact, and idle RSS and CPU beforehand.
+# Storm: 100,000 Xid lines (N=...) written to the kernel log as fast as possible, then one marker
+# line; prints the lines/s xidwatch kept up with (until the marker's incident came out, since it
+# handles records in order), peak RSS, whether the counts were exact, and idle RSS and CPU
+# beforehand. Exits 1 when the storm's summed count is not exactly N.
 # Needs root: it writes test lines to /dev/kmsg.
 set -euo pipefail
 cd "$(dirname "$0")/.."

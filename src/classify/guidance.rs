@@ -30,6 +30,7 @@ pub fn for_finding(f: &Finding) -> Guidance {
             action: "Look the code up in NVIDIA's current Xid catalog and read the kernel log around it; treat it as a warning until you know more.".into(),
             nvidia: Vec::new(),
         },
+        (FindingKind::DriverError, _) => driver_error_guidance(&f.title),
         (kind, _) => kind_guidance(kind),
     };
     match &f.detail {
@@ -84,6 +85,45 @@ fn nvidia_buckets(e: &catalog::XidEntry) -> Vec<String> {
         }
     }
     out
+}
+
+/// Driver errors without an Xid come in families that call for different first steps; the title
+/// the classifier gave says which.
+fn driver_error_guidance(title: &str) -> Guidance {
+    let (meaning, action) = if title.contains("hung in the") || title.contains("kernel call trace")
+    {
+        (
+            "A task was stuck, or the kernel printed a call trace, inside an NVIDIA kernel module (named in the title, with the task).",
+            "A task hung in nvidia or nvidia_uvm usually means the GPU stopped answering: look for an Xid, GSP or AER line around it, capture nvidia-bug-report.sh, then drain the node; only a reboot frees the stuck task.",
+        )
+    } else if title.starts_with("nvidia-modeset") || title.starts_with("nvidia-drm") {
+        (
+            "The NVIDIA display driver reported an error (display engine, flip or modeset ownership).",
+            "Display errors alone affect the desktop, not compute jobs; many of them next to Xids or GSP errors point at the GPU itself.",
+        )
+    } else if title.starts_with("nvidia-smi") {
+        (
+            "nvidia-smi or NVML could not reach the driver, or one GPU (text pasted from the tool's output).",
+            "Check that the kernel module is loaded and matches the user-space driver (cat /proc/driver/nvidia/version, modinfo nvidia); a missing device handle for one GPU means that GPU dropped off: look for Xid 79 or AER on it.",
+        )
+    } else if title.starts_with("GPU not supported") {
+        (
+            "The installed driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP); the GPU is left unused.",
+            "Install the driver branch that supports it (the legacy branch, or the proprietary kernel modules) if the GPU is meant to be used.",
+        )
+    } else if title.starts_with("GSP firmware crash") {
+        (
+            "The GSP firmware on the GPU crashed or its watchdog fired; the driver printed the firmware's registers.",
+            "Capture nvidia-bug-report.sh before any reset; the GPU needs a reset (the node a reboot if that fails); if it repeats, update the driver and open a case with the report.",
+        )
+    } else {
+        return kind_guidance(FindingKind::DriverError);
+    };
+    Guidance {
+        meaning: meaning.into(),
+        action: action.into(),
+        nvidia: Vec::new(),
+    }
 }
 
 fn kind_guidance(kind: FindingKind) -> Guidance {

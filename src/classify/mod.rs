@@ -2,9 +2,9 @@
 //!
 //! [`Classifier`] is pure (no I/O, no clock): message lines go in with where they came from, and
 //! findings come out. It keeps a little state because some findings span several lines (the
-//! three-line "fallen off the bus", the four-line API mismatch, SXid continuation lines, AER detail
-//! lines, GSP dumps) and because identity lines (`GPU at PCI:...: GPU-uuid`, board serial) name a
-//! GPU for the findings that follow.
+//! three-line "fallen off the bus", the API mismatch, SXid continuation lines, AER detail lines,
+//! GSP dumps and crash reports, probe explanations, call traces) and because identity lines
+//! (`GPU at PCI:...: GPU-uuid`, board serial) name a GPU for the findings that follow.
 
 pub mod catalog;
 pub mod guidance;
@@ -12,6 +12,7 @@ pub mod overrides;
 pub mod prefix;
 pub mod shapes;
 pub mod signals;
+pub mod sxid;
 
 use std::collections::{HashMap, HashSet};
 
@@ -20,7 +21,7 @@ use crate::model::{
     Severity,
 };
 use catalog::Nvlink5Layout;
-use shapes::{AerLine, Shape, SxidLine, XidLine};
+use shapes::{AerLine, AerStatus, Shape, SxidLine, XidLine};
 
 pub use overrides::{XidOverride, XidOverrides};
 
@@ -39,8 +40,21 @@ const MAX_FOLDED_LINES: usize = 32;
 /// A multi-line message whose next line has not come within this many physical lines is
 /// finished with what it has (mixed files interleave other lines).
 const MAX_FOLD_GAP: u64 = 16;
+/// A call trace's frames outside NVIDIA modules do not reach the classifier in `scan` (they hold
+/// no NVIDIA literal), so the gap between the frames it sees is wider.
+const MAX_TRACE_GAP: u64 = 96;
 /// Bound on remembered GPU identities: a real machine has at most a few dozen GPUs.
 const MAX_GPUS: usize = 1024;
+
+/// Which lines a [`Pending::Fold`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FoldMode {
+    /// NVRM lines that are not a message of their own: the explanation the driver prints after a
+    /// probe or "not supported" message, the "BAR0 is 0M" line.
+    Explain,
+    /// The GSP crash report's indented register and libos lines.
+    Crash,
+}
 
 /// A finding that may still take more lines.
 #[derive(Debug)]
@@ -52,7 +66,7 @@ enum Pending {
     },
     ApiMismatch {
         finding: Finding,
-        client: String,
+        client: Option<String>,
         kernel: Option<String>,
         last_line: u64,
     },
@@ -70,6 +84,19 @@ enum Pending {
         finding: Finding,
         last_line: u64,
     },
+    Fold {
+        finding: Finding,
+        mode: FoldMode,
+        last_line: u64,
+    },
+    /// A call trace or hung-task report; reported only when a frame is in an NVIDIA module.
+    Trace {
+        finding: Finding,
+        task: Option<String>,
+        hung: bool,
+        module: Option<&'static str>,
+        last_line: u64,
+    },
 }
 
 impl Pending {
@@ -79,7 +106,16 @@ impl Pending {
             | Pending::ApiMismatch { last_line, .. }
             | Pending::Sxid { last_line, .. }
             | Pending::Aer { last_line, .. }
-            | Pending::Gsp { last_line, .. } => *last_line,
+            | Pending::Gsp { last_line, .. }
+            | Pending::Fold { last_line, .. }
+            | Pending::Trace { last_line, .. } => *last_line,
+        }
+    }
+
+    fn gap(&self) -> u64 {
+        match self {
+            Pending::Trace { .. } => MAX_TRACE_GAP,
+            _ => MAX_FOLD_GAP,
         }
     }
 }
@@ -91,6 +127,14 @@ pub struct Classifier {
     gpus: HashMap<PciAddress, GpuIdentity>,
     /// GPUs known to be NVIDIA devices (named by a driver line), for AER severity.
     nvidia_devices: HashSet<PciAddress>,
+    /// The GPU below a PCIe port, from the log (an AER event naming both) or from the caller
+    /// (the daemon reads sysfs topology): AER on the port is then about that GPU.
+    port_gpu: HashMap<PciAddress, PciAddress>,
+    /// The last NVIDIA device that printed an AER line, and where: a port's AER lines right
+    /// before or after it belong to the same event.
+    last_nvidia_aer: Option<(PciAddress, u64)>,
+    /// The last port that printed an AER line, and where.
+    last_port_aer: Option<(PciAddress, u64)>,
     last_identity: Option<PciAddress>,
     /// The latest Xid and its GPU: "RC all channels for critical error N" names no GPU and
     /// follows the Xid N it is about.
@@ -124,6 +168,15 @@ impl Classifier {
         }
     }
 
+    /// Records that `gpu` sits below the PCIe port `port` (from sysfs topology), so AER lines the
+    /// port prints are reported as being about that GPU.
+    pub fn learn_port(&mut self, port: PciAddress, gpu: PciAddress) {
+        if self.port_gpu.len() < MAX_GPUS || self.port_gpu.contains_key(&port) {
+            self.port_gpu.insert(port, gpu);
+            self.nvidia_devices.insert(gpu);
+        }
+    }
+
     /// Whether a multi-line finding is waiting for more lines.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()
@@ -133,7 +186,7 @@ impl Classifier {
     pub fn push(&mut self, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
         let shape = shapes::parse(msg);
         if let Some(p) = &self.pending {
-            if at.line > p.last_line() + MAX_FOLD_GAP {
+            if at.line > p.last_line() + p.gap() {
                 self.flush(out);
             }
         }
@@ -158,14 +211,42 @@ impl Classifier {
                 ..
             } => {
                 finding.detail = Some(Detail::ApiMismatch {
-                    client_version: client,
+                    client_version: client.unwrap_or_default(),
                     kernel_version: kernel.unwrap_or_default(),
                 });
                 out.push(finding);
             }
+            Pending::Trace {
+                mut finding,
+                task,
+                hung,
+                module: Some(module),
+                ..
+            } => {
+                finding.title = match (&task, hung) {
+                    (Some(t), true) => format!("task {t} hung in the {module} module"),
+                    (Some(t), false) => {
+                        format!("kernel call trace in the {module} module (task {t})")
+                    }
+                    (None, _) => format!("kernel call trace in the {module} module"),
+                };
+                finding.message = format!(
+                    "{}; module {module}{}",
+                    if hung {
+                        "hung task (blocked in the kernel)"
+                    } else {
+                        "kernel call trace"
+                    },
+                    task.map(|t| format!(", task {t}")).unwrap_or_default()
+                );
+                out.push(finding);
+            }
+            // A trace without NVIDIA frames is none of xidwatch's business.
+            Pending::Trace { module: None, .. } => {}
             Pending::Sxid { finding, .. }
             | Pending::Aer { finding, .. }
-            | Pending::Gsp { finding, .. } => out.push(self.enrich(finding)),
+            | Pending::Gsp { finding, .. }
+            | Pending::Fold { finding, .. } => out.push(self.enrich(finding)),
         }
     }
 
@@ -199,7 +280,25 @@ impl Classifier {
                         return None;
                     }
                 }
-                // Anything else ("... is not supported by the open kernel modules"): harmless.
+                if msg.contains("not supported") || msg.contains("supported through") {
+                    // "installed in this system is not supported by the NVIDIA 550.54.14 driver
+                    // release" / "by open nvidia.ko": the driver will not drive this GPU.
+                    let mut f = finding.clone();
+                    fold_raw(&mut f, msg, line, last_line);
+                    f.kind = FindingKind::DriverError;
+                    f.severity = Severity::Warning;
+                    f.category = Category::Driver;
+                    f.title = "GPU not supported by the installed driver".into();
+                    f.message = "the installed NVIDIA driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP)".into();
+                    let last = *last_line;
+                    self.pending = Some(Pending::Fold {
+                        finding: f,
+                        mode: FoldMode::Explain,
+                        last_line: last,
+                    });
+                    return None;
+                }
+                // Anything else: a lone notice.
                 self.pending = None;
                 if matches!(shape, Shape::Other | Shape::DriverError { .. })
                     && msg.starts_with("NVRM: ")
@@ -207,6 +306,19 @@ impl Classifier {
                     return None;
                 }
                 Some(shape)
+            }
+            (
+                Pending::ApiMismatch {
+                    client,
+                    last_line,
+                    finding,
+                    ..
+                },
+                Shape::ApiMismatchClient { client: c },
+            ) => {
+                *client = Some(c.clone());
+                fold_raw(finding, msg, line, last_line);
+                None
             }
             (
                 Pending::ApiMismatch {
@@ -225,10 +337,10 @@ impl Classifier {
                 Pending::ApiMismatch {
                     finding, last_line, ..
                 },
-                Shape::ApiMismatchTail,
+                Shape::ApiMismatchTail { last },
             ) => {
                 fold_raw(finding, msg, line, last_line);
-                if msg.contains("components have the same version") {
+                if *last {
                     self.flush(out);
                 }
                 None
@@ -240,12 +352,18 @@ impl Classifier {
                     last_line,
                 },
                 Shape::Sxid(s),
-            ) if s.fatal.is_none()
-                && s.switch == *switch
+            ) if s.switch == *switch
                 && Some(s.pci) == finding.pci
-                && Some(s.sxid) == finding.xid =>
+                && Some(s.sxid) == finding.xid
+                && (s.fatal.is_none() || finding_sxid_unknown(finding)) =>
             {
-                if let Some(Detail::Sxid { continuation, .. }) = finding.detail.as_mut() {
+                if let Some(fatal) = s.fatal {
+                    // The head line after a continuation line that came first ("Data {...}"
+                    // before "Non-fatal, Link 44"): the finding learns its severity.
+                    let msg_text = s.rest.clone();
+                    set_sxid_severity(finding, s.sxid, fatal);
+                    finding.message = msg_text;
+                } else if let Some(Detail::Sxid { continuation, .. }) = finding.detail.as_mut() {
                     if continuation.len() < MAX_FOLDED_LINES {
                         continuation.push(s.rest.clone());
                     }
@@ -268,7 +386,14 @@ impl Classifier {
                     if let Some(p) = finding.pci {
                         self.nvidia_devices.insert(p);
                     }
+                    if a.driver == "nvidia" && a.reporter != *reporter {
+                        self.port_gpu.insert(*reporter, a.reporter);
+                        finding.pci = Some(a.reporter);
+                    }
                     finding.severity = aer_severity(class_of(finding), true);
+                }
+                if let Some(st) = a.status {
+                    finding.severity = finding.severity.max(status_severity(st, true));
                 }
                 fold_raw(finding, msg, line, last_line);
                 None
@@ -276,6 +401,73 @@ impl Classifier {
             (Pending::Gsp { finding, last_line }, Shape::GspDump { text, .. })
                 if !text.contains("_kgspLogXid119") =>
             {
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (
+                Pending::Fold {
+                    finding,
+                    mode: FoldMode::Crash,
+                    last_line,
+                },
+                Shape::GspDump { .. },
+            ) => {
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (
+                Pending::Fold {
+                    finding,
+                    mode: FoldMode::Explain,
+                    last_line,
+                },
+                Shape::Other | Shape::Harmless | Shape::GspDump { opens: false, .. },
+            ) if msg.starts_with("NVRM") => {
+                if finding.pci.is_none() {
+                    finding.pci = shapes::find_address(msg);
+                }
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (
+                Pending::Trace {
+                    finding,
+                    module,
+                    last_line,
+                    ..
+                },
+                Shape::TraceFrame { module: m },
+            ) => {
+                if module.is_none() {
+                    *module = *m;
+                }
+                fold_raw(finding, msg, line, last_line);
+                None
+            }
+            (
+                Pending::Trace {
+                    finding,
+                    task,
+                    hung,
+                    module,
+                    last_line,
+                },
+                Shape::TraceStart {
+                    task: t,
+                    hung: h,
+                    module: m,
+                    ..
+                },
+            ) if t.is_none() || task.is_none() || task == t => {
+                // "task:NAME state:D" after "INFO: task NAME blocked", then "Call Trace:", then
+                // a "RIP:" line: one report.
+                if task.is_none() {
+                    task.clone_from(t);
+                }
+                *hung |= *h;
+                if module.is_none() {
+                    *module = *m;
+                }
                 fold_raw(finding, msg, line, last_line);
                 None
             }
@@ -406,7 +598,12 @@ impl Classifier {
                 );
                 out.push(f);
             }
-            Shape::InitFailure { pci, what, code } => {
+            Shape::InitFailure {
+                pci,
+                what,
+                code,
+                folds,
+            } => {
                 let mut f = base(
                     FindingKind::DriverInitFailure,
                     Severity::Critical,
@@ -417,10 +614,22 @@ impl Classifier {
                 );
                 f.pci = pci;
                 f.detail = Some(Detail::InitFailure { code });
-                out.push(self.enrich(f));
+                if folds {
+                    self.pending = Some(Pending::Fold {
+                        finding: f,
+                        mode: FoldMode::Explain,
+                        last_line: at.line,
+                    });
+                } else {
+                    out.push(self.enrich(f));
+                }
             }
-            Shape::ApiMismatchHead { client } => {
-                let f = base(
+            Shape::ApiMismatchHead {
+                client,
+                process,
+                pid,
+            } => {
+                let mut f = base(
                     FindingKind::ApiMismatch,
                     Severity::Critical,
                     Category::Driver,
@@ -428,6 +637,8 @@ impl Classifier {
                     msg,
                     at,
                 );
+                f.process = process;
+                f.pid = pid;
                 self.pending = Some(Pending::ApiMismatch {
                     finding: f,
                     client,
@@ -451,8 +662,12 @@ impl Classifier {
                 });
                 out.push(f);
             }
-            Shape::ApiMismatchTail => {}
-            Shape::GspDump { text, .. } => {
+            Shape::ApiMismatchClient { .. } | Shape::ApiMismatchTail { .. } => {}
+            Shape::GspDump { opens, text } => {
+                if !opens && !text.contains("_kgsp") && !text.contains("GSP") {
+                    // A register line with nothing to attach to.
+                    return;
+                }
                 let mut f = base(
                     FindingKind::DriverError,
                     Severity::Critical,
@@ -467,12 +682,45 @@ impl Classifier {
                     last_line: at.line,
                 });
             }
+            Shape::GspCrash { text } => {
+                let mut f = base(
+                    FindingKind::DriverError,
+                    Severity::Critical,
+                    Category::Gsp,
+                    "GSP firmware crash report (watchdog timeout or task panic)",
+                    msg,
+                    at,
+                );
+                f.message = text;
+                self.pending = Some(Pending::Fold {
+                    finding: f,
+                    mode: FoldMode::Crash,
+                    last_line: at.line,
+                });
+            }
+            Shape::NotSupported { pci, text } => {
+                let mut f = base(
+                    FindingKind::DriverError,
+                    Severity::Warning,
+                    Category::Driver,
+                    "GPU not supported by the installed driver",
+                    msg,
+                    at,
+                );
+                f.pci = pci;
+                f.message = text;
+                self.pending = Some(Pending::Fold {
+                    finding: f,
+                    mode: FoldMode::Explain,
+                    last_line: at.line,
+                });
+            }
             Shape::DriverError {
                 pci,
                 text,
                 critical,
             } => {
-                let cat = if text.contains("GSP") || text.contains("RPC") {
+                let cat = if text.contains("GSP") || text.contains("RPC") || text.contains("gsp") {
                     Category::Gsp
                 } else {
                     Category::Driver
@@ -491,6 +739,80 @@ impl Classifier {
                 f.pci = pci;
                 f.message = text;
                 out.push(self.enrich(f));
+            }
+            Shape::ModuleError { module, pci, text } => {
+                let mut f = base(
+                    FindingKind::DriverError,
+                    Severity::Warning,
+                    Category::Driver,
+                    &format!("{module} error"),
+                    msg,
+                    at,
+                );
+                f.pci = pci;
+                f.message = text;
+                out.push(self.enrich(f));
+            }
+            Shape::ToolError {
+                pci,
+                text,
+                critical,
+            } => {
+                let sev = if critical {
+                    Severity::Critical
+                } else {
+                    Severity::Warning
+                };
+                let mut f = base(
+                    FindingKind::DriverError,
+                    sev,
+                    Category::Driver,
+                    "nvidia-smi / NVML cannot reach the driver or the GPU",
+                    msg,
+                    at,
+                );
+                f.pci = pci;
+                f.message = text;
+                out.push(self.enrich(f));
+            }
+            Shape::TraceStart {
+                task, hung, module, ..
+            } => {
+                let f = base(
+                    FindingKind::DriverError,
+                    Severity::Warning,
+                    Category::Driver,
+                    "kernel call trace",
+                    msg,
+                    at,
+                );
+                self.pending = Some(Pending::Trace {
+                    finding: f,
+                    task,
+                    hung,
+                    module,
+                    last_line: at.line,
+                });
+            }
+            Shape::TraceFrame { module } => {
+                // A frame whose header was not seen (cut off, or outside the excerpt).
+                if module.is_some() {
+                    let f = base(
+                        FindingKind::DriverError,
+                        Severity::Warning,
+                        Category::Driver,
+                        "kernel call trace",
+                        msg,
+                        at,
+                    );
+                    self.pending = Some(Pending::Trace {
+                        finding: f,
+                        task: None,
+                        hung: false,
+                        module,
+                        last_line: at.line,
+                    });
+                }
             }
             Shape::Sxid(s) => self.sxid(s, msg, at),
             Shape::Aer(a) => self.aer(a, msg, at, out),
@@ -512,15 +834,20 @@ impl Classifier {
     }
 
     fn xid_finding(&mut self, x: XidLine, msg: &str, at: &LineOrigin) -> Finding {
-        self.nvidia_devices.insert(x.pci);
-        self.last_xid = Some((x.xid, x.pci));
+        if let Some(p) = x.pci {
+            self.nvidia_devices.insert(p);
+            self.last_xid = Some((x.xid, p));
+        }
         let entry = catalog::lookup(x.xid);
-        let (severity, category, title) = match entry {
-            Some(e) => (
-                e.severity,
-                e.category,
-                format!("Xid {} {}", x.xid, e.mnemonic),
-            ),
+        let (sev, cat, title) = match entry {
+            Some(e) => {
+                let mut title = String::with_capacity(16 + e.mnemonic.len());
+                title.push_str("Xid ");
+                push_u32(&mut title, x.xid);
+                title.push(' ');
+                title.push_str(e.mnemonic);
+                (e.severity, e.category, title)
+            }
             None => (
                 Severity::Warning,
                 Category::Driver,
@@ -530,13 +857,15 @@ impl Classifier {
                 ),
             ),
         };
-        let mut f = base(FindingKind::Xid, severity, category, &title, msg, at);
+        let caused = caused_by(&x.rest);
+        let detail = xid_detail(x.xid, &x.rest, self.driver_version.as_deref());
+        let mut f = base_owned(FindingKind::Xid, sev, cat, title, x.rest, msg, at);
+        f.caused_by = caused;
+        f.detail = detail;
         f.xid = Some(x.xid);
-        f.pci = Some(x.pci);
+        f.pci = x.pci;
         f.pid = x.pid;
         f.process = x.process;
-        f.caused_by = caused_by(&x.rest);
-        f.detail = xid_detail(x.xid, &x.rest, self.driver_version.as_deref());
         match &f.detail {
             Some(Detail::Recovery { to, .. }) => f.severity = to.severity(),
             Some(Detail::Nvlink5 { decode, .. }) if !decode.is_empty() => {
@@ -555,41 +884,31 @@ impl Classifier {
             }
             _ => {}
         }
-        f.message = x.rest;
         self.enrich(f)
     }
 
     fn sxid(&mut self, s: SxidLine, msg: &str, at: &LineOrigin) {
-        let fatal = s.fatal.unwrap_or(false);
-        let severity = if fatal {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
-        let title = format!(
-            "NVSwitch SXid {} ({})",
-            s.sxid,
-            match s.fatal {
-                Some(true) => "fatal",
-                Some(false) => "non-fatal",
-                None => "severity not in the log",
-            }
-        );
         let mut f = base(
             FindingKind::Sxid,
-            severity,
+            Severity::Warning,
             Category::Nvlink,
-            &title,
+            "",
             msg,
             at,
         );
         f.xid = Some(s.sxid);
         f.pci = Some(s.pci);
         f.detail = Some(Detail::Sxid {
-            fatal,
+            fatal: s.fatal.unwrap_or(false),
             link: link_number(&s.rest),
             continuation: Vec::new(),
         });
+        match s.fatal {
+            Some(fatal) => set_sxid_severity(&mut f, s.sxid, fatal),
+            None => {
+                f.title = sxid_title(s.sxid, None);
+            }
+        }
         f.message = s.rest;
         self.pending = Some(Pending::Sxid {
             finding: f,
@@ -599,16 +918,74 @@ impl Classifier {
     }
 
     fn aer(&mut self, a: AerLine, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
-        let device = a.source.unwrap_or(a.reporter);
-        if a.driver == "nvidia" || a.nvidia_device {
-            self.nvidia_devices.insert(device);
+        let near = |last: Option<(PciAddress, u64)>| {
+            last.filter(|(_, l)| at.line == 0 || at.line <= l + 8)
+                .map(|(p, _)| p)
+        };
+        if a.driver == "nvidia" {
+            self.nvidia_devices.insert(a.reporter);
+            // A port's AER lines just before the GPU's own: the port is above this GPU.
+            if let Some(port) = near(self.last_port_aer) {
+                self.port_gpu.entry(port).or_insert(a.reporter);
+            }
+            self.last_nvidia_aer = Some((a.reporter, at.line));
+        } else {
+            if let Some(gpu) = near(self.last_nvidia_aer) {
+                self.port_gpu.entry(a.reporter).or_insert(gpu);
+            }
+            if let Some(src) = a.source.filter(|s| *s != a.reporter) {
+                if self.nvidia_devices.contains(&src) || a.nvidia_device {
+                    self.port_gpu.entry(a.reporter).or_insert(src);
+                }
+            }
+            self.last_port_aer = Some((a.reporter, at.line));
         }
-        if a.source.is_none() && a.driver != "nvidia" {
-            // A pcieport detail line with no "error received" before it: nothing to attach to.
+        if a.nvidia_device {
+            self.nvidia_devices.insert(a.source.unwrap_or(a.reporter));
+        }
+        // The device the line is about: the named source, else the GPU below the reporting port,
+        // else the reporter itself.
+        let gpu_below = self.port_gpu.get(&a.reporter).copied();
+        let device = match a.source {
+            Some(s) if s != a.reporter => s,
+            _ => gpu_below.unwrap_or(a.reporter),
+        };
+        let nvidia = self.nvidia_devices.contains(&device);
+        if let Some(st) = a.status {
+            let mut f = base(
+                FindingKind::PcieAer,
+                status_severity(st, nvidia),
+                Category::Pcie,
+                &format!(
+                    "PCIe AER: {} on {device}",
+                    match st {
+                        AerStatus::RecoveryFailed => "device recovery failed",
+                        AerStatus::LinkReset => "link reset",
+                        AerStatus::CantRecover => "the driver cannot recover from the error",
+                    }
+                ),
+                msg,
+                at,
+            );
+            f.pci = Some(device);
+            f.message = a.text;
+            f.detail = Some(Detail::Aer {
+                reporter: (a.reporter != device).then_some(a.reporter),
+                class: match st {
+                    AerStatus::RecoveryFailed => "recovery failed",
+                    AerStatus::LinkReset => "link reset",
+                    AerStatus::CantRecover => "no recovery (the driver has no error handler)",
+                }
+                .into(),
+            });
+            out.push(self.enrich(f));
+            return;
+        }
+        if a.source.is_none() && a.class.is_none() {
+            // A detail line with no "error received" before it: nothing to attach to.
             return;
         }
         let class = a.class.clone().unwrap_or_else(|| "unspecified".into());
-        let nvidia = self.nvidia_devices.contains(&device);
         let mut f = base(
             FindingKind::PcieAer,
             aer_severity(&class, nvidia),
@@ -627,15 +1004,11 @@ impl Classifier {
             reporter: (a.reporter != device).then_some(a.reporter),
             class,
         });
-        if a.source.is_some() {
-            self.pending = Some(Pending::Aer {
-                finding: f,
-                reporter: a.reporter,
-                last_line: at.line,
-            });
-        } else {
-            out.push(self.enrich(f));
-        }
+        self.pending = Some(Pending::Aer {
+            finding: f,
+            reporter: a.reporter,
+            last_line: at.line,
+        });
     }
 
     /// Attaches what is known about the GPU at the finding's address.
@@ -645,6 +1018,59 @@ impl Classifier {
         }
         f
     }
+}
+
+/// How bad an AER recovery status is: a GPU whose link could not be recovered is gone.
+fn status_severity(st: AerStatus, nvidia: bool) -> Severity {
+    match (st, nvidia) {
+        (AerStatus::RecoveryFailed | AerStatus::CantRecover, true) => Severity::Critical,
+        _ => Severity::Warning,
+    }
+}
+
+fn finding_sxid_unknown(f: &Finding) -> bool {
+    f.title.ends_with("(severity not in the log)")
+}
+
+fn sxid_title(sxid: u32, fatal: Option<bool>) -> String {
+    let what = match fatal {
+        Some(true) => "fatal",
+        Some(false) => "non-fatal",
+        None => "severity not in the log",
+    };
+    match sxid::lookup(sxid) {
+        Some(e) => format!("NVSwitch SXid {sxid} {} ({what})", e.name),
+        None => format!("NVSwitch SXid {sxid} ({what})"),
+    }
+}
+
+/// Sets an SXid finding's severity from the line's Fatal/Non-fatal word; the catalog, when it
+/// knows the SXid, may make it worse, never better.
+fn set_sxid_severity(f: &mut Finding, sxid_no: u32, fatal: bool) {
+    f.severity = if fatal || sxid::lookup(sxid_no).is_some_and(|e| e.fatal) {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    f.title = sxid_title(sxid_no, Some(fatal));
+    if let Some(Detail::Sxid { fatal: fl, .. }) = f.detail.as_mut() {
+        *fl = fatal;
+    }
+}
+
+/// Appends a number without going through `format!`.
+fn push_u32(s: &mut String, mut n: u32) {
+    let mut buf = [0u8; 10];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("?"));
 }
 
 fn merge_identity(into: &mut GpuIdentity, from: &GpuIdentity) {
@@ -670,8 +1096,22 @@ fn base(
     msg: &str,
     at: &LineOrigin,
 ) -> Finding {
-    let mut f = Finding::new(kind, sev, cat, title.to_string());
-    f.message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
+    let message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
+    base_owned(kind, sev, cat, title.to_string(), message, msg, at)
+}
+
+/// [`base`] with the title and message already built (no copy of either).
+fn base_owned(
+    kind: FindingKind,
+    sev: Severity,
+    cat: Category,
+    title: String,
+    message: String,
+    msg: &str,
+    at: &LineOrigin,
+) -> Finding {
+    let mut f = Finding::new(kind, sev, cat, title);
+    f.message = message;
     f.origin = Origin {
         line: at.line,
         lines: 1,
@@ -716,7 +1156,10 @@ fn aer_severity(class: &str, nvidia: bool) -> Severity {
 }
 
 fn caused_by(rest: &str) -> Option<u32> {
-    let i = rest.find("caused by previous Xid ")?;
+    static F: std::sync::OnceLock<memchr::memmem::Finder<'static>> = std::sync::OnceLock::new();
+    let i = F
+        .get_or_init(|| memchr::memmem::Finder::new(b"caused by previous Xid "))
+        .find(rest.as_bytes())?;
     let n = &rest[i + "caused by previous Xid ".len()..];
     let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
     n[..end].parse().ok()

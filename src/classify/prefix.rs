@@ -30,22 +30,52 @@ pub struct SplitLine {
 
 /// Splits one saved log line. `None` when no message we understand starts anywhere in it.
 pub fn split(line: &str) -> Option<SplitLine> {
+    let (prefix, messages) = split_borrowed(line)?;
+    let messages = match messages {
+        Messages::One(m) => vec![m.to_string()],
+        Messages::Many(v) => v,
+    };
+    Some(SplitLine { prefix, messages })
+}
+
+/// The message lines of a saved line: usually one, borrowed from the line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Messages<'a> {
+    One(&'a str),
+    /// A raw kmsg record or an rsyslog line with `#012` holds several.
+    Many(Vec<String>),
+}
+
+impl Messages<'_> {
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        let (one, many) = match self {
+            Messages::One(m) => (Some(*m), &[][..]),
+            Messages::Many(v) => (None, &v[..]),
+        };
+        one.into_iter().chain(many.iter().map(String::as_str))
+    }
+}
+
+/// [`split`] without copying the message in the common one-message case (the hot path of `scan`).
+pub fn split_borrowed(line: &str) -> Option<(Prefix, Messages<'_>)> {
     if let Some(split) = split_kmsg(line) {
-        return Some(split);
+        return Some((split.prefix, Messages::Many(split.messages)));
     }
     let start = message_start(line)?;
     let (head, msg) = line.split_at(start);
     let prefix = parse_prefix(head);
-    let messages = if msg.contains("#012") {
-        msg.split("#012")
-            .map(str::trim_end)
-            .filter(|m| !m.is_empty())
-            .map(str::to_string)
-            .collect()
+    let messages = if hash_012().find(msg.as_bytes()).is_some() {
+        Messages::Many(
+            msg.split("#012")
+                .map(str::trim_end)
+                .filter(|m| !m.is_empty())
+                .map(str::to_string)
+                .collect(),
+        )
     } else {
-        vec![msg.trim_end().to_string()]
+        Messages::One(msg.trim_end())
     };
-    Some(SplitLine { prefix, messages })
+    Some((prefix, messages))
 }
 
 /// A raw `/dev/kmsg` dump line: `PRIO,SEQ,TS_USEC,FLAGS;MESSAGE` with `\xNN` escapes.
@@ -87,20 +117,43 @@ fn is_digits(s: &str) -> bool {
 
 /// Byte offset where a message we understand starts, if any.
 pub fn message_start(line: &str) -> Option<usize> {
+    tag_start(line).or_else(|| other_start(line))
+}
+
+/// The tag needles, built once: building a searcher per line cost more than the search.
+fn tag_finders() -> &'static [memchr::memmem::Finder<'static>; 3] {
+    static F: std::sync::OnceLock<[memchr::memmem::Finder<'static>; 3]> =
+        std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        [
+            memchr::memmem::Finder::new(b"NVRM"),
+            memchr::memmem::Finder::new(b"nvidia"),
+            memchr::memmem::Finder::new(b"pcieport "),
+        ]
+    })
+}
+
+fn hash_012() -> &'static memchr::memmem::Finder<'static> {
+    static F: std::sync::OnceLock<memchr::memmem::Finder<'static>> = std::sync::OnceLock::new();
+    F.get_or_init(|| memchr::memmem::Finder::new(b"#012"))
+}
+
+/// Where a driver tag (`NVRM`, `nvidia...`, `pcieport`) starts.
+fn tag_start(line: &str) -> Option<usize> {
     let b = line.as_bytes();
     let mut from = 0;
     while from < b.len() {
-        // The tags all start with "NVRM", "nvidia" or "pcieport"; find the next such spot.
-        let rest = &b[from..];
-        let i = [
-            memchr::memmem::find(rest, b"NVRM:"),
-            memchr::memmem::find(rest, b"nvidia"),
-            memchr::memmem::find(rest, b"pcieport "),
-        ]
-        .into_iter()
-        .flatten()
-        .min()?;
-        let at = from + i;
+        // The tags all start with "NVRM", "nvidia" or "pcieport"; find the next such spot. Each
+        // later needle is only looked for before the earliest hit so far: on an Xid line the
+        // other two never scan the rest of the line.
+        let mut at: Option<usize> = None;
+        for finder in tag_finders() {
+            let end = at.map_or(b.len(), |a| (a + finder.needle().len()).min(b.len()));
+            if let Some(i) = finder.find(&b[from..end]) {
+                at = Some(at.map_or(from + i, |a| a.min(from + i)));
+            }
+        }
+        let at = at?;
         let boundary = at == 0 || matches!(b[at - 1], b' ' | b';' | b']' | b':' | b'\t');
         if boundary && tag_shape_ok(&line[at..]) {
             return Some(at);
@@ -110,10 +163,81 @@ pub fn message_start(line: &str) -> Option<usize> {
     None
 }
 
+/// Messages that carry no driver tag: the GSP crash report's first line, nvidia-drm's
+/// `[drm:nv_drm_...]` errors, nvidia-smi and NVML error texts, hung-task reports and call-trace
+/// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
+fn other_start(line: &str) -> Option<usize> {
+    const ANCHORS: &[&str] = &[
+        "GSP task ",
+        "[drm:",
+        "NVIDIA-SMI has failed",
+        "Failed to initialize NVML",
+        "Unable to determine the device handle",
+        "Unable to detect the device handle",
+        "No devices were found",
+        "Error: nvmlDevice",
+        "INFO: task ",
+        "task:",
+        "Call Trace:",
+        "Call trace:",
+        "RIP: ",
+        "Bad or missing usercopy",
+    ];
+    let b = line.as_bytes();
+    for a in ANCHORS {
+        let Some(i) = memchr::memmem::find(b, a.as_bytes()) else {
+            continue;
+        };
+        let rest = &line[i..];
+        let ok = match *a {
+            "[drm:" => rest.contains("[nvidia_drm]"),
+            "INFO: task " => rest.contains(" blocked for more than"),
+            "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
+            "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
+            "Bad or missing usercopy" => rest.contains("'nvidia"),
+            _ => true,
+        };
+        if ok {
+            return Some(i);
+        }
+    }
+    frame_start(line)
+}
+
+/// Where a call-trace frame in an NVIDIA module starts: the spaces, `[<address>]` and `? ` before
+/// `symbol+0x1f/0x40 [nvidia_uvm]` belong to the message, the timestamp before them does not.
+fn frame_start(line: &str) -> Option<usize> {
+    crate::classify::shapes::frame_module(line)?;
+    let plus = line.find("+0x")?;
+    let mut start = line[..plus].rfind([' ', '>']).map_or(0, |i| i + 1);
+    let head = &line[..start];
+    let trimmed = head.trim_end();
+    if trimmed.ends_with('?') {
+        start = trimmed.len() - 1;
+    }
+    let t = line[..start].trim_end();
+    if t.ends_with(">]") {
+        if let Some(open) = t.rfind("[<") {
+            start = open;
+        }
+    }
+    while start > 0 && line.as_bytes()[start - 1] == b' ' {
+        start -= 1;
+    }
+    crate::classify::shapes::is_frame(&line[start..]).then_some(start)
+}
+
 /// Whether `s` begins with a tag in the exact shape the kernel prints it.
 fn tag_shape_ok(s: &str) -> bool {
     if s.starts_with("NVRM: ") || s == "NVRM:" {
         return true;
+    }
+    if let Some(rest) = s.strip_prefix("NVRM ") {
+        // Older open-module builds: `NVRM funcName: text`.
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        return end > 0 && rest[end..].starts_with(": ");
     }
     if let Some(rest) = s.strip_prefix("pcieport ") {
         return device_then_colon(rest);
@@ -143,7 +267,11 @@ fn device_then_colon(s: &str) -> bool {
 fn parse_prefix(head: &str) -> Prefix {
     let text = head.trim().trim_end_matches(':').trim();
     let mut p = Prefix {
-        text: (!text.is_empty()).then(|| text.chars().take(80).collect()),
+        text: (!text.is_empty()).then(|| {
+            // The first 80 characters, cut at a character boundary (one copy, no per-char work).
+            let end = text.char_indices().nth(80).map_or(text.len(), |(i, _)| i);
+            text[..end].to_string()
+        }),
         ..Prefix::default()
     };
     // An uptime stamp `[ 9512.238711]` anywhere in the prefix (dmesg, syslog with the stamp kept).

@@ -1,8 +1,13 @@
-//! The shapes of the lines the NVIDIA driver and the PCIe core print, as pure parsers from one
-//! message line (prefix already removed) to a typed [`Shape`].
+//! The shapes of the lines the NVIDIA driver, the kernel and the NVIDIA tools print, as pure
+//! parsers from one message line (prefix already removed) to a typed [`Shape`].
 //!
-//! Regexes run only on lines that already passed the literal prefilter and the tag check, so their
-//! cost does not show on the hot path.
+//! The hot shapes (the Xid and SXid lines that make up a storm) are read by a hand-written parser
+//! without backtracking; regexes are kept for rare shapes and each is compiled the first time a
+//! line needs it, so a short scan does not pay for compiling all of them.
+//!
+//! The general rule behind the enumerated shapes: a line from an NVIDIA kernel module (NVRM,
+//! nvidia, nvidia-modeset, nvidia-drm, nvidia-uvm, nvidia-nvlink, nvidia-nvswitch) that carries an
+//! error signal is at least a warning ([`Shape::DriverError`]); known-harmless notices stay quiet.
 
 use std::sync::OnceLock;
 
@@ -30,7 +35,7 @@ pub enum Shape {
         code: u32,
     },
     /// First line of the three-line message, `NVRM: The NVIDIA GPU 0000:17:00.0`; what follows
-    /// decides whether it is a fall off the bus or a harmless "not supported" notice.
+    /// decides whether it is a fall off the bus or a "not supported by this driver" notice.
     TheNvidiaGpu {
         pci: PciAddress,
         rest: String,
@@ -41,27 +46,74 @@ pub enum Shape {
         pci: Option<PciAddress>,
         what: String,
         code: Option<String>,
+        /// More lines of explanation follow ("the probe routine was not called", "BAR0 is 0M").
+        folds: bool,
     },
-    /// `NVRM: API mismatch: the client has the version X, but`
+    /// `NVRM: API mismatch: the client has the version X, but` (older wording) or
+    /// `NVRM: API mismatch: the client 'NAME' (pid N)` (newer wording, versions on later lines).
     ApiMismatchHead {
+        client: Option<String>,
+        process: Option<String>,
+        pid: Option<u32>,
+    },
+    /// `NVRM: has the version X, but this kernel module has` (newer wording, second line).
+    ApiMismatchClient {
         client: String,
     },
-    /// `NVRM: this kernel module has the version Y.  Please`
+    /// `NVRM: this kernel module has the version Y.  Please` or `NVRM: the version Y.  Please
+    /// make sure that this`.
     ApiMismatchKernel {
         kernel: String,
     },
-    /// The last two lines of the API mismatch message.
-    ApiMismatchTail,
+    /// The last lines of the API mismatch message.
+    ApiMismatchTail {
+        last: bool,
+    },
     /// A GSP / RPC diagnostic line: opens or continues a GSP dump.
     GspDump {
         opens: bool,
         text: String,
     },
-    /// Other NVRM errors without an Xid.
+    /// The GSP crash report's watchdog or panic line (`GSP task watchdog timeout @ pc:...`),
+    /// printed without the `NVRM:` prefix; its register lines follow.
+    GspCrash {
+        text: String,
+    },
+    /// A GPU the installed driver does not support (legacy GPU, open modules without GSP).
+    NotSupported {
+        pci: Option<PciAddress>,
+        text: String,
+    },
+    /// Other errors from the NVIDIA modules.
     DriverError {
         pci: Option<PciAddress>,
         text: String,
         critical: bool,
+    },
+    /// An error from an NVIDIA module other than NVRM (nvidia-modeset, nvidia-drm, nvidia-uvm...).
+    ModuleError {
+        module: &'static str,
+        pci: Option<PciAddress>,
+        text: String,
+    },
+    /// An nvidia-smi or NVML error text pasted into a log.
+    ToolError {
+        pci: Option<PciAddress>,
+        text: String,
+        critical: bool,
+    },
+    /// The start of a kernel report that a call trace follows: a hung task, `Call Trace:`, a
+    /// `RIP:` line, a kernel warning.
+    TraceStart {
+        task: Option<String>,
+        hung: bool,
+        /// The NVIDIA module the line itself names (`RIP: ...[nvidia_modeset]`).
+        module: Option<&'static str>,
+        text: String,
+    },
+    /// One frame of a call trace; `module` when the frame is in an NVIDIA module.
+    TraceFrame {
+        module: Option<&'static str>,
     },
     Sxid(SxidLine),
     Aer(AerLine),
@@ -79,7 +131,8 @@ pub enum Shape {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidLine {
-    pub pci: PciAddress,
+    /// `None` when the reporter redacted the address (`PCI:...`).
+    pub pci: Option<PciAddress>,
     pub xid: u32,
     pub pid: Option<u32>,
     pub process: Option<String>,
@@ -97,6 +150,17 @@ pub struct SxidLine {
     pub rest: String,
 }
 
+/// What an AER status line says about recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AerStatus {
+    /// `AER: device recovery failed`
+    RecoveryFailed,
+    /// `AER: Root Port link has been reset`
+    LinkReset,
+    /// `AER: can't recover (no error_detected callback)`
+    CantRecover,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AerLine {
     /// The device that printed the line (`pcieport 0000:16:01.0` or `nvidia 0000:17:00.0`).
@@ -108,70 +172,124 @@ pub struct AerLine {
     pub class: Option<String>,
     /// True when the line names an NVIDIA device id `[10de:....]`.
     pub nvidia_device: bool,
+    /// A recovery status line.
+    pub status: Option<AerStatus>,
     pub text: String,
 }
 
 const ADDR: &str = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?";
 
-struct Re {
-    xid: Regex,
-    pid_name: Regex,
-    gpu_uuid: Regex,
-    serial: Regex,
-    gpu_prefix: Regex,
-    rm_init: Regex,
-    rm_init_minor: Regex,
-    rm_init_old: Regex,
-    api_head: Regex,
-    api_kernel: Regex,
-    rc_all: Regex,
-    probe_failed: Regex,
-    loading: Regex,
-    sxid: Regex,
-    aer_dev: Regex,
-    aer_received: Regex,
-    aer_class: Regex,
-    fw_load: Regex,
-    probe_driver: Regex,
-    module_sym: Regex,
-    banner: Regex,
+/// A regex compiled the first time it is used. Only rare shapes use one.
+macro_rules! lazy_re {
+    ($name:ident, $pat:expr) => {
+        fn $name() -> &'static Regex {
+            static RE: OnceLock<Regex> = OnceLock::new();
+            RE.get_or_init(|| Regex::new(&$pat.replace("ADDR", ADDR)).expect("built-in regex"))
+        }
+    };
 }
 
-fn re() -> &'static Re {
-    static RE: OnceLock<Re> = OnceLock::new();
-    RE.get_or_init(|| {
-        let r = |s: &str| Regex::new(&s.replace("ADDR", ADDR)).expect("built-in regex");
-        Re {
-            // Anchor on "): <number>": the first number after "Xid" is the PCI domain.
-            xid: r(r"^Xid \((?:PCI:)?(ADDR)\):\s*(\d{1,10})(?:(?:,\s*|\s+)(.*))?$"),
-            pid_name: r(r"^(?:pid=('?<unknown>'?|'?\d+'?),?\s*)?(?:name=([^,]*),?\s*)?(.*)$"),
-            gpu_uuid: r(r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})"),
-            serial: r(r"^GPU Board Serial Number: (\S{1,64})"),
-            gpu_prefix: r(r"^GPU (ADDR): (.*)$"),
-            rm_init: r(r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?"),
-            rm_init_minor: r(r"^rm_init_adapter failed, device minor number (\d+)"),
-            rm_init_old: r(r"^rm_init_adapter\((\d+)\) failed"),
-            api_head: r(r"^API mismatch: the client has the version (\S+?),? but"),
-            api_kernel: r(r"^this kernel module has the version (\S+?)\.?\s+Please"),
-            rc_all: r(r"^RC all channels for critical error (\d+)"),
-            probe_failed: r(r"^The NVIDIA probe routine failed for (\d+) device"),
-            loading: r(r"^The NVIDIA GPU (ADDR)\s*(.*)$"),
-            sxid: r(r"^(nvidia-nvswitch\d*): SXid \((?:PCI:)?(ADDR)\): (\d{1,10}),\s*(.*)$"),
-            aer_dev: r(r"^(pcieport|nvidia) (ADDR): AER: (.*)$"),
-            aer_received: r(
-                r"(Corrected|Uncorrected \((?:Fatal|Non-Fatal)\)|Multiple Corrected|Multiple Uncorrected \((?:Fatal|Non-Fatal)\)) error (?:message )?received(?::| from)\s*(?:id=\S+\s*)?(ADDR)?",
-            ),
-            aer_class: r(r"severity=(Corrected|Uncorrected \((?:Fatal|Non-Fatal)\))"),
-            fw_load: r(r"^nvidia (ADDR): (?:Direct firmware load for|loading) (\S+) failed with error (-?\d+)"),
-            probe_driver: r(r"^nvidia (ADDR): probe with driver nvidia failed with error (-?\d+)"),
-            module_sym: r(r"^(nvidia[\w-]*): (disagrees about version of symbol|Unknown symbol) (\S+)"),
-            banner: r(r"^loading NVIDIA UNIX .*?Kernel Module\s+(\d+\.\d+(?:\.\d+)?)"),
-        }
-    })
-}
+lazy_re!(
+    re_gpu_uuid,
+    r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})"
+);
+lazy_re!(re_rm_init, r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?");
+lazy_re!(
+    re_rm_init_minor,
+    r"^rm_init_adapter failed,? (?:for )?device (?:bearing )?minor number (\d+)"
+);
+lazy_re!(re_rm_init_old, r"^rm_init_adapter\((\d+)\) failed");
+lazy_re!(
+    re_api_head,
+    r"^API mismatch: the client has the version (\S+?),? but"
+);
+lazy_re!(
+    re_api_head_new,
+    r"^API mismatch: the client '([^']{0,64})' \(pid (\d+)\)"
+);
+lazy_re!(re_api_client, r"^has the version (\S+?),? but");
+lazy_re!(
+    re_api_kernel,
+    r"^(?:this kernel module has )?the version (\S+?)\.?\s+Please"
+);
+lazy_re!(re_rc_all, r"^RC all channels for critical error (\d+)");
+lazy_re!(
+    re_probe_failed,
+    r"^The NVIDIA probe routine failed for (\d+) device"
+);
+lazy_re!(
+    re_probe_not_called,
+    r"^The NVIDIA probe routine was not called for (\d+) device"
+);
+lazy_re!(re_loading, r"^The NVIDIA GPU (ADDR)\s*(.*)$");
+lazy_re!(
+    re_fw_load,
+    r"^nvidia (ADDR): (?:Direct firmware load for|loading) (\S+) failed with error (-?\d+)"
+);
+lazy_re!(
+    re_probe_driver,
+    r"^nvidia (ADDR): probe with driver nvidia failed with error (-?\d+)"
+);
+lazy_re!(
+    re_probe_of,
+    r"^nvidia: probe of (ADDR) failed with error (-?\d+)"
+);
+lazy_re!(
+    re_module_sym,
+    r"^(nvidia[\w-]*): (disagrees about version of symbol|Unknown symbol) (\S+)"
+);
+lazy_re!(
+    re_version_magic,
+    r"^(nvidia[\w-]*): version magic '([^']*)' should be '([^']*)'"
+);
+lazy_re!(re_any_addr, r"PCI:(ADDR)");
 
 fn pci(s: &str) -> Option<PciAddress> {
     PciAddress::parse(s).ok()
+}
+
+/// The NVIDIA kernel modules a call-trace frame can name, as the kernel prints them.
+const NVIDIA_MODULES: &[&str] = &[
+    "nvidia_uvm",
+    "nvidia_modeset",
+    "nvidia_drm",
+    "nvidia_peermem",
+    "nvidia_fs",
+    "nvidia",
+];
+
+/// The NVIDIA module named by a trailing `[module]` (or `[module]]`) of a frame or RIP line.
+pub fn frame_module(line: &str) -> Option<&'static str> {
+    let t = line.trim_end();
+    let open = t.rfind('[')?;
+    let inner = t[open + 1..].trim_end_matches(']');
+    NVIDIA_MODULES.iter().copied().find(|m| *m == inner)
+}
+
+/// Whether a line is a call-trace frame (`sym+0x1f/0x40 [mod]`, with `? ` and `[<addr>] `).
+pub fn is_frame(line: &str) -> bool {
+    let t = frame_text(line);
+    let Some(plus) = t.find("+0x") else {
+        return false;
+    };
+    let sym = &t[..plus];
+    !sym.is_empty()
+        && !sym.contains(' ')
+        && t[plus..].contains("/0x")
+        && sym
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'$'))
+}
+
+/// A frame line without its leading `[<address>]`, `? ` and spaces.
+fn frame_text(line: &str) -> &str {
+    let mut t = line.trim_start();
+    if t.starts_with("[<") {
+        if let Some(end) = t.find(">]") {
+            t = t[end + 2..].trim_start();
+        }
+    }
+    t.strip_prefix("? ").unwrap_or(t).trim_start()
 }
 
 /// Classifies one message line (starting at its tag).
@@ -179,11 +297,15 @@ pub fn parse(msg: &str) -> Shape {
     if let Some(rest) = msg.strip_prefix("NVRM: ") {
         return parse_nvrm(rest.trim_end());
     }
+    if let Some(rest) = msg.strip_prefix("NVRM ") {
+        // Older open-module builds print `NVRM funcName: text`.
+        return parse_nvrm(rest.trim_end());
+    }
     if msg.starts_with("nvidia-nvswitch") {
         if let Some(s) = parse_sxid(msg) {
             return Shape::Sxid(s);
         }
-        return Shape::Other;
+        return module_line("nvidia-nvswitch", msg);
     }
     if msg.starts_with("pcieport ") || msg.starts_with("nvidia ") {
         if let Some(a) = parse_aer(msg) {
@@ -193,45 +315,267 @@ pub fn parse(msg: &str) -> Shape {
     if msg.starts_with("nvidia") {
         return parse_nvidia_other(msg);
     }
-    Shape::Other
+    if msg.starts_with("GSP task ") {
+        return Shape::GspCrash {
+            text: msg.trim_end().to_string(),
+        };
+    }
+    if msg.starts_with("[drm:") {
+        if msg.contains("[nvidia_drm]") && msg.contains("*ERROR*") {
+            return Shape::ModuleError {
+                module: "nvidia-drm",
+                pci: None,
+                text: msg
+                    .split_once("*ERROR*")
+                    .map_or(msg, |(_, t)| t)
+                    .trim()
+                    .to_string(),
+            };
+        }
+        return Shape::Harmless;
+    }
+    if let Some(s) = parse_tool(msg) {
+        return s;
+    }
+    parse_trace(msg).unwrap_or(Shape::Other)
+}
+
+/// Hung-task reports, call-trace headers and frames.
+fn parse_trace(msg: &str) -> Option<Shape> {
+    let t = msg.trim_start();
+    if let Some(rest) = t.strip_prefix("INFO: task ") {
+        // `INFO: task NAME:PID blocked for more than N seconds.`
+        let i = rest.find(" blocked for more than")?;
+        let name = rest[..i].rsplit_once(':').map_or(&rest[..i], |(n, _)| n);
+        return Some(Shape::TraceStart {
+            task: Some(name.to_string()),
+            hung: true,
+            module: None,
+            text: t.trim_end().to_string(),
+        });
+    }
+    if let Some(rest) = t.strip_prefix("task:") {
+        // `task:NAME state:D stack:0 pid:...` (newer kernels, after the INFO line).
+        let i = rest.find(" state:")?;
+        return Some(Shape::TraceStart {
+            task: Some(rest[..i].trim().to_string()),
+            hung: rest[i..].starts_with(" state:D"),
+            module: None,
+            text: t.trim_end().to_string(),
+        });
+    }
+    if t.starts_with("Call Trace:") || t.starts_with("Call trace:") {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: None,
+            text: t.trim_end().to_string(),
+        });
+    }
+    if t.starts_with("RIP: ") || t.starts_with("pc : ") {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: frame_module(t),
+            text: t.trim_end().to_string(),
+        });
+    }
+    if t.contains("usercopy") && t.contains("'nvidia") {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: Some("nvidia"),
+            text: t.trim_end().to_string(),
+        });
+    }
+    if is_frame(t) {
+        return Some(Shape::TraceFrame {
+            module: frame_module(t),
+        });
+    }
+    None
+}
+
+/// nvidia-smi and NVML error texts pasted into logs and reports.
+fn parse_tool(msg: &str) -> Option<Shape> {
+    let t = msg.trim();
+    let (critical, pci) = if t.starts_with("NVIDIA-SMI has failed because it couldn") {
+        (true, None)
+    } else if let Some(rest) = t.strip_prefix("Failed to initialize NVML: ") {
+        (rest.starts_with("Driver/library version mismatch"), None)
+    } else if t.starts_with("Unable to determine the device handle for GPU")
+        || t.starts_with("Unable to detect the device handle for GPU")
+    {
+        let addr = t
+            .split_once("for GPU")
+            .map(|(_, a)| a.trim_start())
+            .and_then(|a| a.split(':').take(3).collect::<Vec<_>>().join(":").into())
+            .and_then(|a: String| pci(a.trim_end_matches(':')));
+        (true, addr)
+    } else if t.starts_with("No devices were found")
+        || t.starts_with("Error: nvmlDevice")
+        || t.starts_with("nvmlDevice")
+    {
+        (false, None)
+    } else {
+        return None;
+    };
+    Some(Shape::ToolError {
+        pci,
+        text: t.to_string(),
+        critical,
+    })
+}
+
+/// Error signals in a driver line, lower-case. Conservative on purpose: each was seen in a real
+/// NVIDIA error line and in none of the harmless ones.
+const ERROR_WORDS: &[&str] = &[
+    "error",
+    "fail",
+    "timeout",
+    "timed out",
+    "fatal",
+    "assert",
+    "halted",
+    "inaccessible",
+    "invalid",
+    "cannot",
+    "can't",
+    "unable",
+    "not responding",
+    "lost",
+    "exceeded",
+    "missing",
+    "mismatch",
+    "panic",
+    "watchdog",
+    "stuck",
+    "hung",
+    "os_schedule",
+    "kgsphealthcheck",
+    "bad state",
+    "not supported",
+];
+
+/// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
+const HARMLESS: &[&str] = &[
+    "loading NVIDIA UNIX",
+    "Persistence mode",
+    "nvidia-persistenced",
+    "GPU at PCI:", // identity lines without a UUID we could parse
+    "RmInitAdapter succeeded",
+    "ACPI",
+    "failed to open /proc/driver/nvidia/params", // user tools probing before load
+    "module verification failed",
+    "taints kernel",
+    "tainting kernel",
+    "inheriting taint",
+    "vgaarb:",
+    "mapping multiple BARs",
+    "Loaded the UVM driver",
+    "[drm] ",
+    "skipping",
+    "Unloading",
+];
+
+fn has_error_signal(text: &str) -> bool {
+    // Lower-case only the first 256 bytes: the signal is in the words, not in register dumps.
+    let mut buf = [0u8; 256];
+    let n = text.len().min(buf.len());
+    for (d, s) in buf.iter_mut().zip(text.as_bytes()) {
+        *d = s.to_ascii_lowercase();
+    }
+    let lower = &buf[..n];
+    ERROR_WORDS
+        .iter()
+        .any(|w| memchr::memmem::find(lower, w.as_bytes()).is_some())
+}
+
+fn is_harmless(text: &str) -> bool {
+    HARMLESS.iter().any(|h| text.contains(h))
+}
+
+/// Lines naming GSP firmware boot steps that failed: GSP never came up, so the GPU is unusable.
+const GSP_BOOT: &[&str] = &[
+    "Booter",
+    "FWSEC",
+    "vbiosPatch",
+    "GSP-RM boot",
+    "GSP firmware RM",
+    "cannot bootstrap",
+    "No firmware image found",
+    "copy vbios",
+    "GFW_BOOT",
+    "_kgspBootGspRm",
+    "kgspPrepareForBootstrap",
+    "kfspSendBootCommands",
+    "kgspWaitForRmInitDone",
+    "Cannot attach gpu",
+    "missing engine",
+    "engine is missing",
+];
+
+/// GSP boot messages that are failures in themselves, with no error word in them.
+const GSP_BOOT_FAILED: &[&str] = &[
+    "No firmware image found",
+    "too few interface entries",
+    "too few interface entires", // sic, as the driver prints it
+];
+
+/// A line from an NVIDIA module other than NVRM: an error when it carries an error signal.
+fn module_line(module: &'static str, msg: &str) -> Shape {
+    let text = msg.split_once(": ").map_or(msg, |(_, t)| t).trim_end();
+    if is_harmless(text) || !has_error_signal(text) {
+        return Shape::Harmless;
+    }
+    Shape::ModuleError {
+        module,
+        pci: None,
+        text: text.to_string(),
+    }
 }
 
 fn parse_nvrm(m: &str) -> Shape {
-    let r = re();
-    if m.starts_with("Xid ") {
-        return match parse_xid(m) {
+    if let Some(x) = m.strip_prefix("Xid ") {
+        return match parse_xid_after(x) {
             Some(x) => Shape::Xid(x),
             // Never silent: an Xid line in a shape we do not know is still reported.
             None => Shape::UnreadableXid,
         };
     }
-    if let Some(c) = r.gpu_uuid.captures(m) {
-        if let Some(p) = pci(&c[1]) {
-            return Shape::GpuUuid {
-                pci: p,
-                uuid: c[2].to_ascii_lowercase().replacen("gpu-", "GPU-", 1),
+    if m.starts_with(char::is_whitespace) {
+        // Indented lines continue a multi-line report (GSP crash registers, explanations).
+        let t = m.trim_start();
+        if !t.is_empty() {
+            return Shape::GspDump {
+                opens: false,
+                text: t.to_string(),
             };
         }
     }
-    if let Some(c) = r.serial.captures(m) {
-        return Shape::BoardSerial(c[1].to_string());
+    if m.starts_with("GPU at ") {
+        if let Some(c) = re_gpu_uuid().captures(m) {
+            if let Some(p) = pci(&c[1]) {
+                return Shape::GpuUuid {
+                    pci: p,
+                    uuid: c[2].to_ascii_lowercase().replacen("gpu-", "GPU-", 1),
+                };
+            }
+        }
+    }
+    if let Some(rest) = m.strip_prefix("GPU Board Serial Number: ") {
+        if let Some(serial) = rest.split_whitespace().next().filter(|s| s.len() <= 64) {
+            return Shape::BoardSerial(serial.to_string());
+        }
     }
     if m.starts_with("loading NVIDIA UNIX") {
-        return match r.banner.captures(m) {
-            Some(c) => Shape::DriverLoaded {
-                version: c[1].to_string(),
-            },
+        return match banner_version(m) {
+            Some(version) => Shape::DriverLoaded { version },
             None => Shape::Harmless,
         };
     }
-    // Many messages start with "GPU 0000:17:00.0: "; take the address, classify the rest.
-    let (addr, body) = match r.gpu_prefix.captures(m) {
-        Some(c) => match (pci(&c[1]), c.get(2)) {
-            (Some(p), Some(b)) => (Some(p), b.as_str()),
-            _ => (None, m),
-        },
-        None => (None, m),
-    };
+    // Many messages start with "GPU 0000:17:00.0: " (take the address) or "GPU6 " (an index).
+    let (addr, body) = split_gpu_prefix(m);
     if body.contains("has fallen off the bus") {
         let p = addr.or_else(|| {
             body.strip_prefix("GPU at ")
@@ -240,100 +584,67 @@ fn parse_nvrm(m: &str) -> Shape {
         });
         return Shape::FallenOffBus { pci: p };
     }
-    if let Some(c) = r.loading.captures(body) {
-        if let Some(p) = pci(&c[1]) {
-            let rest = c.get(2).map_or("", |x| x.as_str()).to_string();
-            if rest.contains("fallen off the bus") {
-                return Shape::FallenOffBus { pci: Some(p) };
+    if body.starts_with("The NVIDIA GPU ") {
+        if let Some(c) = re_loading().captures(body) {
+            if let Some(p) = pci(&c[1]) {
+                let rest = c.get(2).map_or("", |x| x.as_str()).to_string();
+                if rest.contains("fallen off the bus") {
+                    return Shape::FallenOffBus { pci: Some(p) };
+                }
+                return Shape::TheNvidiaGpu { pci: p, rest };
             }
-            return Shape::TheNvidiaGpu { pci: p, rest };
         }
     }
     if body.starts_with("fallen off the bus") {
         return Shape::FallenOffBusTail;
     }
-    if let Some(c) = r.rc_all.captures(body) {
-        if let Ok(code) = c[1].parse() {
+    if body.starts_with("RC all channels") {
+        if let Some(code) = re_rc_all().captures(body).and_then(|c| c[1].parse().ok()) {
             return Shape::RcAllChannels { code };
         }
     }
-    if let Some(c) = r.rm_init.captures(body) {
-        return Shape::InitFailure {
-            pci: addr,
-            what: "RmInitAdapter failed".into(),
-            code: c.get(1).map(|x| x.as_str().to_string()),
-        };
+    if let Some(s) = parse_init(addr, body) {
+        return s;
     }
-    if let Some(c) = r.rm_init_minor.captures(body) {
-        return Shape::InitFailure {
-            pci: addr,
-            what: format!("rm_init_adapter failed for device minor {}", &c[1]),
-            code: None,
-        };
+    if body.starts_with("API mismatch") {
+        if let Some(c) = re_api_head().captures(body) {
+            return Shape::ApiMismatchHead {
+                client: Some(c[1].to_string()),
+                process: None,
+                pid: None,
+            };
+        }
+        if let Some(c) = re_api_head_new().captures(body) {
+            return Shape::ApiMismatchHead {
+                client: None,
+                process: Some(c[1].to_string()),
+                pid: c[2].parse().ok(),
+            };
+        }
     }
-    if let Some(c) = r.rm_init_old.captures(body) {
-        return Shape::InitFailure {
-            pci: addr,
-            what: format!("rm_init_adapter failed for device minor {}", &c[1]),
-            code: None,
-        };
+    if body.starts_with("has the version ") {
+        if let Some(c) = re_api_client().captures(body) {
+            return Shape::ApiMismatchClient {
+                client: c[1].to_string(),
+            };
+        }
     }
-    if body.starts_with("RmInitAdapter: Cannot initialize GSP firmware RM") {
-        return Shape::InitFailure {
-            pci: addr,
-            what: "cannot initialise GSP firmware RM".into(),
-            code: None,
-        };
-    }
-    if let Some(c) = r.probe_failed.captures(body) {
-        return Shape::InitFailure {
-            pci: addr,
-            what: format!("the NVIDIA probe routine failed for {} device(s)", &c[1]),
-            code: None,
-        };
-    }
-    if body.starts_with("None of the NVIDIA devices were initialized") {
-        return Shape::InitFailure {
-            pci: addr,
-            what: "none of the NVIDIA devices were initialised".into(),
-            code: None,
-        };
-    }
-    if body.starts_with("No NVIDIA devices probed") {
-        return Shape::InitFailure {
-            pci: addr,
-            what: "no NVIDIA devices probed".into(),
-            code: None,
-        };
-    }
-    if let Some(c) = r.api_head.captures(body) {
-        return Shape::ApiMismatchHead {
-            client: c[1].to_string(),
-        };
-    }
-    if let Some(c) = r.api_kernel.captures(body) {
-        return Shape::ApiMismatchKernel {
-            kernel: c[1].to_string(),
-        };
+    if body.starts_with("this kernel module has the version") || body.starts_with("the version ") {
+        if let Some(c) = re_api_kernel().captures(body) {
+            return Shape::ApiMismatchKernel {
+                kernel: c[1].to_string(),
+            };
+        }
     }
     if body.starts_with("make sure that this kernel module and all NVIDIA driver")
-        || body.starts_with("components have the same version")
+        || body.starts_with("kernel module and all NVIDIA driver components")
     {
-        return Shape::ApiMismatchTail;
+        return Shape::ApiMismatchTail { last: false };
     }
-    if body.contains("does not have the necessary power cables connected") {
-        return Shape::InitFailure {
-            pci: addr,
-            what: "the GPU's auxiliary power cables are not connected".into(),
-            code: None,
-        };
-    }
-    if body.contains("PCI I/O region assigned to your NVIDIA device is invalid") {
-        return Shape::InitFailure {
-            pci: addr,
-            what: "the PCI I/O region assigned to the GPU is invalid".into(),
-            code: None,
-        };
+    if body.starts_with("components have the same version")
+        || body.starts_with("have the same version")
+    {
+        return Shape::ApiMismatchTail { last: true };
     }
     if body.contains("RC watchdog") && body.contains("probably locked") {
         return Shape::DriverError {
@@ -362,21 +673,18 @@ fn parse_nvrm(m: &str) -> Shape {
             text: body.to_string(),
         };
     }
-    if is_harmless_nvrm(body) {
+    if body.starts_with("The NVIDIA ") && body.contains("installed in this system") {
+        // `The NVIDIA NVIDIA GeForce GTX 1050 GPU installed in this system is supported through
+        // the NVIDIA 580.xx Legacy drivers`: the explanation follows.
+        return Shape::NotSupported {
+            pci: addr,
+            text: body.to_string(),
+        };
+    }
+    if is_harmless(body) {
         return Shape::Harmless;
     }
-    let lower = body.to_ascii_lowercase();
-    if [
-        "error",
-        "failed",
-        "failure",
-        "timeout",
-        "timed out",
-        "fatal",
-    ]
-    .iter()
-    .any(|w| lower.contains(w))
-    {
+    if has_error_signal(body) {
         return Shape::DriverError {
             pci: addr,
             text: body.to_string(),
@@ -384,6 +692,131 @@ fn parse_nvrm(m: &str) -> Shape {
         };
     }
     Shape::Other
+}
+
+/// The version in the load banner: `loading NVIDIA UNIX ... Kernel Module  575.51.03  Wed ...`.
+fn banner_version(m: &str) -> Option<String> {
+    // The open modules say `... Kernel Module for x86_64  570.158.01`: the version is one of the
+    // next few words.
+    let i = m.find("Kernel Module")?;
+    m[i + "Kernel Module".len()..]
+        .split_whitespace()
+        .take(3)
+        .find(|v| {
+            v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                && v.bytes().next().is_some_and(|b| b.is_ascii_digit())
+                && v.contains('.')
+        })
+        .map(str::to_string)
+}
+
+/// Driver initialisation and probe failures after `NVRM: ` (and a GPU prefix).
+fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> {
+    let fail = |what: String, code: Option<String>, folds: bool| {
+        Some(Shape::InitFailure {
+            pci: addr,
+            what,
+            code,
+            folds,
+        })
+    };
+    if body.starts_with("RmInitAdapter failed") {
+        let c = re_rm_init().captures(body)?;
+        return fail(
+            "RmInitAdapter failed".into(),
+            c.get(1).map(|x| x.as_str().to_string()),
+            false,
+        );
+    }
+    if body.starts_with("rm_init_adapter") {
+        if let Some(c) = re_rm_init_minor()
+            .captures(body)
+            .or_else(|| re_rm_init_old().captures(body))
+        {
+            return fail(
+                format!("rm_init_adapter failed for device minor {}", &c[1]),
+                None,
+                false,
+            );
+        }
+    }
+    if body.starts_with("RmInitAdapter: Cannot initialize GSP firmware RM") {
+        return fail("cannot initialise GSP firmware RM".into(), None, false);
+    }
+    if body.starts_with("The NVIDIA probe routine") {
+        if let Some(c) = re_probe_failed().captures(body) {
+            return fail(
+                format!("the NVIDIA probe routine failed for {} device(s)", &c[1]),
+                None,
+                false,
+            );
+        }
+        if let Some(c) = re_probe_not_called().captures(body) {
+            return fail(
+                format!(
+                    "the NVIDIA probe routine was not called for {} device(s) (another driver such as nouveau owns them)",
+                    &c[1]
+                ),
+                None,
+                true,
+            );
+        }
+    }
+    if body.starts_with("None of the NVIDIA devices were initialized")
+        || body.starts_with("None of the NVIDIA graphics adapters were initialized")
+    {
+        return fail(
+            "none of the NVIDIA devices were initialised".into(),
+            None,
+            false,
+        );
+    }
+    if body.starts_with("No NVIDIA devices probed")
+        || body.starts_with("No NVIDIA graphics adapter")
+        || body.starts_with("No NVIDIA GPU found")
+    {
+        return fail("no NVIDIA GPU was found or probed".into(), None, false);
+    }
+    if body.contains("does not have the necessary power cables connected") {
+        return fail(
+            "the GPU's auxiliary power cables are not connected".into(),
+            None,
+            false,
+        );
+    }
+    if body.contains("PCI I/O region assigned to your NVIDIA device is invalid") {
+        return fail(
+            "the PCI I/O region (BAR) assigned to the GPU is invalid".into(),
+            None,
+            true,
+        );
+    }
+    let gsp_boot = GSP_BOOT.iter().any(|k| body.contains(k)) && has_error_signal(body);
+    if (gsp_boot || GSP_BOOT_FAILED.iter().any(|k| body.contains(k))) && !is_harmless(body) {
+        return fail(format!("GPU firmware boot failed: {body}"), None, false);
+    }
+    None
+}
+
+/// Splits `GPU 0000:17:00.0: text` into the address and the text, and drops a `GPU6 ` index
+/// prefix (the driver's GPU instance number, not an address).
+fn split_gpu_prefix(m: &str) -> (Option<PciAddress>, &str) {
+    let Some(rest) = m.strip_prefix("GPU") else {
+        return (None, m);
+    };
+    if let Some(r) = rest.strip_prefix(' ') {
+        if let Some((a, body)) = r.split_once(": ") {
+            if let Some(p) = pci(a) {
+                return (Some(p), body);
+            }
+        }
+        return (None, m);
+    }
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits > 0 && rest[digits..].starts_with(' ') {
+        return (None, &rest[digits + 1..]);
+    }
+    (None, m)
 }
 
 /// Lines of the GSP RPC diagnostic dump that follows a GSP timeout.
@@ -405,113 +838,299 @@ fn is_gsp_dump_line(body: &str) -> bool {
         || (body.starts_with(char::is_whitespace) && t.starts_with(['#', '-']))
 }
 
-fn is_harmless_nvrm(body: &str) -> bool {
-    const HARMLESS: &[&str] = &[
-        "loading NVIDIA UNIX",
-        "Persistence mode",
-        "nvidia-persistenced",
-        "GPU at PCI:", // identity lines without a UUID we could parse
-        "RmInitAdapter succeeded",
-        "ACPI",
-        "failed to open /proc/driver/nvidia/params", // user tools probing before load
-    ];
-    HARMLESS.iter().any(|h| body.starts_with(h))
-}
-
 /// Parses an Xid line after `NVRM: `.
 pub fn parse_xid(m: &str) -> Option<XidLine> {
-    let r = re();
-    let c = r.xid.captures(m)?;
-    let pci = pci(&c[1])?;
-    let xid: u32 = c[2].parse().ok()?;
-    let tail = c.get(3).map_or("", |x| x.as_str());
-    let (mut pid, mut process, mut rest) = (None, None, tail.to_string());
-    if let Some(pc) = r.pid_name.captures(tail) {
-        pid = pc
-            .get(1)
-            .and_then(|p| p.as_str().trim_matches('\'').parse().ok());
-        process = pc
-            .get(2)
-            .map(|n| n.as_str().trim())
-            .filter(|n| !n.is_empty() && *n != "<unknown>" && *n != "'<unknown>'")
-            .map(str::to_string);
-        rest = pc.get(3).map_or("", |x| x.as_str()).to_string();
+    parse_xid_after(m.strip_prefix("Xid ")?)
+}
+
+/// The Xid line grammar, read left to right without backtracking:
+/// `(` [`PCI:`] ADDRESS `):` [spaces] NUMBER [`,` | spaces] [`pid=`PID`,`] [`name=`NAME`,`] REST.
+/// A redacted address (`PCI:...`) still gives the Xid number.
+fn parse_xid_after(x: &str) -> Option<XidLine> {
+    let inner = x.strip_prefix('(')?;
+    let close = inner.find("):")?;
+    let addr = &inner[..close];
+    let addr = addr.strip_prefix("PCI:").unwrap_or(addr);
+    let pci = match PciAddress::parse(addr) {
+        Ok(p) => Some(p),
+        // Redacted by the reporter: dots, x's, stars or nothing at all.
+        Err(_)
+            if addr
+                .bytes()
+                .all(|b| matches!(b, b'.' | b'x' | b'X' | b'*' | b'_' | b':')) =>
+        {
+            None
+        }
+        Err(_) => return None,
+    };
+    let after = inner[close + 2..].trim_start_matches(' ');
+    let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    let xid: u32 = after[..digits].parse().ok()?;
+    let mut tail = &after[digits..];
+    if !tail.is_empty() {
+        // The number ends at a comma or a space; anything else ("79x") is not this grammar.
+        tail = if let Some(t) = tail.strip_prefix(',') {
+            t
+        } else if tail.starts_with(' ') {
+            tail
+        } else {
+            return None;
+        };
+        tail = tail.trim_start();
+    }
+    let (mut pid, mut process) = (None, None);
+    if let Some(rest) = tail.strip_prefix("pid=") {
+        let end = rest.find(',').unwrap_or(rest.len());
+        let v = rest[..end].trim().trim_matches('\'');
+        pid = v.parse().ok();
+        tail = rest[end..]
+            .strip_prefix(',')
+            .unwrap_or(&rest[end..])
+            .trim_start();
+    }
+    if let Some(rest) = tail.strip_prefix("name=") {
+        let end = rest.find(',').unwrap_or(rest.len());
+        let v = rest[..end].trim();
+        if !v.is_empty() && v != "<unknown>" && v != "'<unknown>'" {
+            process = Some(v.to_string());
+        }
+        tail = rest[end..]
+            .strip_prefix(',')
+            .unwrap_or(&rest[end..])
+            .trim_start();
     }
     Some(XidLine {
         pci,
         xid,
         pid,
         process,
-        rest: rest.trim().to_string(),
+        rest: tail.trim().to_string(),
     })
 }
 
+/// The SXid grammar: `nvidia-nvswitchN: SXid (PCI:ADDRESS): NUMBER, REST`.
 fn parse_sxid(m: &str) -> Option<SxidLine> {
-    let c = re().sxid.captures(m)?;
-    let rest = c[4].trim().to_string();
-    let lower = rest.to_ascii_lowercase();
-    let fatal = if lower.starts_with("non-fatal") || lower.starts_with("nonfatal") {
+    let (switch, rest) = m.split_once(": SXid (")?;
+    if !switch.starts_with("nvidia-nvswitch") || switch.contains(' ') {
+        return None;
+    }
+    let close = rest.find("):")?;
+    let addr = &rest[..close];
+    let pci = pci(addr.strip_prefix("PCI:").unwrap_or(addr))?;
+    let after = rest[close + 2..].trim_start();
+    let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    let sxid = after[..digits].parse().ok()?;
+    let rest = after[digits..].strip_prefix(',')?.trim().to_string();
+    let lower = rest.as_bytes();
+    let starts =
+        |w: &str| lower.len() >= w.len() && lower[..w.len()].eq_ignore_ascii_case(w.as_bytes());
+    let fatal = if starts("non-fatal") || starts("nonfatal") {
         Some(false)
-    } else if lower.starts_with("fatal") {
+    } else if starts("fatal") {
         Some(true)
     } else {
         None
     };
     Some(SxidLine {
-        switch: c[1].to_string(),
-        pci: pci(&c[2])?,
-        sxid: c[3].parse().ok()?,
+        switch: switch.to_string(),
+        pci,
+        sxid,
         fatal,
         rest,
     })
 }
 
+/// The AER classes the kernel names, longest first (so "Multiple ..." wins over its tail).
+const AER_CLASSES: &[&str] = &[
+    "Multiple Uncorrected (Non-Fatal)",
+    "Multiple Uncorrectable (Non-Fatal)",
+    "Multiple Uncorrected (Fatal)",
+    "Multiple Uncorrectable (Fatal)",
+    "Multiple Correctable",
+    "Multiple Corrected",
+    "Uncorrected (Non-Fatal)",
+    "Uncorrectable (Non-Fatal)",
+    "Uncorrected (Fatal)",
+    "Uncorrectable (Fatal)",
+    "Correctable",
+    "Corrected",
+];
+
+/// `pcieport|nvidia ADDRESS: [AER: ]TEXT`, read without regexes: AER lines come in bursts.
 fn parse_aer(m: &str) -> Option<AerLine> {
-    let r = re();
-    let c = r.aer_dev.captures(m)?;
-    let reporter = pci(&c[2])?;
-    let text = c[3].trim().to_string();
-    let (mut source, mut class) = (None, None);
-    if let Some(rc) = r.aer_received.captures(&text) {
-        class = Some(rc[1].trim_start_matches("Multiple ").to_string());
-        source = rc.get(2).and_then(|a| pci(a.as_str()));
-    } else if let Some(cc) = r.aer_class.captures(&text) {
-        class = Some(cc[1].to_string());
+    let (driver, rest) = m.split_once(' ')?;
+    if driver != "pcieport" && driver != "nvidia" {
+        return None;
     }
+    // The address holds two colons itself (`0000:16:01.0`); the third ends it.
+    let mut fields = rest.splitn(4, ':');
+    let (a, b, c) = (fields.next()?, fields.next()?, fields.next()?);
+    let after = fields.next()?;
+    let addr = &rest[..a.len() + b.len() + c.len() + 2];
+    let reporter = pci(addr)?;
+    let after = after.trim_start();
+    let has_aer = after.starts_with("AER:");
+    let text = after
+        .strip_prefix("AER:")
+        .unwrap_or(after)
+        .trim()
+        .to_string();
+    // Without the `AER:` tag only the older kernels' "PCIe Bus Error" lines and their detail
+    // lines are AER; "pcieport ...: PCI bridge to [bus 04-24]" is not.
+    let older_kernel_line =
+        text.starts_with("PCIe Bus Error") || text.starts_with("device [") || text.starts_with('[');
+    if !has_aer && !older_kernel_line {
+        return None;
+    }
+    let (mut source, mut class) = (None, None);
+    let received = text
+        .find(" error received")
+        .or_else(|| text.find(" error message received"));
+    if let Some(i) = received {
+        let before = &text[..i];
+        if let Some(c) = AER_CLASSES.iter().find(|c| before.ends_with(*c)) {
+            class = Some(normalise_class(c.trim_start_matches("Multiple ")));
+            let tail = &text[i..];
+            let tail = tail[tail.find("received").map_or(0, |j| j + "received".len())..]
+                .trim_start_matches(':')
+                .trim_start();
+            let tail = tail.strip_prefix("from").unwrap_or(tail).trim_start();
+            let tail = match tail.strip_prefix("id=") {
+                // `id=00e5` names a requester id, not an address; an address may follow.
+                Some(t) => t.split_once(' ').map_or("", |(_, r)| r).trim_start(),
+                None => tail,
+            };
+            source = tail.split_whitespace().next().and_then(pci);
+        }
+    } else if let Some(i) = text.find("severity=") {
+        let v = &text[i + "severity=".len()..];
+        class = AER_CLASSES
+            .iter()
+            .find(|c| v.starts_with(*c))
+            .map(|c| normalise_class(c));
+    }
+    let status = if text.starts_with("device recovery failed") {
+        Some(AerStatus::RecoveryFailed)
+    } else if text.contains("link has been reset") {
+        Some(AerStatus::LinkReset)
+    } else if text.starts_with("can't recover") {
+        Some(AerStatus::CantRecover)
+    } else {
+        None
+    };
     Some(AerLine {
         reporter,
-        driver: c[1].to_string(),
+        driver: driver.to_string(),
         source,
         class,
         nvidia_device: text.contains("[10de:"),
+        status,
         text,
     })
 }
 
+/// Newer kernels say "Correctable"/"Uncorrectable"; older ones "Corrected"/"Uncorrected".
+fn normalise_class(c: &str) -> String {
+    c.replace("Correctable", "Corrected")
+        .replace("Uncorrectable", "Uncorrected")
+}
+
 fn parse_nvidia_other(m: &str) -> Shape {
-    let r = re();
-    if let Some(c) = r.fw_load.captures(m) {
-        return Shape::InitFailure {
-            pci: pci(&c[1]),
-            what: format!("loading firmware {} failed with error {}", &c[2], &c[3]),
-            code: Some(c[3].to_string()),
+    if let Some(after) = m.strip_prefix("nvidia ") {
+        if let Some(c) = re_fw_load().captures(m) {
+            return Shape::InitFailure {
+                pci: pci(&c[1]),
+                what: format!("loading firmware {} failed with error {}", &c[2], &c[3]),
+                code: Some(c[3].to_string()),
+                folds: false,
+            };
+        }
+        if let Some(c) = re_probe_driver().captures(m) {
+            return Shape::InitFailure {
+                pci: pci(&c[1]),
+                what: format!("probe with driver nvidia failed with error {}", &c[2]),
+                code: Some(c[2].to_string()),
+                folds: false,
+            };
+        }
+        // `nvidia 0000:17:00.0: text`: the PCI core speaking for the GPU.
+        let (addr, text) = after.split_once(": ").unwrap_or(("", ""));
+        if is_harmless(text) || !has_error_signal(text) {
+            return Shape::Harmless;
+        }
+        return Shape::ModuleError {
+            module: "nvidia",
+            pci: pci(addr),
+            text: text.trim_end().to_string(),
         };
     }
-    if let Some(c) = r.probe_driver.captures(m) {
+    if let Some(c) = re_probe_of().captures(m) {
         return Shape::InitFailure {
             pci: pci(&c[1]),
-            what: format!("probe with driver nvidia failed with error {}", &c[2]),
+            what: format!("probe failed with error {}", &c[2]),
             code: Some(c[2].to_string()),
+            folds: false,
         };
     }
-    if let Some(c) = r.module_sym.captures(m) {
+    if let Some(c) = re_module_sym().captures(m) {
         return Shape::InitFailure {
             pci: None,
             what: format!("module {}: {} {}", &c[1], &c[2], &c[3]),
             code: None,
+            folds: false,
         };
     }
-    Shape::Harmless
+    if let Some(c) = re_version_magic().captures(m) {
+        return Shape::InitFailure {
+            pci: None,
+            what: format!(
+                "module {} was built for kernel '{}', not the running '{}'",
+                &c[1],
+                c[2].trim(),
+                c[3].trim()
+            ),
+            code: None,
+            folds: false,
+        };
+    }
+    if let Some(rest) = m.strip_prefix("nvidia-modeset: ") {
+        if let Some(t) = rest
+            .strip_prefix("ERROR: ")
+            .or_else(|| rest.strip_prefix("WARNING: "))
+        {
+            return Shape::ModuleError {
+                module: "nvidia-modeset",
+                pci: None,
+                text: t.trim_end().to_string(),
+            };
+        }
+        return Shape::Harmless;
+    }
+    let name_end = m
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .unwrap_or(m.len());
+    let module = match &m[..name_end] {
+        "nvidia-uvm" | "nvidia_uvm" => "nvidia-uvm",
+        "nvidia-drm" | "nvidia_drm" => "nvidia-drm",
+        "nvidia-nvlink" => "nvidia-nvlink",
+        "nvidia-peermem" | "nvidia_peermem" => "nvidia-peermem",
+        "nvidia" => "nvidia",
+        _ => return Shape::Harmless,
+    };
+    module_line(module, m)
+}
+
+/// An address anywhere in a line (`(PCI:0000:01:00.0)`), for continuation lines that name it.
+pub fn find_address(s: &str) -> Option<PciAddress> {
+    re_any_addr()
+        .captures_iter(s)
+        .find_map(|c| c.get(1).and_then(|a| pci(a.as_str())))
 }
 
 #[cfg(test)]
@@ -531,7 +1150,7 @@ mod tests {
             "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.",
         );
         assert_eq!(
-            (x.pci.to_string(), x.xid, x.pid),
+            (x.pci.unwrap().to_string(), x.xid, x.pid),
             ("0000:17:00.0".into(), 79, Some(2207))
         );
         assert_eq!(x.process.as_deref(), Some("python3"));
@@ -550,7 +1169,7 @@ mod tests {
         let x = xid(
             "NVRM: Xid (PCI:4a7f1:00:00): 48, pid=1, name=x, An uncorrectable double bit error",
         );
-        assert_eq!(x.pci.to_string(), "4a7f1:00:00.0");
+        assert_eq!(x.pci.unwrap().to_string(), "4a7f1:00:00.0");
         let x = xid("NVRM: Xid (PCI:0008:01:00): 13, pid=5, name=a b, Graphics Exception");
         assert_eq!(x.process.as_deref(), Some("a b"));
         let x = xid("NVRM: Xid (PCI:0000:3b:00): 43, pid=25442, Ch 00000008");
@@ -641,7 +1260,9 @@ mod tests {
         assert_eq!(
             parse("NVRM: API mismatch: the client has the version 550.90.07, but"),
             Shape::ApiMismatchHead {
-                client: "550.90.07".into()
+                client: Some("550.90.07".into()),
+                process: None,
+                pid: None,
             }
         );
         assert_eq!(
@@ -668,6 +1289,12 @@ mod tests {
             parse("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  575.51.03  Wed May 21 2025"),
             Shape::DriverLoaded {
                 version: "575.51.03".into()
+            }
+        );
+        assert_eq!(
+            parse("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build  (dvs-builder@U22-I3-B10-02-5)  Mon Jun  2 13:13:04 UTC 2025"),
+            Shape::DriverLoaded {
+                version: "570.158.01".into()
             }
         );
     }

@@ -1,14 +1,30 @@
-//! `xidwatch explain`: the catalog entry for an Xid, as the on-call needs it.
+//! `xidwatch explain`: the catalog entry for an Xid or an NVSwitch SXid, as the on-call needs it.
 
-use std::io::Write;
+use std::io::{self, Write};
 
 use anyhow::Context;
 
 use super::ExplainArgs;
-use crate::classify::catalog;
+use crate::classify::{catalog, sxid};
 
 pub fn run(args: &ExplainArgs) -> anyhow::Result<u8> {
-    let mut out = std::io::stdout().lock();
+    let out = io::stdout().lock();
+    match write_explanation(args, io::BufWriter::new(out)) {
+        Ok(()) => Ok(0),
+        // `explain --list | head`: the reader has what it wanted; that is not an error.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(e).context("writing to standard output"),
+    }
+}
+
+fn write_explanation(args: &ExplainArgs, mut out: impl Write) -> io::Result<()> {
+    if args.list && args.sxid {
+        for e in sxid::all() {
+            writeln!(out, "{:>5}  {:<12}  {}", e.sxid, e.class.as_str(), e.name)?;
+        }
+        writeln!(out, "source: {}", sxid::SOURCE)?;
+        return out.flush();
+    }
     if args.list {
         for e in catalog::entries() {
             writeln!(
@@ -19,15 +35,44 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<u8> {
                 e.category.label(),
                 e.mnemonic,
                 e.summary
-            )
-            .context("writing to standard output")?;
+            )?;
         }
-        return Ok(0);
+        return out.flush();
     }
-    let code = args.xid.context("an Xid number is required (or --list)")?;
-    out.write_all(explain_text(code).as_bytes())
-        .context("writing to standard output")?;
-    Ok(0)
+    let Some(code) = args.xid else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an Xid number is required (or --list)",
+        ));
+    };
+    let text = if args.sxid {
+        explain_sxid(code)
+    } else {
+        explain_text(code)
+    };
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// The explanation of one NVSwitch SXid as text.
+pub fn explain_sxid(code: u32) -> String {
+    match sxid::lookup(code) {
+        Some(e) => format!(
+            "SXid {code}  {}\n\n  device      an NVSwitch (SXids come from the NVSwitch driver, not from a GPU)\n  class       {}\n  meaning     {}\n  source      {}\n",
+            e.name,
+            e.class.as_str(),
+            match e.class {
+                sxid::SxidClass::NonFatal => "the link or an automatically corrected error; traffic goes on. Watch for repeats.",
+                sxid::SxidClass::Fatal => "fatal to the partitions (jobs, guest VMs) using this NVSwitch port; they must be restarted, and GPUs behind it see Xid 74/45.",
+                sxid::SxidClass::AlwaysFatal => "fatal to the whole NVLink fabric: reset every NVSwitch and GPU (restart the host) before using the fabric again.",
+            },
+            sxid::SOURCE
+        ),
+        None => format!(
+            "SXid {code}: not in this catalog ({}). xidwatch still reports it, with the Fatal/Non-fatal word the line carries.\n",
+            sxid::SOURCE
+        ),
+    }
 }
 
 /// The explanation of one Xid as text.

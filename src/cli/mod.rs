@@ -5,6 +5,7 @@
 
 pub mod explain;
 pub mod install;
+pub mod json;
 pub mod logging;
 pub mod render;
 pub mod run;
@@ -130,12 +131,15 @@ pub struct ScanArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ExplainArgs {
-    /// The Xid number.
+    /// The Xid number (the SXid number with --sxid).
     #[arg(required_unless_present = "list")]
     pub xid: Option<u32>,
-    /// List every Xid in the catalog.
+    /// List every Xid in the catalog (every SXid with --sxid).
     #[arg(long)]
     pub list: bool,
+    /// The number is an NVSwitch SXid (catalog from NVIDIA's Fabric Manager guide).
+    #[arg(long)]
+    pub sxid: bool,
 }
 
 /// Loads the config for a subcommand; on error prints it (file, line, key) and gives the exit

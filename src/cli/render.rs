@@ -3,7 +3,57 @@
 use std::fmt::Write as _;
 
 use crate::classify::guidance;
-use crate::model::{Detail, Finding, Severity};
+use crate::model::{Detail, Finding, FindingKind, Incident, Severity};
+
+/// What to call the device a finding names: an SXid comes from an NVSwitch, not a GPU.
+pub fn device_label(f: &Finding) -> &'static str {
+    if f.kind == FindingKind::Sxid {
+        "nvswitch"
+    } else {
+        "gpu"
+    }
+}
+
+/// One block per incident for `scan`: the cause's block, then what was folded into it (repeats
+/// of the cause and echoes, with exact counts), so one fault reads as one story.
+pub fn incident_block(inc: &Incident, location: &str) -> String {
+    let Some(cause) = inc.findings.first() else {
+        return String::new();
+    };
+    let mut s = finding_block(cause, location);
+    if inc.count > 1 {
+        let _ = writeln!(s, "  repeats  {} times in all in this window", inc.count);
+    }
+    if !inc.echoes.is_empty() {
+        let parts: Vec<String> = inc
+            .echoes
+            .iter()
+            .map(|e| format!("{} x{}", what(e.kind, e.xid), e.count))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  echoes   {} (follow-on messages of this fault, folded in)",
+            parts.join(", ")
+        );
+        for f in inc.findings.iter().skip(1).take(4) {
+            let _ = writeln!(
+                s,
+                "           {}",
+                f.origin.raw.first().map_or("", |r| r.as_str())
+            );
+        }
+    }
+    s
+}
+
+/// `Xid 79`, `SXid 20034`, or the kind's name.
+pub fn what(kind: FindingKind, xid: Option<u32>) -> String {
+    match (kind, xid) {
+        (FindingKind::Xid, Some(x)) => format!("Xid {x}"),
+        (FindingKind::Sxid, Some(x)) => format!("SXid {x}"),
+        (k, _) => k.as_str().to_string(),
+    }
+}
 
 /// One block per finding: headline, GPU, process, meaning, action, NVIDIA's buckets, the log.
 pub fn finding_block(f: &Finding, location: &str) -> String {
@@ -23,7 +73,7 @@ pub fn finding_block(f: &Finding, location: &str) -> String {
     }
     s.push('\n');
     if let Some(p) = f.pci {
-        let _ = write!(s, "  gpu      {p}");
+        let _ = write!(s, "  {:<9}{p}", device_label(f));
         if let Some(i) = f.gpu.index {
             let _ = write!(s, "  index {i}");
         }

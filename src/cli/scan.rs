@@ -3,18 +3,24 @@
 //! Exit status: 0 when nothing is at warning or above, 1 when something is, 2 on an error (an
 //! unreadable or truncated file), in which case whatever was readable is still reported.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
 use serde::Serialize;
 
 use super::{render, ScanArgs, EXIT_ERROR};
 use crate::classify::{prefix, Classifier, LineOrigin};
-use crate::model::{Detail, Finding, FindingKind, GpuIdentity, PciAddress, Severity};
+use crate::incident::{Engine, EngineConfig, Origin as FindingOrigin};
+#[cfg(test)]
+use crate::model::Detail;
+use crate::model::{Finding, FindingKind, GpuIdentity, Incident, PciAddress, Severity};
 use crate::source::file::{self, Prefilter};
 
-/// A finding as `scan --json` prints it: the contract fields at the top level.
+/// A finding as `scan --json` prints it: the contract fields at the top level. The writer in
+/// `cli::json` writes exactly this, faster; this type is the reference its test compares with.
+#[cfg(test)]
 #[derive(Serialize)]
 struct JsonFinding<'a> {
     file: &'a str,
@@ -47,13 +53,127 @@ struct JsonFinding<'a> {
 /// One runbook run per (kind, Xid, GPU) when `--runbooks` is given.
 type SubjectKey = (FindingKind, Option<u32>, Option<PciAddress>);
 
-/// Per-GPU tallies for the closing summary.
+/// Per-device tallies for the closing summary.
 #[derive(Default)]
 struct Tally {
     findings: u64,
     worst: Option<Severity>,
-    by_what: BTreeMap<String, u64>,
+    by_what: BTreeMap<(FindingKind, Option<u32>), u64>,
     gpu: GpuIdentity,
+}
+
+/// The device a summary line is about: a GPU, an NVSwitch, or none named.
+type Device = (bool, Option<PciAddress>);
+
+/// Groups one input's findings into incidents with the daemon's engine, its clock driven by the
+/// records' own timestamps, so a fault and its echoes read as one block led by the cause.
+struct Grouper {
+    /// Engine 0 takes every finding that names a device (the engine's key is GPU, kind, Xid).
+    /// Findings that name none are grouped per title in engines of their own: "nvidia-modeset
+    /// error" and "GSP firmware crash report" are different problems even without an address.
+    engines: Vec<Engine>,
+    by_title: HashMap<String, usize>,
+    now_ms: u64,
+    /// Latest version of every incident, in the order they opened.
+    incidents: Vec<Incident>,
+    index: HashMap<(usize, String), usize>,
+    out: Vec<Incident>,
+}
+
+/// Bound on the per-title engines; past it, findings share engine 0.
+const MAX_TITLE_ENGINES: usize = 256;
+
+fn new_engine() -> Engine {
+    let d = crate::config::IncidentsConfig::default();
+    Engine::new(EngineConfig {
+        window_ms: d.window_secs.saturating_mul(1000),
+        max_open: d.max_open,
+        nvml_match_ms: d.nvml_match_ms,
+        host: String::new(),
+        boot_id: String::new(),
+        overrides: crate::classify::XidOverrides::default(),
+    })
+}
+
+impl Grouper {
+    fn new() -> Self {
+        Grouper {
+            engines: vec![new_engine()],
+            by_title: HashMap::new(),
+            now_ms: 0,
+            incidents: Vec::new(),
+            index: HashMap::new(),
+            out: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, f: Finding) {
+        // Kernel timestamps drive the windows; a line without one shares the last time seen.
+        if let Some(ms) = f.origin.ts_usec.map(|u| u / 1000) {
+            if ms > self.now_ms {
+                self.now_ms = ms;
+                for e in 0..self.engines.len() {
+                    self.engines[e].tick(ms, &mut self.out);
+                    self.collect(e);
+                }
+            }
+        }
+        let e = if f.pci.is_none() && f.kind != FindingKind::Xid {
+            match self.by_title.get(&f.title) {
+                Some(&e) => e,
+                None if self.engines.len() <= MAX_TITLE_ENGINES => {
+                    self.engines.push(new_engine());
+                    let e = self.engines.len() - 1;
+                    self.by_title.insert(f.title.clone(), e);
+                    e
+                }
+                None => 0,
+            }
+        } else {
+            0
+        };
+        self.engines[e].push(f, FindingOrigin::Kmsg, self.now_ms, false, &mut self.out);
+        self.collect(e);
+    }
+
+    fn collect(&mut self, engine: usize) {
+        for inc in self.out.drain(..) {
+            match self.index.get(&(engine, inc.id.clone())) {
+                Some(&i) => self.incidents[i] = inc,
+                None => {
+                    self.index
+                        .insert((engine, inc.id.clone()), self.incidents.len());
+                    self.incidents.push(inc);
+                }
+            }
+        }
+    }
+
+    /// Every incident, final counts, in log order; one superseded by a worse cause on the same
+    /// GPU (an AER warning before the Xid 79) is shown inside its successor, not on its own.
+    fn finish(mut self) -> Vec<Incident> {
+        for e in 0..self.engines.len() {
+            self.engines[e].close_all(&mut self.out);
+            self.collect(e);
+        }
+        let key = |f: &Finding| (f.origin.line, f.kind, f.xid, f.pci);
+        let absorbed: std::collections::HashSet<_> = self
+            .incidents
+            .iter()
+            .flat_map(|i| i.findings.iter().skip(1).map(key))
+            .collect();
+        let mut v: Vec<Incident> = self
+            .incidents
+            .into_iter()
+            .filter(|i| {
+                i.findings
+                    .first()
+                    .is_none_or(|c| !absorbed.contains(&key(c)))
+            })
+            .collect();
+        v.sort_by_key(|i| i.findings.first().map(|f| f.origin.line));
+        v
+    }
 }
 
 struct Output<W: Write> {
@@ -62,13 +182,16 @@ struct Output<W: Write> {
     /// Standard output went away (`| head`): stop writing, still exit normally.
     closed: bool,
     worst: Option<Severity>,
-    per_gpu: BTreeMap<Option<PciAddress>, Tally>,
+    per_gpu: BTreeMap<Device, Tally>,
     counts: BTreeMap<Severity, u64>,
+    /// Inputs that could not be read to the end.
+    failed: usize,
     /// With `--runbooks`: one subject per (kind, Xid, GPU) at warning or above.
     subjects: Option<BTreeMap<SubjectKey, crate::runbook::Subject>>,
 }
 
 impl<W: Write> Output<W> {
+    /// Counts a finding and, for `--json`, prints it. Text output is per incident instead.
     fn emit(&mut self, file: &str, f: &Finding) {
         if let Some(subjects) = self.subjects.as_mut() {
             if f.severity >= Severity::Warning && subjects.len() < 64 {
@@ -85,53 +208,39 @@ impl<W: Write> Output<W> {
         self.worst = self.worst.max(Some(f.severity));
         *self.counts.entry(f.severity).or_default() += 1;
         if f.kind != FindingKind::GpuIdentity {
-            let t = self.per_gpu.entry(f.pci).or_default();
+            let t = self
+                .per_gpu
+                .entry((f.kind == FindingKind::Sxid, f.pci))
+                .or_default();
             t.findings += 1;
             t.worst = t.worst.max(Some(f.severity));
-            let what = match (f.kind, f.xid) {
-                (FindingKind::Xid, Some(x)) => format!("Xid {x}"),
-                (FindingKind::Sxid, Some(x)) => format!("SXid {x}"),
-                (k, _) => k.as_str().to_string(),
-            };
-            *t.by_what.entry(what).or_default() += 1;
-            if !f.gpu.is_empty() {
+            *t.by_what.entry((f.kind, f.xid)).or_default() += 1;
+            if !f.gpu.is_empty() && t.gpu != f.gpu {
                 t.gpu = f.gpu.clone();
             }
         }
-        if self.closed {
+        if self.closed || !self.json {
             return;
         }
-        let res = if self.json {
-            let j = JsonFinding {
-                file,
-                kind: f.kind,
-                xid: f.xid,
-                pci: f.pci,
-                pid: f.pid,
-                process: f.process.as_deref(),
-                severity: f.severity,
-                category: f.category,
-                title: &f.title,
-                line: f.origin.line,
-                lines: f.origin.lines,
-                message: &f.message,
-                caused_by: f.caused_by,
-                timestamp: f.origin.timestamp.as_deref(),
-                ts_usec: f.origin.ts_usec,
-                seq: f.origin.seq,
-                gpu: &f.gpu,
-                detail: f.detail.as_ref(),
-                raw: &f.origin.raw,
-            };
-            serde_json::to_writer(&mut self.out, &j)
-                .map_err(io::Error::from)
-                .and_then(|_| self.out.write_all(b"\n"))
-        } else {
-            let loc = format!("{file}:{}", f.origin.line);
-            writeln!(self.out, "{}", render::finding_block(f, &loc))
-        };
+        let res = super::json::write_finding(&mut self.out, file, f);
         if res.is_err() {
             self.closed = true;
+        }
+    }
+
+    /// Prints one input's incidents, one block each.
+    fn incidents(&mut self, file: &str, incidents: &[Incident]) {
+        for inc in incidents {
+            if self.closed {
+                return;
+            }
+            let Some(cause) = inc.findings.first() else {
+                continue;
+            };
+            let loc = format!("{file}:{}", cause.origin.line);
+            if writeln!(self.out, "{}", render::incident_block(inc, &loc)).is_err() {
+                self.closed = true;
+            }
         }
     }
 
@@ -140,25 +249,46 @@ impl<W: Write> Output<W> {
             return;
         }
         let total: u64 = self.counts.values().sum();
+        let inputs = |n: usize| format!("{n} input{}", if n == 1 { "" } else { "s" });
         let mut s = String::new();
         if total == 0 {
-            s.push_str(&format!(
-                "No GPU faults found in {files} input{}.\n",
-                if files == 1 { "" } else { "s" }
-            ));
+            if self.failed == 0 {
+                s.push_str(&format!("No GPU faults found in {}.\n", inputs(files)));
+            } else {
+                // Never "no faults" for what could not be read.
+                s.push_str(&format!(
+                    "No GPU faults found in what could be read; {} of {} could not be read to the end (see the errors above), so faults may be missing.\n",
+                    inputs(self.failed),
+                    inputs(files)
+                ));
+            }
         } else {
             let parts: Vec<String> = [Severity::Critical, Severity::Warning, Severity::Info]
                 .iter()
                 .filter_map(|sev| self.counts.get(sev).map(|n| format!("{n} {sev}")))
                 .collect();
             s.push_str(&format!(
-                "Summary: {total} findings ({})\n",
+                "Summary: {total} finding{} ({})\n",
+                if total == 1 { "" } else { "s" },
                 parts.join(", ")
             ));
-            for (pci, t) in &self.per_gpu {
+            if self.failed > 0 {
+                s.push_str(&format!(
+                    "  ({} could not be read to the end; faults in the unread part are missing)\n",
+                    inputs(self.failed)
+                ));
+            }
+            // Worst first, then the busiest.
+            let mut rows: Vec<(&Device, &Tally)> = self.per_gpu.iter().collect();
+            rows.sort_by(|a, b| {
+                (b.1.worst, b.1.findings)
+                    .cmp(&(a.1.worst, a.1.findings))
+                    .then(a.0.cmp(b.0))
+            });
+            for ((nvswitch, pci), t) in rows {
                 let who = match pci {
                     Some(p) => {
-                        let mut w = format!("GPU {p}");
+                        let mut w = format!("{} {p}", if *nvswitch { "NVSwitch" } else { "GPU" });
                         if let Some(u) = &t.gpu.uuid {
                             w.push_str(&format!(" {u}"));
                         }
@@ -167,10 +297,13 @@ impl<W: Write> Output<W> {
                         }
                         w
                     }
-                    None => "no GPU named".to_string(),
+                    None => "no device named".to_string(),
                 };
-                let what: Vec<String> =
-                    t.by_what.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+                let what: Vec<String> = t
+                    .by_what
+                    .iter()
+                    .map(|((k, x), n)| format!("{} x{n}", render::what(*k, *x)))
+                    .collect();
                 s.push_str(&format!(
                     "  {who}: {} finding{}, worst {}: {}\n",
                     t.findings,
@@ -196,6 +329,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         worst: None,
         per_gpu: BTreeMap::new(),
         counts: BTreeMap::new(),
+        failed: 0,
         subjects: args.runbooks.as_ref().map(|_| BTreeMap::new()),
     };
     let runbook_config = match &args.runbooks {
@@ -221,6 +355,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
     for path in &files {
         if !scan_one(path, &pre, &mut out) {
             failed = true;
+            out.failed += 1;
         }
     }
     out.summary(files.len());
@@ -246,6 +381,7 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     };
     let mut classifier = Classifier::new();
     let mut findings = Vec::new();
+    let mut grouper = (!out.json).then(Grouper::new);
     let mut invalid_utf8 = 0u64;
     let mut on_line = |line_no: u64, bytes: &[u8]| {
         let text = match std::str::from_utf8(bytes) {
@@ -255,20 +391,23 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
                 String::from_utf8_lossy(bytes)
             }
         };
-        let Some(split) = prefix::split(&text) else {
+        let Some((prefix, messages)) = prefix::split_borrowed(&text) else {
             return;
         };
         let at = LineOrigin {
             line: line_no,
-            seq: split.prefix.seq,
-            ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text,
+            seq: prefix.seq,
+            ts_usec: prefix.ts_usec,
+            timestamp: prefix.text,
         };
-        for msg in &split.messages {
+        for msg in messages.iter() {
             classifier.push(msg, &at, &mut findings);
         }
         for f in findings.drain(..) {
             out.emit(&name, &f);
+            if let Some(g) = grouper.as_mut() {
+                g.push(f);
+            }
         }
     };
     let stats = match file::open(path) {
@@ -281,6 +420,13 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     classifier.flush(&mut findings);
     for f in findings.drain(..) {
         out.emit(&name, &f);
+        if let Some(g) = grouper.as_mut() {
+            g.push(f);
+        }
+    }
+    if let Some(g) = grouper.take() {
+        let incidents = g.finish();
+        out.incidents(&name, &incidents);
     }
     if invalid_utf8 > 0 {
         eprintln!("xidwatch: {name}: note: {invalid_utf8} candidate line(s) held invalid UTF-8; the bad bytes were replaced and the rest classified");
@@ -347,4 +493,78 @@ fn run_runbooks<W: Write>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast writer prints exactly what serializing the contract type would, byte for byte,
+    /// for every finding of the sample log and of the corpus of real lines.
+    #[test]
+    fn json_writer_matches_the_contract_type() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut texts =
+            vec![std::fs::read_to_string(root.join("fixtures/logs/mixed.log")).unwrap()];
+        for e in std::fs::read_dir(root.join("fixtures/corpus")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "log") {
+                let t = std::fs::read_to_string(&p).unwrap();
+                texts.push(
+                    t.lines()
+                        .filter_map(|l| l.split_once(" | ").map(|(_, r)| r))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                );
+            }
+        }
+        let mut n = 0;
+        for text in texts {
+            let mut c = Classifier::new();
+            let mut fs = Vec::new();
+            for (i, line) in text.lines().enumerate() {
+                if let Some((p, m)) = prefix::split_borrowed(line) {
+                    let at = LineOrigin {
+                        line: i as u64 + 1,
+                        seq: p.seq,
+                        ts_usec: p.ts_usec,
+                        timestamp: p.text,
+                    };
+                    for msg in m.iter() {
+                        c.push(msg, &at, &mut fs);
+                    }
+                }
+            }
+            c.flush(&mut fs);
+            for f in &fs {
+                let j = JsonFinding {
+                    file: "a \"file\".log",
+                    kind: f.kind,
+                    xid: f.xid,
+                    pci: f.pci,
+                    pid: f.pid,
+                    process: f.process.as_deref(),
+                    severity: f.severity,
+                    category: f.category,
+                    title: &f.title,
+                    line: f.origin.line,
+                    lines: f.origin.lines,
+                    message: &f.message,
+                    caused_by: f.caused_by,
+                    timestamp: f.origin.timestamp.as_deref(),
+                    ts_usec: f.origin.ts_usec,
+                    seq: f.origin.seq,
+                    gpu: &f.gpu,
+                    detail: f.detail.as_ref(),
+                    raw: &f.origin.raw,
+                };
+                let mut mine = Vec::new();
+                super::super::json::write_finding(&mut mine, "a \"file\".log", f).unwrap();
+                let want = serde_json::to_string(&j).unwrap() + "\n";
+                assert_eq!(String::from_utf8(mine).unwrap(), want);
+                n += 1;
+            }
+        }
+        assert!(n > 200, "{n} findings compared");
+    }
 }

@@ -11,8 +11,25 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 
-/// Literals at least one of which every line we classify contains.
-pub const CANDIDATE_LITERALS: &[&str] = &["NVRM", "SXid", "nvidia", "AER:"];
+/// Literals at least one of which every line we classify contains: the driver tags, and for the
+/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts and hung-task reports.
+pub const CANDIDATE_LITERALS: &[&str] = &[
+    "NVRM",
+    "SXid",
+    "nvidia",
+    "AER:",
+    "PCIe Bus Error",
+    "GSP task",
+    "NVIDIA-SMI",
+    "NVML",
+    "Unable to det",
+    "nvmlDevice",
+    "No devices were found",
+    "blocked for more than",
+    "state:D",
+    "Call Trace",
+    "Call trace",
+];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
 const CHUNK: usize = 1 << 20;

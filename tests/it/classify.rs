@@ -350,12 +350,15 @@ fn fallen_off_the_bus_without_an_xid() {
 }
 
 #[test]
-fn the_not_supported_family_is_harmless() {
-    for text in [
-        "NVRM: The NVIDIA GPU 0000:17:00.0 (PCI ID: 10de:1db6)\nNVRM: installed in this system is not supported by open\nNVRM: nvidia.ko because it does not include the required GPU\nNVRM: System Processor (GSP).",
-        "NVRM: The NVIDIA GPU 0000:17:00.0\nNVRM: (PCI ID: 10de:1db6) installed in this system is\nNVRM: not supported by the NVIDIA 550.54.14 driver release.",
+fn the_not_supported_family_is_one_warning_with_its_explanation_folded() {
+    for (text, lines) in [
+        ("NVRM: The NVIDIA GPU 0000:17:00.0 (PCI ID: 10de:1db6)\nNVRM: installed in this system is not supported by open\nNVRM: nvidia.ko because it does not include the required GPU\nNVRM: System Processor (GSP).", 4),
+        ("NVRM: The NVIDIA GPU 0000:17:00.0\nNVRM: (PCI ID: 10de:1db6) installed in this system is\nNVRM: not supported by the NVIDIA 550.54.14 driver release.", 3),
     ] {
-        assert!(classify(text).is_empty(), "{text}: {:#?}", classify(text));
+        let f = one(text);
+        assert_eq!((f.kind, f.severity), (FindingKind::DriverError, Severity::Warning), "{text}");
+        assert_eq!(f.pci.map(|p| p.to_string()).as_deref(), Some("0000:17:00.0"));
+        assert_eq!(f.origin.lines, lines, "{text}");
     }
 }
 

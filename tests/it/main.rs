@@ -4,13 +4,16 @@
 mod alert;
 mod catalog_current;
 mod classify;
+mod corpus;
 mod daemon;
 mod e2e_alert;
+mod families;
 mod install;
 mod nvml;
 mod ops;
 mod promises;
 mod runbook;
 mod scan_cli;
+mod scan_groups;
 mod service;
 mod support;
