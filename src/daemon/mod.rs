@@ -98,6 +98,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     set_alert_provider(&tel, &alerts);
     let (mut p, probe_memory) =
         Pipeline::restore(&opts, &state, boot, tel.clone(), alerts.sender())?;
+    learn_topology(&mut p.classifier, &cfg.nvml.sysfs_root);
 
     let stop = Arc::new(AtomicBool::new(false));
     let (ktx, mut krx) = mpsc::channel::<KmsgEvent>(1024);
@@ -234,6 +235,29 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     drop(p);
     alerts.stop().await;
     Ok(())
+}
+
+/// Tells the classifier which PCIe port sits above which GPU (from sysfs), so an AER error the
+/// kernel reports on a root or switch port is tied to the GPU below it. A port with several GPUs
+/// below is left out: an error there cannot be pinned on one of them.
+fn learn_topology(classifier: &mut Classifier, sysfs_root: &std::path::Path) {
+    let Ok(gpus) = probe::Probe::new(sysfs_root.to_path_buf()).gpus_on_bus() else {
+        return;
+    };
+    let mut below: std::collections::BTreeMap<
+        crate::model::PciAddress,
+        Vec<crate::model::PciAddress>,
+    > = Default::default();
+    for gpu in &gpus {
+        for port in crate::runbook::sysfs::ports_above(sysfs_root, *gpu) {
+            below.entry(port).or_default().push(*gpu);
+        }
+    }
+    for (port, gpus) in below {
+        if let [gpu] = gpus[..] {
+            classifier.learn_port(port, gpu);
+        }
+    }
 }
 
 /// The Prometheus endpoint (when configured) and the status socket; they end when the returned

@@ -115,6 +115,24 @@ pub fn parent_port(sysfs_root: &Path, pci: PciAddress) -> Option<PciAddress> {
     PciAddress::parse(parent).ok()
 }
 
+/// The PCI devices above `pci` in the topology (its port, any switch ports, the root port),
+/// nearest first, read from where its sysfs link points
+/// (`../../../devices/pci0000:00/0000:00:01.0/0000:17:00.0`).
+pub fn ports_above(sysfs_root: &Path, pci: PciAddress) -> Vec<PciAddress> {
+    let link = sysfs_root.join("bus/pci/devices").join(pci.to_string());
+    let Ok(target) = std::fs::read_link(&link) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PciAddress> = target
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .filter_map(|c| PciAddress::parse(c).ok())
+        .filter(|a| *a != pci)
+        .collect();
+    out.reverse();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1153,3 +1153,43 @@ fn failing_state_writes_are_logged_once_and_leave_no_litter() {
         .collect();
     assert!(litter.is_empty(), "{litter:?}");
 }
+
+/// An AER error the kernel reports on the root port above a GPU is tied to that GPU through the
+/// sysfs topology (the device's link names its ports), and a port above two GPUs is not.
+#[test]
+fn aer_on_the_port_above_a_gpu_is_tied_to_it_through_sysfs() {
+    let s = Setup::new("");
+    let sys = s.dir.path().join("sys");
+    // Root port 0000:16:01.0 with one GPU below; root port 0000:30:01.0 with two.
+    for (port, gpu) in [
+        ("0000:16:01.0", "0000:17:00.0"),
+        ("0000:30:01.0", "0000:31:00.0"),
+        ("0000:30:01.0", "0000:32:00.0"),
+    ] {
+        let real = sys.join("devices/pci0000:00").join(port).join(gpu);
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("vendor"), "0x10de\n").unwrap();
+        std::fs::write(real.join("class"), "0x030200\n").unwrap();
+        let links = sys.join("bus/pci/devices");
+        std::fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/pci0000:00/{port}/{gpu}"),
+            links.join(gpu),
+        )
+        .unwrap();
+    }
+    s.append(
+        "3,0,5000000,-;pcieport 0000:16:01.0: AER: device recovery failed\n\
+         3,1,5000001,-;pcieport 0000:30:01.0: AER: device recovery failed\n",
+    );
+    let d = s.start();
+    let v = d.wait_for("two incidents", |l| l.len() >= 2);
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    let pcis: Vec<&str> = v.iter().map(|i| i["pci"].as_str().unwrap_or("-")).collect();
+    assert!(pcis.contains(&"0000:17:00.0"), "{v:#?}");
+    assert!(
+        !pcis.contains(&"0000:31:00.0") && !pcis.contains(&"0000:32:00.0"),
+        "a port above two GPUs names neither: {v:#?}"
+    );
+}
