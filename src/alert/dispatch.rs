@@ -237,7 +237,10 @@ impl AlertSender {
 
     /// The evidence of an alert submitted with a hold (same incident id and phase).
     pub async fn attach_evidence(&self, alert: Alert) -> Result<(), SendError> {
-        self.tx.send(Envelope::Evidence(alert)).await.map_err(closed)
+        self.tx
+            .send(Envelope::Evidence(alert))
+            .await
+            .map_err(closed)
     }
 
     /// Ends the hold of an alert whose runbook will not report, with a note saying why.
@@ -277,9 +280,7 @@ impl AlertSender {
                 mpsc::error::TrySendError::Full(Envelope::Alert { alert, .. }) => {
                     SendError::Full(Box::new(alert))
                 }
-                mpsc::error::TrySendError::Closed(env) => {
-                    closed(mpsc::error::SendError(env))
-                }
+                mpsc::error::TrySendError::Closed(env) => closed(mpsc::error::SendError(env)),
                 mpsc::error::TrySendError::Full(_) => SendError::Stopped,
             })
     }
@@ -354,7 +355,6 @@ impl Dispatcher {
             keep_reports: cfg.outbox.keep_reports,
             shutdown,
             unpersisted: Vec::new(),
-            disk_errors: ErrorGate::default(),
         };
         for ch in channels {
             intake.spawn_worker(cfg, ch);
@@ -411,35 +411,6 @@ struct WorkerHandle {
     join: JoinHandle<()>,
 }
 
-/// Logs an error the first time, then at most once a minute with the count in between, so a
-/// full disk is one line a minute, not hundreds a second.
-#[derive(Default)]
-struct ErrorGate {
-    last: Option<std::time::Instant>,
-    suppressed: u64,
-}
-
-impl ErrorGate {
-    fn report(&mut self, msg: &str) {
-        let now = std::time::Instant::now();
-        match self.last {
-            Some(t) if now.duration_since(t) < Duration::from_secs(60) => self.suppressed += 1,
-            _ => {
-                if self.suppressed > 0 {
-                    tracing::error!(
-                        "{msg} ({} similar errors in the last minute)",
-                        self.suppressed
-                    );
-                } else {
-                    tracing::error!("{msg}");
-                }
-                self.last = Some(now);
-                self.suppressed = 0;
-            }
-        }
-    }
-}
-
 struct Intake {
     rx: mpsc::Receiver<Envelope>,
     shared: Arc<Shared>,
@@ -452,11 +423,15 @@ struct Intake {
     /// Alerts in memory whose outbox file could not be written yet, with their acks: they are
     /// written again every second, and acknowledged only then.
     unpersisted: Vec<(u64, oneshot::Sender<Ack>)>,
-    disk_errors: ErrorGate,
 }
 
 /// One alert as the intake takes it: the alert, its hold, its note, its acknowledgement.
-type Incoming = (Alert, Option<Duration>, Option<String>, Option<oneshot::Sender<Ack>>);
+type Incoming = (
+    Alert,
+    Option<Duration>,
+    Option<String>,
+    Option<oneshot::Sender<Ack>>,
+);
 
 /// Alerts written to the outbox together, at most.
 const MAX_BATCH: usize = 256;
@@ -718,7 +693,7 @@ impl Intake {
         }
         match (&pushed.write_error, pushed.seq) {
             (Some(e), Some(seq)) => {
-                self.disk_errors.report(&format!(
+                crate::state::log_write_error("outbox", &format!(
                     "cannot write the alert outbox ({e}); alert {id} is sent from memory and written again every second"
                 ));
                 if let Some(a) = ack {
@@ -727,8 +702,10 @@ impl Intake {
             }
             _ => {
                 if let Some(e) = &pushed.write_error {
-                    self.disk_errors
-                        .report(&format!("cannot write the alert outbox: {e}"));
+                    crate::state::log_write_error(
+                        "outbox",
+                        &format!("cannot write the alert outbox: {e}"),
+                    );
                 }
                 if let Some(a) = ack {
                     let _ = a.send(Ack::Durable);
@@ -750,9 +727,7 @@ impl Intake {
         let seqs: Vec<u64> = self.unpersisted.iter().map(|(s, _)| *s).collect();
         let results = tokio::task::spawn_blocking(move || {
             let mut ob = lock(&shared.outbox);
-            seqs.into_iter()
-                .map(|s| ob.persist(s))
-                .collect::<Vec<_>>()
+            seqs.into_iter().map(|s| ob.persist(s)).collect::<Vec<_>>()
         })
         .await
         .unwrap_or_default();
@@ -768,8 +743,10 @@ impl Intake {
                     let _ = ack.send(Ack::Durable);
                 }
                 Some(Err(e)) => {
-                    self.disk_errors
-                        .report(&format!("cannot write the alert outbox ({e})"));
+                    crate::state::log_write_error(
+                        "outbox",
+                        &format!("cannot write the alert outbox ({e})"),
+                    );
                     self.unpersisted.push((seq, ack));
                 }
                 None => self.unpersisted.push((seq, ack)),
@@ -793,12 +770,14 @@ impl Intake {
         match done {
             Ok((_, Some((_, None)))) => self.wake_all(),
             Ok((id, Some((_, Some(e))))) => {
-                self.disk_errors.report(&format!(
+                crate::state::log_write_error("outbox", &format!(
                     "cannot write the evidence of alert {id} to the outbox ({e}); it is sent from memory"
                 ));
                 self.wake_all();
             }
-            Ok((id, None)) => tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)"),
+            Ok((id, None)) => {
+                tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)")
+            }
             Err(e) => tracing::error!("alert intake failed: {e}"),
         }
     }
@@ -820,7 +799,7 @@ fn keep_report(dir: &Path, doc: &mut AlertDocument, keep: usize) {
 
 /// Writes the full report under `dir` and keeps only the newest `keep` reports.
 fn write_report(dir: &Path, name: &str, doc: &AlertDocument, keep: usize) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     use std::sync::atomic::{AtomicU64, Ordering};
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -828,21 +807,12 @@ fn write_report(dir: &Path, name: &str, doc: &AlertDocument, keep: usize) -> std
         .create(dir)?;
     // A copy for people on the host, not a record the promise rests on (the outbox is): written
     // whole through a rename, without a flush to disk, so a burst does not wait on the disk.
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o640)
-            .open(&tmp)?;
-        std::io::Write::write_all(&mut f, report::render(doc).as_bytes())?;
-        std::fs::rename(&tmp, dir.join(name))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
+    crate::state::write_atomic_as(
+        &dir.join(name),
+        report::render(doc).as_bytes(),
+        crate::state::STATE_FILE_MODE,
+        crate::state::Durability::Atomic,
+    )?;
     // Prune at most once a second: listing the folder for every alert of a burst costs more
     // than the alerts.
     static LAST_PRUNE: AtomicU64 = AtomicU64::new(0);
@@ -978,12 +948,7 @@ impl Worker {
                 tasks.insert(handle.id(), seq);
             }
             let wait = rate_wait.or_else(|| {
-                lock(&self.shared.outbox).next_wait(
-                    &name,
-                    now_ms(),
-                    crate::clock::mono_ms(),
-                    &busy,
-                )
+                lock(&self.shared.outbox).next_wait(&name, now_ms(), crate::clock::mono_ms(), &busy)
             });
             tokio::select! {
                 biased;
@@ -1063,8 +1028,7 @@ impl Worker {
                 let attempts = attempts + 1;
                 let too_many = retry.max_attempts > 0 && attempts >= retry.max_attempts;
                 let too_old = retry.max_age_secs > 0
-                    && now.saturating_sub(enqueued_ms)
-                        > retry.max_age_secs.saturating_mul(1000);
+                    && now.saturating_sub(enqueued_ms) > retry.max_age_secs.saturating_mul(1000);
                 let give_up = e.is_permanent() || too_many || too_old;
                 if let Some(st) = st {
                     st.last_failure_ms = Some(now);

@@ -20,8 +20,8 @@
 //! Synchronous on purpose: the dispatcher calls it from `spawn_blocking`.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -204,43 +204,8 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
     crate::state::write_atomic(&dir.join(name), bytes, crate::state::STATE_FILE_MODE)
 }
 
-/// Writes several files under `dir` durably with one filesystem flush: every temporary file is
-/// written, the filesystem is flushed once (`syncfs`), each is renamed over its real name, and
-/// the directory is flushed once. A crash leaves each file old or new, never torn.
 fn write_batch(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    if files.is_empty() {
-        return Ok(());
-    }
-    let tmp = |name: &str| dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = (|| {
-        for (name, bytes) in files {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(crate::state::STATE_FILE_MODE)
-                .open(tmp(name))?;
-            f.write_all(bytes)?;
-        }
-        let d = File::open(dir)?;
-        // SAFETY: syncfs on a valid, open descriptor of this directory.
-        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        for (name, _) in files {
-            fs::rename(tmp(name), dir.join(name))?;
-        }
-        d.sync_all()
-    })();
-    if written.is_err() {
-        // Leave no litter: a half-written batch is written again, one by one, later.
-        for (name, _) in files {
-            let _ = fs::remove_file(tmp(name));
-        }
-    }
-    written
+    crate::state::write_atomic_many(dir, files, crate::state::STATE_FILE_MODE)
 }
 
 fn create_private_dir(dir: &Path) -> io::Result<()> {
@@ -534,8 +499,7 @@ impl Outbox {
             match write_atomic(&self.dir, &file_name(seq), &bytes) {
                 Ok(()) => slot.persisted = true,
                 Err(e) => {
-                    write_error =
-                        Some(format!("{}: {e}", self.dir.join(file_name(seq)).display()));
+                    write_error = Some(format!("{}: {e}", self.dir.join(file_name(seq)).display()));
                 }
             }
         }
@@ -637,9 +601,7 @@ impl Outbox {
                 let c = s.channels.get(channel)?;
                 (c.state == DeliveryState::Pending).then(|| {
                     let retry = c.next_attempt_ms.saturating_sub(now_ms);
-                    let hold = s
-                        .held_until_mono
-                        .map_or(0, |t| t.saturating_sub(now_mono));
+                    let hold = s.held_until_mono.map_or(0, |t| t.saturating_sub(now_mono));
                     retry.max(hold)
                 })
             })
@@ -1018,13 +980,20 @@ mod tests {
             .push_held(doc("i", Severity::Critical), &chans(), 1000, Some(50_000))
             .seq
             .unwrap();
-        assert!(dir.path().join(file_name(seq)).exists(), "durable before the evidence");
+        assert!(
+            dir.path().join(file_name(seq)).exists(),
+            "durable before the evidence"
+        );
         assert_eq!(ob.due_except("a", 2000, 10_000, &none), None, "held");
         assert_eq!(
             ob.next_wait("a", 2000, 10_000, &none),
             Some(std::time::Duration::from_millis(40_000))
         );
-        assert_eq!(ob.due_except("a", 2000, 50_000, &none), Some(seq), "hold ended");
+        assert_eq!(
+            ob.due_except("a", 2000, 50_000, &none),
+            Some(seq),
+            "hold ended"
+        );
         let mut with = doc("i", Severity::Critical);
         with.meaning = "with evidence".into();
         assert_eq!(ob.attach(with).map(|r| r.0), Some(seq));
@@ -1073,7 +1042,10 @@ mod tests {
         assert!(batch[1].seq.is_some());
         drop(ob);
         let (mut ob, _) = Outbox::open(dir.path(), limits(10)).unwrap();
-        assert!(ob.push(doc("j", Severity::Critical), &chans(), 5).duplicate, "written with its batch");
+        assert!(
+            ob.push(doc("j", Severity::Critical), &chans(), 5).duplicate,
+            "written with its batch"
+        );
     }
 
     #[test]

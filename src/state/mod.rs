@@ -11,7 +11,10 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use atomic::{log_write_error, write_atomic, LogLimit, STATE_FILE_MODE};
+pub use atomic::{
+    log_write_error, write_atomic, write_atomic_as, write_atomic_many, Durability, LogLimit,
+    STATE_FILE_MODE,
+};
 pub use lock::{LockError, StateLock};
 
 use anyhow::Context;

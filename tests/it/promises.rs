@@ -368,3 +368,30 @@ fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
         });
     assert_eq!(by_pci.len(), 1, "{by_pci:?}");
 }
+
+/// A crash loop (the daemon killed again and again right after it starts) re-sends nothing that
+/// was already delivered: the checkpoint follows each alert within a fraction of a second, and
+/// the outbox remembers what it accepted.
+#[test]
+fn a_crash_loop_does_not_send_an_alert_again() {
+    let rx = Receiver::start(0);
+    let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
+    s.append(&xid_on(0, 7, 79));
+    let mut d = s.spawn(&[]);
+    wait_until("the alert", Duration::from_secs(20), || !rx.all().is_empty());
+    for i in 0..6u64 {
+        // Killed at a different moment of its start each time.
+        std::thread::sleep(Duration::from_millis(150 + 60 * i));
+        d.kill().unwrap();
+        d.wait().unwrap();
+        d = s.spawn(&[]);
+    }
+    wait_until("start-up", Duration::from_secs(20), || {
+        s.stderr().contains("caught up")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    super::support::sigterm(&d);
+    d.wait().unwrap();
+    let all = rx.all();
+    assert_eq!(all.len(), 1, "{all:#?}");
+}
