@@ -6,16 +6,20 @@
 //! `source` (kmsg, NVML, files) -> `classify` (catalog + line shapes) -> `incident` -> `runbook`
 //! -> `alert`. `model` holds the typed values that travel between them.
 
+//!
+//! Exported: what the binary (`cli`) and the integration tests use. The clock, the state
+//! directory, the incident engine and the daemon's inner actors are the crate's own.
+
 pub mod alert;
 pub mod classify;
 pub mod cli;
-pub mod clock;
+pub(crate) mod clock;
 pub mod config;
 pub mod daemon;
-pub mod files;
-pub mod host;
-pub mod incident;
+pub(crate) mod files;
+pub(crate) mod host;
+pub(crate) mod incident;
 pub mod model;
 pub mod runbook;
 pub mod source;
-pub mod state;
+pub(crate) mod state;

@@ -7,13 +7,13 @@
 //! behind, the kmsg thread waits, the kernel ring buffer overwrites, and the loss is reported as an
 //! overrun rather than hidden in an ever-growing queue.
 
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 pub mod control;
 pub mod metrics;
-pub mod notify;
-pub mod nvml;
-pub mod probe;
-pub mod serve;
+pub(crate) mod notify;
+pub(crate) mod nvml;
+pub(crate) mod probe;
+pub(crate) mod serve;
 pub mod telemetry;
 
 use std::io::Write;

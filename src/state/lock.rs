@@ -20,6 +20,7 @@ pub const LOCK_FILE: &str = "xidwatch.lock";
 #[derive(Debug)]
 pub struct StateLock {
     _file: File,
+    #[cfg_attr(not(test), allow(dead_code))]
     path: PathBuf,
 }
 
@@ -84,6 +85,7 @@ impl StateLock {
         Ok(StateLock { _file: file, path })
     }
 
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

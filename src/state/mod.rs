@@ -12,10 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use atomic::{
-    log_write_error, write_atomic, write_atomic_as, write_atomic_many, Durability, LogLimit,
-    STATE_FILE_MODE,
+    log_write_error, write_atomic, write_atomic_as, write_atomic_many, Durability, STATE_FILE_MODE,
 };
-pub use lock::{LockError, StateLock};
+pub use lock::StateLock;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -92,9 +91,6 @@ impl StateDir {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.dir
-    }
 
     pub fn load_position(&self) -> anyhow::Result<Option<Position>> {
         self.load_json("position.json")
