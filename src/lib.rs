@@ -5,7 +5,6 @@
 //! The pipeline, one module per stage:
 //! `source` (kmsg, NVML, files) -> `classify` (catalog + line shapes) -> `incident` -> `runbook`
 //! -> `alert`. `model` holds the typed values that travel between them.
-
 //!
 //! Exported: what the binary (`cli`) and the integration tests use. The clock, the state
 //! directory, the incident engine and the daemon's inner actors are the crate's own.
