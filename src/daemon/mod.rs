@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
-use crate::host::hostname;
+use crate::host::alert_host;
 use crate::incident::{Engine, EngineConfig, Origin, Persisted};
 use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::kmsg::follow::{self, KmsgEvent};
@@ -115,7 +115,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             "disabled"
         },
     );
-    let host = cfg.incidents.host.clone().unwrap_or_else(hostname);
+    let host = alert_host(cfg.incidents.host.as_deref());
 
     let mut engine = Engine::new(EngineConfig {
         window_ms: cfg.incidents.window_secs.saturating_mul(1000),
@@ -373,6 +373,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
             }
             _ = status_timer.tick() => {
+                tel.heartbeat();
                 ckpt.save(&mut acks, last_seq, &engine, &nvml_link.probe_memory, &tel, false).await;
                 tel.set_open_incidents_from(engine.open_incidents());
                 let (dir, snap) = (cfg.state_dir.clone(), tel.snapshot());
@@ -1147,7 +1148,7 @@ pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
 /// Where runbooks find programs, sysfs and procfs, as the config says.
 pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
     let mut env = config.runbooks.env();
-    env.host = config.incidents.host.clone().unwrap_or_else(hostname);
+    env.host = alert_host(config.incidents.host.as_deref());
     env.secrets = crate::runbook::Redactor::new(config.alerts.secret_values());
     env
 }
