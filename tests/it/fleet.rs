@@ -372,3 +372,27 @@ fn npd_verdict_for_each_state() {
         "unknown: cannot read xidwatch's status: cannot open the status socket: permis..."
     );
 }
+
+/// The manual page the .deb ships (deploy/debian/xidwatch.1) is rendered from the CLI definition;
+/// this fails when a subcommand or flag changes without it. `XIDWATCH_BLESS=1` rewrites it.
+#[test]
+fn the_manual_page_matches_the_cli() {
+    use clap::CommandFactory;
+    let mut page = Vec::new();
+    clap_mangen::Man::new(xidwatch::cli::Cli::command())
+        .date("2026-12-01")
+        .source(format!("xidwatch {}", env!("CARGO_PKG_VERSION")))
+        .manual("xidwatch manual")
+        .render(&mut page)
+        .unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/debian/xidwatch.1");
+    if std::env::var_os("XIDWATCH_BLESS").is_some() {
+        std::fs::write(&path, &page).unwrap();
+    }
+    let shipped = std::fs::read(&path).unwrap_or_default();
+    assert!(
+        shipped == page,
+        "{} is not the page the CLI gives: XIDWATCH_BLESS=1 cargo test --test it the_manual_page",
+        path.display()
+    );
+}
