@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the systemd unit, the install layout and the fleet configs with the real tools. Works
+# Checks the systemd unit and the install layout with the real tools. Works
 # offline and without systemd running as PID 1 (a container, a CI runner):
 #
 #   1. systemd-analyze verify on the unit prints nothing at all (it exits 0 on warnings).
@@ -7,13 +7,11 @@
 #   3. `xidwatch install --root DIR` gives a tree that systemd-sysusers, systemd-tmpfiles and
 #      `systemctl --root enable` accept, with the config group-readable by xidwatch only;
 #      `xidwatch uninstall --root DIR` takes it all away again.
-#   4. promtool check rules + promtool test rules on deploy/prometheus.
-#   5. amtool check-config + routing tests on deploy/alertmanager.
-#   6. deploy/kubernetes parses, and every volume mount names a declared volume.
-#   7. If cargo-deb is installed and runbooks/ has runbooks: the .deb holds what it should.
 #
-# Missing tools come from Debian/Ubuntu packages via apt-get: systemd is installed; promtool and
-# amtool are only extracted from their packages (installing them would start daemons).
+# The fleet configs (Prometheus, Alertmanager, Kubernetes, NPD), the Dockerfile and the .deb are
+# checked by .ci/fleet-checks.sh.
+#
+# Missing tools come from Debian/Ubuntu packages via apt-get: systemd is installed.
 #
 # Usage: .ci/systemd-checks.sh   (from anywhere; honours CARGO_TARGET_DIR)
 set -euo pipefail
@@ -36,23 +34,10 @@ apt_update() {
     apt_updated=1
 }
 
-# A tool from a Debian package without installing the package: download it, extract one file.
-extract_tool() { # package path-in-package
-    local pkg=$1 file=$2
-    apt_update "$pkg"
-    (cd "$tmp" && apt-get download -qq "$pkg" >/dev/null 2>&1) || fail "apt-get download $pkg"
-    dpkg-deb -x "$tmp/${pkg}"_*.deb "$tmp/pkg-$pkg"
-    echo "$tmp/pkg-$pkg$file"
-}
-
 if ! command -v systemd-analyze >/dev/null; then
     apt_update systemd
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
-command -v promtool >/dev/null && command -v amtool >/dev/null || apt_update promtool amtool
-promtool=$(command -v promtool || extract_tool prometheus /usr/bin/promtool)
-amtool=$(command -v amtool || extract_tool prometheus-alertmanager /usr/bin/amtool)
-[ -x "$promtool" ] && [ -x "$amtool" ] || fail "promtool or amtool unavailable"
 
 step "build"
 cargo build --quiet --bin xidwatch
@@ -113,65 +98,5 @@ left=$(cd "$root" && find . -path ./etc/passwd -o -path ./etc/group -o -path ./e
     -o -path ./etc/gshadow -o -path ./etc/.pwd.lock -o \( \( -type f -o -type l \) -print \))
 [ "$left" = "./etc/xidwatch/xidwatch.toml" ] || fail "uninstall left: $left"
 echo "uninstall left only the config: OK"
-
-step "promtool check rules / test rules (deploy/prometheus)"
-"$promtool" check rules deploy/prometheus/xidwatch.rules.yml
-"$promtool" test rules deploy/prometheus/xidwatch.rules.test.yml
-
-step "amtool check-config / routing (deploy/alertmanager)"
-am=deploy/alertmanager/route.example.yml
-"$amtool" check-config "$am"
-route() { # expected-receivers label=value...
-    local want=$1
-    shift
-    "$amtool" config routes test --config.file="$am" --verify.receivers="$want" "$@" >/dev/null 2>&1 ||
-        fail "route for $* should reach $want"
-    echo "$* -> $want"
-}
-route gpu-pagerduty,gpu-slack alertname=GpuCriticalFault severity=critical host=n1 pci=0000:3b:00.0
-route gpu-slack alertname=GpuXidRateHigh severity=warning host=n1 pci=0000:3b:00.0
-route gpu-email,gpu-slack alertname=XidwatchDown severity=warning host=n1 component=watcher
-# xidwatch's own GPU alerts (alertname Xidwatch<Kind>) are GPU faults, not watcher health.
-route gpu-pagerduty,gpu-slack alertname=XidwatchXid severity=critical host=n1 gpu=3 pci=0000:3b:00.0 xid=79
-route gpu-slack alertname=XidwatchXid severity=warning host=n1 gpu=3 pci=0000:3b:00.0 xid=13
-
-step "deploy/kubernetes parses"
-python3 - deploy/kubernetes/*.yaml <<'EOF'
-import sys
-import yaml
-
-for path in sys.argv[1:]:
-    docs = [d for d in yaml.safe_load_all(open(path)) if d]
-    for d in docs:
-        assert d.get("apiVersion") and d.get("kind"), f"{path}: a document without apiVersion/kind"
-        if d["kind"] == "DaemonSet":
-            pod = d["spec"]["template"]["spec"]
-            volumes = {v["name"] for v in pod.get("volumes", [])}
-            for c in pod["containers"]:
-                for m in c.get("volumeMounts", []):
-                    assert m["name"] in volumes, f"{path}: mount {m['name']} has no volume"
-            assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
-    print(f"{path}: {', '.join(d['kind'] for d in docs)}: OK")
-EOF
-
-step ".deb contents"
-if ! cargo deb --version >/dev/null 2>&1; then
-    echo "skipped: cargo-deb is not installed (cargo install cargo-deb)"
-elif ! ls runbooks/*.toml >/dev/null 2>&1; then
-    echo "skipped: runbooks/ has no *.toml yet, and cargo-deb refuses a glob that matches nothing"
-else
-    deb=$(cargo deb 2>/dev/null | tail -1)
-    dpkg-deb -c "$deb" | awk '{ print $1, $NF }' | tee "$tmp/deb.txt"
-    for want in "-rwxr-xr-x ./usr/bin/xidwatch" \
-        "-rw-r--r-- ./usr/lib/systemd/system/xidwatch.service" \
-        "-rw-r----- ./etc/xidwatch/xidwatch.toml" \
-        "-rw-r--r-- ./usr/lib/sysusers.d/xidwatch.conf" \
-        "-rw-r--r-- ./usr/lib/tmpfiles.d/xidwatch.conf"; do
-        grep -qxF -- "$want" "$tmp/deb.txt" || fail ".deb lacks $want"
-    done
-    dpkg-deb -f "$deb" Depends
-    dpkg-deb -I "$deb" conffiles 2>/dev/null | grep -qx /etc/xidwatch/xidwatch.toml ||
-        fail "the config is not a conffile"
-fi
 
 printf '\nall systemd checks passed (exposure %s)\n' "$score"

@@ -7,6 +7,7 @@ pub mod explain;
 pub mod install;
 pub mod json;
 pub mod logging;
+pub mod npd;
 pub mod render;
 pub mod run;
 pub mod runbook;
@@ -55,6 +56,8 @@ pub enum Command {
     Uninstall(install::UninstallArgs),
     /// Is the daemon running, and what does it see? Exit 0 running, 3 not running.
     Status(status::StatusArgs),
+    /// node-problem-detector custom plugin: exit 0 no GPU fault, 1 fault open, 2 unknown.
+    NpdCheck(npd::NpdCheckArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -171,5 +174,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Install(args) => install::install(&args),
         Command::Uninstall(args) => install::uninstall(&args),
         Command::Status(args) => status::run(&args),
+        Command::NpdCheck(args) => npd::run(&args),
     }
 }

@@ -74,11 +74,7 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
     let evidence = rt.block_on(crate::daemon::test_evidence(&config));
     let opts = crate::alert::TestAlertOptions {
         channel: args.channel.clone(),
-        host: config
-            .incidents
-            .host
-            .clone()
-            .unwrap_or_else(crate::host::hostname),
+        host: crate::host::alert_host(config.incidents.host.as_deref()),
         evidence,
         now_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

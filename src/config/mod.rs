@@ -92,7 +92,7 @@ pub struct IncidentsConfig {
     /// How long an NVML Xid event waits for the same Xid in the kernel log before it is reported
     /// on its own.
     pub nvml_match_ms: u64,
-    /// Hostname for alerts; the machine's when unset.
+    /// Hostname for alerts; when unset, `$NODE_NAME` (Kubernetes) if set, else the machine's.
     pub host: Option<String>,
 }
 

@@ -4,7 +4,13 @@
 //! The HTTP side is deliberately tiny (one request per connection, `Connection: close`): a
 //! bounded request head, a per-connection deadline and a cap on connections served at once, so a
 //! stuck or hostile client costs a few kilobytes and a few seconds, never the daemon. Anything but
-//! `GET`/`HEAD /metrics` gets a 404 (or 405), and nothing the client sends is echoed back.
+//! `GET`/`HEAD /metrics` and `/healthz` gets a 404 (or 405), and nothing the client sends is
+//! echoed back.
+//!
+//! `GET /healthz` is the liveness check (the DaemonSet's `livenessProbe`): 200 while the
+//! daemon's main loop keeps going round, 503 once it has not for [`HEALTH_STALE`]. A TCP check
+//! cannot see that: this server runs on its own task and keeps accepting while the pipeline that
+//! reads the kernel log is stuck.
 //!
 //! Metric names are a contract (deploy/prometheus/xidwatch.rules.yml and users' dashboards
 //! depend on them): rename nothing, only add.
@@ -21,6 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::telemetry::{StatusSnapshot, Telemetry, RUNBOOK_BUCKETS};
+use crate::model::Severity;
 
 /// The content type of what `/metrics` returns.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -30,6 +37,39 @@ const MAX_REQUEST_BYTES: usize = 8 * 1024;
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more wait in the kernel's accept queue, then are refused.
 const MAX_CONNECTIONS: usize = 16;
+/// How long the main loop may go without a heartbeat before `/healthz` fails. It beats at least
+/// every [`super::control::STATUS_FILE_INTERVAL`] (10 s); six missed beats is not a slow disk.
+pub const HEALTH_STALE: Duration = Duration::from_secs(60);
+
+/// The liveness verdict for a heartbeat at `heartbeat_ms`, at `now_ms`: healthy or not, and one
+/// line that says why.
+pub fn health(heartbeat_ms: u64, now_ms: u64) -> (bool, String) {
+    let age = now_ms.saturating_sub(heartbeat_ms);
+    if age <= HEALTH_STALE.as_millis() as u64 {
+        (true, format!("ok: pipeline went round {}s ago", age / 1000))
+    } else {
+        (
+            false,
+            format!(
+                "stalled: the pipeline has not gone round for {}s (limit {}s)",
+                age / 1000,
+                HEALTH_STALE.as_secs()
+            ),
+        )
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Every severity and incident phase, so `xidwatch_incidents_total` has all its series at 0
+/// from the first scrape: a rule over `increase()` cannot see a series' first value.
+const SEVERITIES: [Severity; 3] = [Severity::Info, Severity::Warning, Severity::Critical];
+const PHASES: [&str; 2] = ["opened", "digest"];
 
 pub use crate::config::metrics::{MetricsConfig, MetricsSettings, DEFAULT_LISTEN};
 
@@ -135,10 +175,18 @@ impl Collector for SnapshotCollector {
         counter_family(
             e,
             "xidwatch_incidents",
-            "Incidents handed to the alert stage, by severity and phase (opened: first alert; digest: counts after the window).",
-            s.incidents.iter().map(|i| {
-                let labels: Labels = vec![("severity", i.severity.as_str()), ("phase", &i.phase)];
-                (labels, i.count)
+            "Incidents handed to the alert stage, by severity and phase (opened: first alert; digest: counts after the window). Every series exists from the start, at 0.",
+            SEVERITIES.iter().flat_map(|sev| {
+                PHASES.iter().map(move |phase| {
+                    let count = s
+                        .incidents
+                        .iter()
+                        .filter(|i| i.severity == *sev && i.phase == *phase)
+                        .map(|i| i.count)
+                        .sum();
+                    let labels: Labels = vec![("severity", sev.as_str()), ("phase", phase)];
+                    (labels, count)
+                })
             }),
         )?;
         gauge(
@@ -333,6 +381,7 @@ pub async fn serve(
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
     Metrics { head: bool },
+    Health { head: bool },
     NotFound,
     MethodNotAllowed,
     BadRequest,
@@ -360,7 +409,9 @@ fn route(head: &[u8]) -> Route {
     match (method, path) {
         ("GET", "/metrics") => Route::Metrics { head: false },
         ("HEAD", "/metrics") => Route::Metrics { head: true },
-        (_, "/metrics") => Route::MethodNotAllowed,
+        ("GET", "/healthz") => Route::Health { head: false },
+        ("HEAD", "/healthz") => Route::Health { head: true },
+        (_, "/metrics" | "/healthz") => Route::MethodNotAllowed,
         _ => Route::NotFound,
     }
 }
@@ -394,10 +445,19 @@ async fn handle(mut stream: TcpStream, telemetry: &Telemetry) -> std::io::Result
             Route::Metrics { head } => {
                 ("200 OK", CONTENT_TYPE, render(&telemetry.snapshot()), head)
             }
+            Route::Health { head } => {
+                let (ok, line) = health(telemetry.heartbeat_ms(), now_ms());
+                let status = if ok {
+                    "200 OK"
+                } else {
+                    "503 Service Unavailable"
+                };
+                (status, "text/plain; charset=utf-8", line + "\n", head)
+            }
             Route::NotFound => (
                 "404 Not Found",
                 "text/plain; charset=utf-8",
-                "not found; metrics are at /metrics\n".to_string(),
+                "not found; metrics are at /metrics, liveness at /healthz\n".to_string(),
                 false,
             ),
             Route::MethodNotAllowed => (
@@ -492,6 +552,14 @@ mod tests {
             route(b"POST /metrics HTTP/1.1\r\n\r\n"),
             Route::MethodNotAllowed
         );
+        assert_eq!(
+            route(b"GET /healthz HTTP/1.1\r\n\r\n"),
+            Route::Health { head: false }
+        );
+        assert_eq!(
+            route(b"POST /healthz HTTP/1.1\r\n\r\n"),
+            Route::MethodNotAllowed
+        );
         assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
         assert_eq!(route(b"GET /metrics/x HTTP/1.1\r\n\r\n"), Route::NotFound);
         assert_eq!(route(b"garbage\r\n\r\n"), Route::BadRequest);
@@ -533,6 +601,35 @@ mod tests {
             accepted_total: 5,
         }));
         t
+    }
+
+    #[test]
+    fn health_fails_once_the_heartbeat_is_old() {
+        let beat = 1_700_000_000_000;
+        let (ok, line) = health(beat, beat + 5_000);
+        assert!(ok, "{line}");
+        assert_eq!(line, "ok: pipeline went round 5s ago");
+        let (ok, line) = health(beat, beat + HEALTH_STALE.as_millis() as u64 + 1_000);
+        assert!(!ok, "{line}");
+        assert_eq!(
+            line,
+            "stalled: the pipeline has not gone round for 61s (limit 60s)"
+        );
+    }
+
+    #[test]
+    fn incident_series_exist_at_zero_before_the_first_incident() {
+        let text = render(&Telemetry::started(1_700_000_000_000, 1).snapshot());
+        for sev in ["info", "warning", "critical"] {
+            for phase in ["opened", "digest"] {
+                let line =
+                    format!("xidwatch_incidents_total{{severity=\"{sev}\",phase=\"{phase}\"}} 0");
+                assert!(
+                    text.lines().any(|l| l == line),
+                    "missing {line} in:\n{text}"
+                );
+            }
+        }
     }
 
     #[test]

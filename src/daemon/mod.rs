@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
-use crate::host::hostname;
+use crate::host::alert_host;
 use crate::incident::{Engine, EngineConfig, Origin};
 use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::kmsg::follow::{self, KmsgEvent};
@@ -186,6 +186,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 p.flush(&nvml_link.probe_memory, false).await;
             }
             _ = status_timer.tick() => {
+                tel.heartbeat();
                 p.flush(&nvml_link.probe_memory, false).await;
                 p.write_status_file();
             }
@@ -336,7 +337,7 @@ impl Pipeline {
             window_ms: cfg.incidents.window_secs.saturating_mul(1000),
             max_open: cfg.incidents.max_open,
             nvml_match_ms: cfg.incidents.nvml_match_ms,
-            host: cfg.incidents.host.clone().unwrap_or_else(hostname),
+            host: alert_host(cfg.incidents.host.as_deref()),
             boot_id: boot_hex.clone(),
             overrides: cfg.overrides.clone(),
         });
@@ -1099,7 +1100,7 @@ pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
 /// Where runbooks find programs, sysfs and procfs, as the config says.
 pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
     let mut env = config.runbooks.env();
-    env.host = config.incidents.host.clone().unwrap_or_else(hostname);
+    env.host = alert_host(config.incidents.host.as_deref());
     env.secrets = crate::runbook::Redactor::new(config.alerts.secret_values());
     env
 }

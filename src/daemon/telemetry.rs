@@ -209,6 +209,10 @@ pub struct StatusSnapshot {
     pub config: ConfigHealth,
     /// The alert stage; `None` when no alert channel is configured.
     pub alerts: Option<AlertStatus>,
+    /// When the daemon's main loop last went round (ms since the epoch): it beats at least every
+    /// [`crate::daemon::control::STATUS_FILE_INTERVAL`], so an old value means a stuck pipeline.
+    /// 0 from a daemon too old to report it.
+    pub heartbeat_ms: u64,
     /// Set in the last snapshot a daemon writes when it stops cleanly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_ms: Option<u64>,
@@ -263,6 +267,8 @@ pub struct Telemetry {
     kmsg_userspace_ignored: AtomicU64,
     reloads_ok: AtomicU64,
     reload_failures: AtomicU64,
+    /// See [`StatusSnapshot::heartbeat_ms`].
+    heartbeat_ms: AtomicU64,
     inner: Mutex<Inner>,
     alert_provider: Mutex<Option<AlertStatusProvider>>,
 }
@@ -300,6 +306,7 @@ impl Telemetry {
             kmsg_userspace_ignored: AtomicU64::new(0),
             reloads_ok: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
+            heartbeat_ms: AtomicU64::new(started_ms),
             inner: Mutex::new(Inner {
                 nvml: NvmlHealth {
                     up: false,
@@ -319,6 +326,17 @@ impl Telemetry {
 
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The main loop went round: the pipeline is making progress. The liveness endpoint
+    /// (`/healthz`) and `npd-check` read the time of the last beat.
+    pub fn heartbeat(&self) {
+        self.heartbeat_ms.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    /// When the main loop last went round (ms since the epoch); the start before the first beat.
+    pub fn heartbeat_ms(&self) -> u64 {
+        self.heartbeat_ms.load(Ordering::Relaxed)
     }
 
     /// The per-Xid overrides of the config, so `severity` labels say what the operator set
@@ -543,6 +561,7 @@ impl Telemetry {
             version: env!("CARGO_PKG_VERSION").to_string(),
             pid: self.pid,
             started_ms: self.started_ms,
+            heartbeat_ms: self.heartbeat_ms(),
             kmsg: KmsgHealth {
                 path: inner.kmsg_path.clone(),
                 boot_id: inner.kmsg_boot.clone(),

@@ -8,6 +8,7 @@ mod corpus;
 mod daemon;
 mod e2e_alert;
 mod families;
+mod fleet;
 mod install;
 mod nvml;
 mod ops;
