@@ -73,6 +73,40 @@ impl Channel {
     }
 }
 
+/// The channels of one `[alerts]` config, built once when the config is loaded (secrets
+/// resolved, URLs and headers parsed, clients made) and shared from then on: the dispatcher,
+/// a reload and `test-alert` use these, never the text again.
+#[derive(Debug, Clone, Default)]
+pub struct BuiltChannels(pub std::sync::Arc<Vec<std::sync::Arc<Channel>>>);
+
+impl BuiltChannels {
+    /// Checks `cfg` and builds its channels: the one step from text to typed channels.
+    pub fn build(cfg: &AlertConfig) -> Result<BuiltChannels, AlertError> {
+        cfg.validate().map_err(AlertError::Config)?;
+        let built = build_all(cfg, None)?;
+        Ok(BuiltChannels(std::sync::Arc::new(
+            built.into_iter().map(std::sync::Arc::new).collect(),
+        )))
+    }
+
+    /// The channel called `name`.
+    pub fn get(&self, name: &str) -> Option<std::sync::Arc<Channel>> {
+        self.0.iter().find(|c| c.name() == name).cloned()
+    }
+
+    /// Every channel but the one called `name` (the daemon's `--json` mode gives standard
+    /// output to the incident stream).
+    pub fn without(&self, name: &str) -> BuiltChannels {
+        BuiltChannels(std::sync::Arc::new(
+            self.0
+                .iter()
+                .filter(|c| c.name() != name)
+                .cloned()
+                .collect(),
+        ))
+    }
+}
+
 /// Builds every enabled channel (or only `only`, by name). Errors name the channel.
 pub fn build_all(cfg: &AlertConfig, only: Option<&str>) -> Result<Vec<Channel>, AlertError> {
     let want = |name: &str| only.is_none_or(|o| o == name);

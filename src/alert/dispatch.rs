@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::channel::{build_all, Channel};
+use super::channel::{BuiltChannels, Channel};
 use super::config::{AlertConfig, ChannelCommon, ChannelKind, RateLimit, RetryConfig};
 use super::document::AlertDocument;
 use super::outbox::{self, Limits, Outbox, Outcome};
@@ -172,6 +172,7 @@ enum Envelope {
     Release { id: String, note: String },
     Reconfigure {
         cfg: Box<AlertConfig>,
+        built: BuiltChannels,
         reply: oneshot::Sender<Result<Vec<String>, AlertError>>,
     },
 }
@@ -254,11 +255,16 @@ impl AlertSender {
     /// Applies a new `[alerts]` config in place: channels whose own settings did not change
     /// keep their worker (and what it is sending); changed ones are rebuilt; removed ones stop.
     /// On error nothing changes. Returns warnings for the log.
-    pub async fn reconfigure(&self, cfg: &AlertConfig) -> Result<Vec<String>, AlertError> {
+    pub async fn reconfigure(
+        &self,
+        cfg: &AlertConfig,
+        built: &BuiltChannels,
+    ) -> Result<Vec<String>, AlertError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Envelope::Reconfigure {
                 cfg: Box::new(cfg.clone()),
+                built: built.clone(),
                 reply,
             })
             .await
@@ -304,11 +310,22 @@ impl Dispatcher {
         state_dir: &Path,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(AlertSender, JoinHandle<()>), AlertError> {
-        cfg.validate().map_err(AlertError::Config)?;
         for w in cfg.secret_warnings(None) {
             tracing::warn!("{w}");
         }
-        let channels = build_all(cfg, None)?;
+        let built = BuiltChannels::build(cfg)?;
+        Self::start_built(cfg, &built, state_dir, shutdown)
+    }
+
+    /// [`Dispatcher::start`] with the channels the config was loaded with (the daemon's way:
+    /// the config is checked and its channels built once, when it is loaded).
+    pub fn start_built(
+        cfg: &AlertConfig,
+        built: &BuiltChannels,
+        state_dir: &Path,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(AlertSender, JoinHandle<()>), AlertError> {
+        let channels: Vec<Arc<Channel>> = built.0.iter().cloned().collect();
 
         let dir = state_dir.join(OUTBOX_DIR);
         let (mut ob, warnings) = Outbox::open(
@@ -440,7 +457,7 @@ const MAX_BATCH: usize = 256;
 const PERSIST_RETRY: Duration = Duration::from_millis(500);
 
 impl Intake {
-    fn spawn_worker(&mut self, cfg: &AlertConfig, ch: Channel) {
+    fn spawn_worker(&mut self, cfg: &AlertConfig, ch: Arc<Channel>) {
         let name = ch.name().to_string();
         let spec = spec_of(cfg, &name);
         let common = spec.as_ref().and_then(|(_, c)| c.clone());
@@ -462,7 +479,7 @@ impl Intake {
         );
         let w = Worker {
             rate: RateLimiter::new(common.and_then(|c| c.rate_limit)),
-            channel: Arc::new(ch),
+            channel: ch,
             shared: self.shared.clone(),
             notify: notify.clone(),
             retry: self.retry.subscribe(),
@@ -553,8 +570,8 @@ impl Intake {
                     self.wake_all();
                 }
             }
-            Envelope::Reconfigure { cfg, reply } => {
-                let _ = reply.send(self.reconfigure(&cfg));
+            Envelope::Reconfigure { cfg, built, reply } => {
+                let _ = reply.send(self.reconfigure(&cfg, &built));
             }
         }
     }
@@ -565,10 +582,14 @@ impl Intake {
         }
     }
 
-    fn reconfigure(&mut self, cfg: &AlertConfig) -> Result<Vec<String>, AlertError> {
-        cfg.validate().map_err(AlertError::Config)?;
+    fn reconfigure(
+        &mut self,
+        cfg: &AlertConfig,
+        built: &BuiltChannels,
+    ) -> Result<Vec<String>, AlertError> {
         let warnings = cfg.secret_warnings(None);
-        // Build every new or changed channel first: a failure leaves everything as it was.
+        // The new config's channels were built when it was loaded; take the new or changed
+        // ones, keep the workers of the others.
         let mut rebuilt = Vec::new();
         for c in cfg.channels() {
             let unchanged = self
@@ -576,8 +597,7 @@ impl Intake {
                 .get(&c.name)
                 .is_some_and(|w| w.spec == spec_of(cfg, &c.name));
             if !unchanged {
-                let mut built = build_all(cfg, Some(&c.name))?;
-                if let Some(ch) = built.pop() {
+                if let Some(ch) = built.get(&c.name) {
                     rebuilt.push(ch);
                 }
             }

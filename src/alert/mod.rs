@@ -255,11 +255,10 @@ pub enum AlertError {
 /// Sends a synthetic alert once to each selected channel, directly (no outbox, no retries, no
 /// severity filter or rate limit), and reports what each channel said.
 pub async fn test_alert(
-    cfg: &AlertConfig,
+    built: &channel::BuiltChannels,
     opts: TestAlertOptions,
 ) -> Result<TestAlertReport, AlertError> {
-    cfg.validate().map_err(AlertError::Config)?;
-    let mut channels = channel::build_all(cfg, None)?;
+    let mut channels: Vec<std::sync::Arc<Channel>> = built.0.iter().cloned().collect();
     if let Some(name) = &opts.channel {
         channels.retain(|c| c.name() == name);
         if channels.is_empty() {

@@ -36,10 +36,8 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
             for w in c.alerts.secret_warnings(c.source.as_deref()) {
                 println!("warning: {w}");
             }
-            if let Ok(m) = c.metrics.validate() {
-                for w in m.warnings {
-                    println!("warning: {w}");
-                }
+            for w in &c.metrics_settings.warnings {
+                println!("warning: {w}");
             }
             let channels = c.alerts.channels();
             match &c.source {
@@ -81,7 +79,7 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
     };
-    match rt.block_on(crate::alert::test_alert(&config.alerts, opts)) {
+    match rt.block_on(crate::alert::test_alert(&config.alert_channels, opts)) {
         Ok(report) => {
             print!("{}", report.render());
             Ok(if report.all_ok() { 0 } else { 1 })

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use crate::classify::{XidOverride, XidOverrides};
 use crate::runbook::{render_load_errors, RunLimits, RunbookSet, RunbooksConfig};
 
-
 /// Where the packaged install keeps the config.
 pub const DEFAULT_PATH: &str = "/etc/xidwatch/xidwatch.toml";
 
@@ -139,7 +138,11 @@ pub struct Config {
     pub incidents: IncidentsConfig,
     pub overrides: XidOverrides,
     pub alerts: crate::alert::AlertConfig,
+    /// The `[alerts]` channels, built from it when the config was loaded.
+    pub alert_channels: crate::alert::channel::BuiltChannels,
     pub metrics: metrics::MetricsConfig,
+    /// `[metrics]` as checked when the config was loaded.
+    pub metrics_settings: metrics::MetricsSettings,
 }
 
 /// A config error, always naming the file.
@@ -224,19 +227,23 @@ impl Config {
                 "nvml.probe_interval_secs: expected a number of seconds above 0".into(),
             ));
         }
-        if let Err(errors) = raw.alerts.validate() {
-            return Err(invalid(errors.join("; ")));
-        }
+        // Checked and built here, once: the daemon, a reload and test-alert use these channels.
+        let alert_channels = match crate::alert::channel::BuiltChannels::build(&raw.alerts) {
+            Ok(b) => b,
+            Err(crate::alert::AlertError::Config(errors)) => {
+                return Err(invalid(errors.join("; ")))
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        };
         let runbook_limits = raw.runbooks.limits().map_err(invalid)?;
         let catalog = raw.runbooks.catalog().map_err(invalid)?;
-        let runbook_set =
-            RunbookSet::load(&raw.runbooks.dirs(), &catalog).map_err(|errors| {
-                invalid(format!(
-                    "runbooks refused:\n{}",
-                    render_load_errors(&errors).trim_end()
-                ))
-            })?;
-        raw.metrics.validate().map_err(invalid)?;
+        let runbook_set = RunbookSet::load(&raw.runbooks.dirs(), &catalog).map_err(|errors| {
+            invalid(format!(
+                "runbooks refused:\n{}",
+                render_load_errors(&errors).trim_end()
+            ))
+        })?;
+        let metrics_settings = raw.metrics.validate().map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {
             if let Some(name) = &o.runbook {
@@ -265,7 +272,9 @@ impl Config {
             incidents: raw.incidents,
             overrides,
             alerts: raw.alerts,
+            alert_channels,
             metrics: raw.metrics,
+            metrics_settings,
         })
     }
 }
@@ -321,8 +330,6 @@ fn elide_quoted(msg: &str) -> String {
     }
     out
 }
-
-
 
 /// `$STATE_DIRECTORY` under systemd; `/var/lib/xidwatch` as root; the user's state directory
 /// otherwise, so a non-root run never needs root to keep its position.

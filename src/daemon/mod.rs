@@ -268,7 +268,7 @@ async fn start_ops(
     tel: &Arc<Telemetry>,
 ) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
-    let metrics_settings = cfg.metrics.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let metrics_settings = &cfg.metrics_settings;
     for w in &metrics_settings.warnings {
         tracing::warn!("{w}");
     }
@@ -696,6 +696,17 @@ fn alert_config(cfg: &Config, output: Output) -> crate::alert::AlertConfig {
     alert_cfg
 }
 
+/// The channels built when the config was loaded, as the daemon uses them (see
+/// [`alert_config`]).
+fn alert_channels(cfg: &Config, output: Output) -> crate::alert::channel::BuiltChannels {
+    if output == Output::Json {
+        cfg.alert_channels
+            .without(crate::alert::config::STDOUT_CHANNEL)
+    } else {
+        cfg.alert_channels.clone()
+    }
+}
+
 /// The alert stage as the daemon runs it: started once, for the whole run, and reconfigured in
 /// place on reload, so a runbook that outlives a reload still hands its evidence to the same
 /// stage and one outbox is ever open on the state directory.
@@ -712,8 +723,10 @@ impl AlertStage {
             tracing::warn!("{w}");
         }
         let (shutdown, rx) = tokio::sync::watch::channel(false);
-        let (sender, handle) = crate::alert::Dispatcher::start(&alert_cfg, &cfg.state_dir, rx)
-            .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;
+        let built = alert_channels(cfg, output);
+        let (sender, handle) =
+            crate::alert::Dispatcher::start_built(&alert_cfg, &built, &cfg.state_dir, rx)
+                .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;
         Ok(AlertStage {
             sender,
             handle,
@@ -854,7 +867,10 @@ async fn reload(
     ));
     match out
         .alerts
-        .reconfigure(&alert_config(&new, opts.output))
+        .reconfigure(
+            &alert_config(&new, opts.output),
+            &alert_channels(&new, opts.output),
+        )
         .await
     {
         Ok(warnings) => {

@@ -1026,8 +1026,9 @@ async fn test_alert_reports_each_channel() {
         rx.url("/good"),
         free_port()
     ));
+    let built = xidwatch::alert::channel::BuiltChannels::build(&cfg).unwrap();
     let report = test_alert(
-        &cfg,
+        &built,
         TestAlertOptions {
             channel: None,
             host: "gpu-node-7".into(),
@@ -1053,7 +1054,7 @@ async fn test_alert_reports_each_channel() {
 
     // Only one channel, by name; an unknown name is an error.
     let one = test_alert(
-        &cfg,
+        &built,
         TestAlertOptions {
             channel: Some("good".into()),
             host: "h".into(),
@@ -1064,7 +1065,7 @@ async fn test_alert_reports_each_channel() {
     .unwrap();
     assert!(one.all_ok() && one.results.len() == 1);
     assert!(test_alert(
-        &cfg,
+        &built,
         TestAlertOptions {
             channel: Some("nope".into()),
             ..Default::default()
