@@ -8,8 +8,8 @@
 # (kmod), ps (procps), uname (coreutils). nvidia-smi and libnvidia-ml.so.1 are not in the image:
 # the NVIDIA container runtime mounts the host driver's own copies into the pod (driver
 # capability "utility"), so they always match the kernel module. No systemd: the steps that ask
-# systemctl or journalctl about nvidia-persistenced and nvidia-fabricmanager report "not
-# installed" in a pod; docs/install.md says where to look instead.
+# systemctl or journalctl about nvidia-persistenced and nvidia-fabricmanager are skipped in a
+# pod with a note saying why; docs/install.md says where to look instead.
 #
 # Checked in CI by hadolint (.ci/fleet-checks.sh), and built there when a container tool runs.
 

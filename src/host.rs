@@ -48,8 +48,54 @@ pub fn resolve_host(
         .unwrap_or_else(hostname)
 }
 
+/// Why `program` cannot answer on this system even where it is installed, or `None` when it
+/// can: `systemctl` asks systemd, which a container (the Kubernetes DaemonSet's pod) or a
+/// machine booted with another init does not run; `journalctl` reads a journal, which a
+/// container does not have. Runbook steps that run them are then skipped with this reason
+/// instead of failing with a message that does not say why.
+pub fn unavailable_here(program: &str) -> Option<String> {
+    unavailable_under(program, std::path::Path::new("/"))
+}
+
+/// [`unavailable_here`] for a system whose root is `root` (tests).
+pub fn unavailable_under(program: &str, root: &std::path::Path) -> Option<String> {
+    let dir = |p: &str| root.join(p).is_dir();
+    match program {
+        // sd_booted(3): systemd creates this directory when it runs as PID 1.
+        "systemctl" if !dir("run/systemd/system") => Some(
+            "systemd is not running here (no /run/systemd/system: a container, or another init \
+             system); check the service on the host itself"
+                .into(),
+        ),
+        "journalctl" if !dir("run/log/journal") && !dir("var/log/journal") => Some(
+            "no systemd journal here (neither /run/log/journal nor /var/log/journal: a container \
+             has none); read it on the host itself"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn systemd_programs_are_unavailable_without_systemd_or_a_journal() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let why = |p: &str| super::unavailable_under(p, r);
+        assert!(why("systemctl")
+            .unwrap()
+            .contains("systemd is not running here"));
+        assert!(why("journalctl")
+            .unwrap()
+            .contains("no systemd journal here"));
+        assert_eq!(why("lspci"), None);
+        std::fs::create_dir_all(r.join("run/systemd/system")).unwrap();
+        std::fs::create_dir_all(r.join("var/log/journal")).unwrap();
+        assert_eq!(why("systemctl"), None);
+        assert_eq!(why("journalctl"), None);
+    }
+
     #[test]
     fn config_then_node_name_then_hostname() {
         let h = || "pod-xyz".to_string();

@@ -416,6 +416,9 @@ async fn run_program(
         }
         None => return failed("refused: the step matched no pattern of the catalog".into()),
     }
+    if let Some(reason) = crate::host::unavailable_here(program) {
+        return Outcome::status(StepStatus::Skipped { reason });
+    }
     let kernel_log = pattern.is_some_and(Pattern::kernel_log);
     let prog = match sandbox::resolve(program, search_path) {
         Ok(p) => p,

@@ -396,3 +396,32 @@ fn the_manual_page_matches_the_cli() {
         path.display()
     );
 }
+
+/// In a pod (or anywhere systemd is not PID 1), the runbook steps that ask systemctl are skipped
+/// with a note that says why, rather than failing; where systemd runs, they are not skipped.
+#[test]
+fn systemctl_steps_say_why_they_cannot_run_without_systemd() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("xidwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!("[state]\ndir = {:?}\n", dir.path().join("state")),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["runbook", "run", "driver", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let step = text
+        .split("\n[")
+        .find(|s| s.contains("systemctl status nvidia-persistenced"))
+        .unwrap_or_else(|| panic!("no persistence daemon step in:\n{text}"));
+    let skipped = step.contains("skipped: systemd is not running here (no /run/systemd/system");
+    let booted = Path::new("/run/systemd/system").is_dir();
+    assert_eq!(
+        skipped, !booted,
+        "systemd booted: {booted}; the step:\n{step}"
+    );
+}
