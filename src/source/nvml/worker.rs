@@ -201,6 +201,18 @@ impl NvmlWorker {
             Ok(r) => r.map_err(CallError::Failed),
             Err(RecvTimeoutError::Disconnected) => Err(CallError::Closed),
             Err(RecvTimeoutError::Timeout) => {
+                // Waiting the whole open limit: init may have started after the wait did (a
+                // busy machine), so give the call itself its full limit before calling it late.
+                if hold >= self.inner.open_timeout {
+                    if let Some(left) = self
+                        .running()
+                        .and_then(|r| r.limit.checked_sub(r.since.elapsed()))
+                    {
+                        if let Ok(r) = rx.recv_timeout(left) {
+                            return r.map_err(CallError::Failed);
+                        }
+                    }
+                }
                 lock(&self.inner.shared).open_waiter = false;
                 // The worker hands the answer over under the lock, so it is either here now or
                 // will go to the event channel.
