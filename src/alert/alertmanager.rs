@@ -4,7 +4,9 @@
 //! never carry sequence numbers, ids or timestamps, so a digest of the same incident updates the
 //! same Alertmanager alert instead of opening another. Annotations carry the words: summary,
 //! description, action, and a bounded evidence excerpt. `endsAt` is set `resolve_after_secs`
-//! after the send, since xidwatch does not re-send while a fault persists.
+//! after the send, since xidwatch does not re-send while a fault persists; the incident's
+//! resolved notice (after its quiet period) posts the same labels with `endsAt` = now, which
+//! resolves the alert at once.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -150,9 +152,15 @@ pub fn postable(
         ann.insert("evidence".into(), cut(excerpt.trim_end(), EVIDENCE_MAX));
     }
 
-    let ends_ms = now_ms
-        .max(doc.last_seen_ms)
-        .saturating_add(resolve_after_secs.saturating_mul(1000));
+    // A resolved notice ends the alert now; otherwise it ends on its own after
+    // `resolve_after_secs`, should the resolved notice never come (a restart in between).
+    let ends_ms = if doc.phase == super::document::Phase::Resolved {
+        now_ms
+    } else {
+        now_ms
+            .max(doc.last_seen_ms)
+            .saturating_add(resolve_after_secs.saturating_mul(1000))
+    };
     PostableAlert {
         labels,
         annotations: ann,

@@ -103,6 +103,8 @@ pub struct StdoutConfig {
     /// `text` (the readable report) or `json` (the xidwatch.alert/v1 document, one line).
     pub format: StdoutFormat,
     pub min_severity: Option<Severity>,
+    /// Whether resolved notices are printed (default: yes).
+    pub send_resolved: Option<bool>,
 }
 
 impl Default for StdoutConfig {
@@ -111,6 +113,7 @@ impl Default for StdoutConfig {
             enabled: None,
             format: StdoutFormat::Text,
             min_severity: Some(Severity::Info),
+            send_resolved: None,
         }
     }
 }
@@ -148,6 +151,9 @@ pub struct WebhookConfig {
     /// The URL is a secret: Slack webhook URLs carry their token in the path.
     pub url: Secret,
     pub format: WebhookFormat,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
     #[serde(default)]
     pub min_severity: Option<Severity>,
     #[serde(default = "default_rate_count")]
@@ -226,6 +232,9 @@ pub struct EmailConfig {
     pub hello_name: Option<String>,
     #[serde(default = "default_subject_prefix")]
     pub subject_prefix: String,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
     #[serde(default)]
     pub min_severity: Option<Severity>,
     #[serde(default = "default_rate_count")]
@@ -258,6 +267,9 @@ pub struct AlertmanagerConfig {
     /// Link put in `generatorURL` (e.g. a dashboard for the host).
     #[serde(default)]
     pub generator_url: Option<String>,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
     #[serde(default)]
     pub min_severity: Option<Severity>,
     #[serde(default = "default_rate_count")]
@@ -425,6 +437,8 @@ pub struct ChannelCommon {
     pub kind: ChannelKind,
     pub min_severity: Severity,
     pub rate_limit: Option<RateLimit>,
+    /// Resolved notices go to this channel (default: yes, except email).
+    pub send_resolved: bool,
 }
 
 impl AlertConfig {
@@ -445,6 +459,7 @@ impl AlertConfig {
                 kind: ChannelKind::Stdout,
                 min_severity: self.stdout.min_severity.unwrap_or(self.min_severity),
                 rate_limit: None,
+                send_resolved: self.stdout.send_resolved.unwrap_or(true),
             });
         }
         for w in &self.webhook {
@@ -456,6 +471,7 @@ impl AlertConfig {
                 },
                 min_severity: w.min_severity.unwrap_or(self.min_severity),
                 rate_limit: rl(w.rate_limit_count, w.rate_limit_window_secs),
+                send_resolved: w.send_resolved.unwrap_or(true),
             });
         }
         for e in &self.email {
@@ -464,6 +480,8 @@ impl AlertConfig {
                 kind: ChannelKind::Email,
                 min_severity: e.min_severity.unwrap_or(self.min_severity),
                 rate_limit: rl(e.rate_limit_count, e.rate_limit_window_secs),
+                // Mail is for pages; a second mail saying all is quiet is opt-in.
+                send_resolved: e.send_resolved.unwrap_or(false),
             });
         }
         for a in &self.alertmanager {
@@ -472,6 +490,7 @@ impl AlertConfig {
                 kind: ChannelKind::Alertmanager,
                 min_severity: a.min_severity.unwrap_or(self.min_severity),
                 rate_limit: rl(a.rate_limit_count, a.rate_limit_window_secs),
+                send_resolved: a.send_resolved.unwrap_or(true),
             });
         }
         out

@@ -19,7 +19,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::channel::{build_all, Channel};
 use super::config::{AlertConfig, ChannelCommon, ChannelKind, RateLimit, RetryConfig};
-use super::document::AlertDocument;
+use super::document::{AlertDocument, Phase};
 use super::outbox::{self, Limits, Outbox, Outcome};
 use super::report;
 use super::retry::Backoff;
@@ -666,6 +666,7 @@ impl Intake {
                 .commons
                 .iter()
                 .filter(|c| doc.severity >= c.min_severity)
+                .filter(|c| doc.phase != Phase::Resolved || c.send_resolved)
                 .map(|c| c.name.clone())
                 .collect();
             if targets.is_empty() {

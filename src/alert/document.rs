@@ -88,6 +88,8 @@ pub struct AlertDocument {
 pub enum Phase {
     Opened,
     Digest,
+    /// Nothing new for the quiet period: the incident is over for receivers.
+    Resolved,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,6 +234,7 @@ impl AlertDocument {
             phase: match inc.phase {
                 IncidentPhase::Opened => Phase::Opened,
                 IncidentPhase::Digest => Phase::Digest,
+                IncidentPhase::Resolved => Phase::Resolved,
             },
             test: inc.test,
             host: inc.host.clone(),
@@ -300,8 +303,10 @@ impl AlertDocument {
             })
             .take(96)
             .collect();
-        if self.phase == Phase::Digest {
-            s.push_str("-digest");
+        match self.phase {
+            Phase::Opened => {}
+            Phase::Digest => s.push_str("-digest"),
+            Phase::Resolved => s.push_str("-resolved"),
         }
         s
     }
@@ -356,6 +361,9 @@ fn headline(inc: &Incident) -> String {
     if inc.test {
         s.push_str("[TEST] ");
     }
+    if inc.phase == IncidentPhase::Resolved {
+        s.push_str("[RESOLVED] ");
+    }
     s.push_str(&inc.host);
     s.push_str(": ");
     s.push_str(&inc.title);
@@ -364,6 +372,13 @@ fn headline(inc: &Incident) -> String {
         s.push_str(&format!("Xid {x}, "));
     }
     s.push_str(inc.severity.as_str());
+    if inc.phase == IncidentPhase::Resolved {
+        s.push_str(&format!(
+            " (quiet since {}, {} occurrence(s))",
+            rfc3339(inc.last_seen_ms),
+            inc.count
+        ));
+    }
     if inc.phase == IncidentPhase::Digest {
         s.push_str(&format!(
             " ({} times in {})",

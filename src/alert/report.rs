@@ -91,6 +91,7 @@ pub fn summary(doc: &AlertDocument) -> String {
         match doc.phase {
             Phase::Opened => "opened",
             Phase::Digest => "digest",
+            Phase::Resolved => "resolved",
         }
     );
     if let Some(p) = &doc.report_path {

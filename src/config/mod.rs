@@ -89,6 +89,13 @@ pub struct IncidentsConfig {
     /// How long an NVML Xid event waits for the same Xid in the kernel log before it is reported
     /// on its own.
     pub nvml_match_ms: u64,
+    /// How long a new incident's first alert waits for related findings on the same GPU (the
+    /// cause a few milliseconds after an AER warning, Xid 45 cleanups), so one fault is one page
+    /// led by its cause. 0 sends at once.
+    pub settle_ms: u64,
+    /// How long an incident must have been quiet (no new finding), once its window has closed,
+    /// before a resolved notice goes out. 0: never send resolved notices.
+    pub quiet_secs: u64,
     /// Hostname for alerts; the machine's when unset.
     pub host: Option<String>,
 }
@@ -99,6 +106,8 @@ impl Default for IncidentsConfig {
             window_secs: 300,
             max_open: 4096,
             nvml_match_ms: 2000,
+            settle_ms: 2000,
+            quiet_secs: 600,
             host: None,
         }
     }
@@ -201,6 +210,18 @@ impl Config {
                 raw.incidents.nvml_match_ms
             )));
         }
+        if raw.incidents.settle_ms > 60_000 {
+            return Err(invalid(format!(
+                "incidents.settle_ms = {}: expected at most 60000 (0 sends the first alert at once)",
+                raw.incidents.settle_ms
+            )));
+        }
+        if raw.incidents.quiet_secs > MAX_WINDOW_SECS {
+            return Err(invalid(format!(
+                "incidents.quiet_secs = {}: expected at most {MAX_WINDOW_SECS} (0 never resolves)",
+                raw.incidents.quiet_secs
+            )));
+        }
         if raw.nvml.probe_interval_secs > MAX_WINDOW_SECS {
             return Err(invalid(format!(
                 "nvml.probe_interval_secs = {}: expected at most {MAX_WINDOW_SECS}",
@@ -226,13 +247,12 @@ impl Config {
         }
         let runbook_limits = raw.runbooks.limits().map_err(invalid)?;
         let catalog = raw.runbooks.catalog().map_err(invalid)?;
-        let runbook_set =
-            RunbookSet::load(&raw.runbooks.dirs(), &catalog).map_err(|errors| {
-                invalid(format!(
-                    "runbooks refused:\n{}",
-                    render_load_errors(&errors).trim_end()
-                ))
-            })?;
+        let runbook_set = RunbookSet::load(&raw.runbooks.dirs(), &catalog).map_err(|errors| {
+            invalid(format!(
+                "runbooks refused:\n{}",
+                render_load_errors(&errors).trim_end()
+            ))
+        })?;
         raw.metrics.validate().map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {

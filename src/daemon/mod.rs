@@ -124,6 +124,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         host: host.clone(),
         boot_id: boot_hex.clone(),
         overrides: cfg.overrides.clone(),
+        settle_ms: cfg.incidents.settle_ms,
+        quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
     });
     let mut probe_memory: Option<probe::Memory> = None;
     match state.load_json::<SavedIncidents>(CHECKPOINT) {
@@ -835,6 +837,8 @@ async fn reload(
         new.incidents.max_open,
         new.incidents.nvml_match_ms,
         new.overrides.clone(),
+        new.incidents.settle_ms,
+        new.incidents.quiet_secs.saturating_mul(1000),
     );
     out.runbooks = new.runbook_set.clone();
     let nvml = out.env.nvml.take();

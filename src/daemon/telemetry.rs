@@ -57,6 +57,7 @@ pub fn phase_str(p: IncidentPhase) -> &'static str {
     match p {
         IncidentPhase::Opened => "opened",
         IncidentPhase::Digest => "digest",
+        IncidentPhase::Resolved => "resolved",
     }
 }
 
