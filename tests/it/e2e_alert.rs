@@ -230,7 +230,14 @@ fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
     }
     std::fs::write(&kmsg, storm).unwrap();
     let (url, got) = receiver();
-    let config = webhook_config(dir.path(), &kmsg, &url, "[incidents]\nwindow_secs = 3\n");
+    // No settle delay: the storm's repeats would all settle into the first alert, and this test
+    // is about the digest that follows it.
+    let config = webhook_config(
+        dir.path(),
+        &kmsg,
+        &url,
+        "[incidents]\nwindow_secs = 3\nsettle_ms = 0\n",
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
         .arg(&config)
@@ -391,6 +398,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         &config,
         format!(
             "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n\
+             [incidents]\nsettle_ms = 0\n\
              [runbooks]\ndirs = [{rb:?}]\nsearch_path = [{:?}]\nallow = [[\"barrier\", {barrier:?}, \"2\"]]\n\
              [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
             dir.path().join("state"),
@@ -534,4 +542,79 @@ fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
         }
     }
     assert!(files > 0);
+}
+
+/// One GPU fault, one page: an AER error, then Xid 79 5 ms later, then its Xid 45 cleanup, all on
+/// one GPU within 50 ms, reach the webhook as exactly one opened alert, led by the Xid 79, with
+/// the AER and the Xid 45 counted in it. When the GPU has been quiet for the quiet period, one
+/// resolved notice for the same incident follows.
+#[test]
+fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(
+        &kmsg,
+        "3,0,9512100231,-;pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0\n\
+         3,1,9512100240,-;nvidia 0000:17:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Inaccessible, (Unregistered Agent ID)\n\
+         3,2,9512105231,-;NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n\
+         4,3,9512150002,-;NVRM: Xid (PCI:0000:17:00): 45, pid=2207, name=python3, Ch 00000010\n",
+    )
+    .unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(
+        dir.path(),
+        &kmsg,
+        &url,
+        "[incidents]\nwindow_secs = 2\nquiet_secs = 1\nsettle_ms = 500\n",
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let docs = || -> Vec<serde_json::Value> {
+        got.lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| serde_json::from_str(b).unwrap())
+            .collect()
+    };
+    wait_until("the resolved notice", Duration::from_secs(30), || {
+        docs().iter().any(|d| d["phase"] == "resolved")
+    });
+    super::support::sigterm(&child);
+    let out = child.wait_with_output().unwrap();
+    let docs = docs();
+    let opened: Vec<_> = docs.iter().filter(|d| d["phase"] == "opened").collect();
+    assert_eq!(
+        opened.len(),
+        1,
+        "one page: {docs:#?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = opened[0];
+    assert_eq!(page["xid"], 79, "led by the cause: {page:#}");
+    assert_eq!(page["severity"], "critical");
+    assert_eq!(page["findings"][0]["xid"], 79);
+    let echoes = page["echoes"].as_array().unwrap();
+    assert!(
+        echoes.iter().any(|e| e["kind"] == "pcie_aer"),
+        "the AER is in the page: {echoes:?}"
+    );
+    assert!(
+        echoes.iter().any(|e| e["xid"] == 45),
+        "the Xid 45 is in the page: {echoes:?}"
+    );
+    assert_eq!(page["evidence"][0]["runbook"], "fallen-off-bus");
+    let resolved: Vec<_> = docs.iter().filter(|d| d["phase"] == "resolved").collect();
+    assert_eq!(resolved.len(), 1, "{docs:#?}");
+    assert_eq!(resolved[0]["id"], page["id"]);
+    assert!(resolved[0]["headline"]
+        .as_str()
+        .unwrap()
+        .starts_with("[RESOLVED]"));
 }
