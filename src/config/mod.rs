@@ -161,6 +161,114 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
+/// Where a refused config went wrong, for a page: the file, the line and the key, never the value
+/// (it may be a secret, such as a webhook token in a URL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+    pub key: Option<String>,
+}
+
+impl Refusal {
+    /// `/etc/xidwatch/xidwatch.toml line 12, key incidents.window_secs`.
+    pub fn words(&self) -> String {
+        let mut s = self.path.display().to_string();
+        if let Some(l) = self.line {
+            s.push_str(&format!(" line {l}"));
+        }
+        match &self.key {
+            Some(k) => s.push_str(&format!(", key {k}")),
+            None => s.push_str(" (cannot be read or parsed)"),
+        }
+        s
+    }
+}
+
+impl ConfigError {
+    /// File, line and key of the error, without the value. `text` is the file's text, used to
+    /// find the line of a key that validation (rather than parsing) refused.
+    pub fn refusal(&self, text: Option<&str>) -> Refusal {
+        match self {
+            ConfigError::Read { path, .. } => Refusal {
+                path: path.clone(),
+                line: None,
+                key: None,
+            },
+            ConfigError::Invalid { path, message } => {
+                // A parse error, as `describe_toml_error` words it: "line N, column C, key `k`: ...".
+                if let Some(rest) = message.strip_prefix("line ") {
+                    let line = rest
+                        .split(|c: char| !c.is_ascii_digit())
+                        .next()
+                        .and_then(|n| n.parse().ok());
+                    let key = rest
+                        .split_once("key `")
+                        .and_then(|(_, k)| k.split_once('`'))
+                        .map(|(k, _)| k.to_string());
+                    return Refusal {
+                        path: path.clone(),
+                        line,
+                        key,
+                    };
+                }
+                // A validation error starts with the key: "incidents.window_secs = 0: ...",
+                // "alerts.webhook[0] (oncall).url: ...", "runbooks refused: ...".
+                let first = message.split("; ").next().unwrap_or(message);
+                let head = first.split(": ").next().unwrap_or(first);
+                let key = head.split(" = ").next().unwrap_or(head).trim();
+                let key = (!key.is_empty() && !key.contains('\n') && key.len() <= 120)
+                    .then(|| key.trim_start_matches('[').trim_end_matches(']').to_string());
+                let line = match (&key, text) {
+                    (Some(k), Some(t)) => key_line(t, k),
+                    _ => None,
+                };
+                Refusal {
+                    path: path.clone(),
+                    line,
+                    key,
+                }
+            }
+        }
+    }
+}
+
+/// The line where `key` (`incidents.window_secs`, `alerts.webhook[0] (oncall).url`) is set: the
+/// first `last = ` line after a table header that names its first part, else the first anywhere.
+fn key_line(text: &str, key: &str) -> Option<usize> {
+    let first = key.split(['.', '[', ' ']).next().unwrap_or(key);
+    let last = key
+        .rsplit('.')
+        .next()
+        .unwrap_or(key)
+        .trim_end_matches(|c: char| c == ']' || c.is_ascii_digit())
+        .trim_end_matches('[');
+    let sets = |l: &str| {
+        let l = l.trim_start();
+        l.strip_prefix(last)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+    };
+    let mut in_table = false;
+    let mut anywhere = None;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            in_table = t.trim_matches(|c| c == '[' || c == ']').trim().starts_with(first);
+            if in_table && last == first {
+                return Some(i + 1);
+            }
+            continue;
+        }
+        if sets(l) {
+            if in_table {
+                return Some(i + 1);
+            }
+            anywhere.get_or_insert(i + 1);
+        }
+    }
+    anywhere
+}
+
 impl Config {
     /// Loads `path`; with `None`, the default path if it exists, else built-in defaults.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {

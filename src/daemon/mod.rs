@@ -805,12 +805,18 @@ async fn reload(
             out.tel.config_reloaded(false, now_ms());
             if last_error.as_deref() != Some(text.as_str()) {
                 *last_error = Some(text.clone());
+                // The page names file, line and key, never the value (it may be a secret).
+                let refused = e.refusal(crate::config::read_config_file(&path).ok().as_deref());
                 let mut f = crate::classify::signals::finding(
                     FindingKind::ConfigRejected,
                     None,
-                    "config reload refused: the previous config stays in force".into(),
+                    format!("config reload refused: {}", refused.words()),
                 );
-                f.message = text;
+                f.message = format!(
+                    "{} was refused; the previous config stays in force. `xidwatch check --config {}` prints the whole error.",
+                    refused.words(),
+                    path.display()
+                );
                 out.tel.record_finding(&f);
                 engine.push(f, Origin::Probe, Now::read(), false, out_buf);
             }

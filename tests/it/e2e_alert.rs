@@ -618,3 +618,66 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         .unwrap()
         .starts_with("[RESOLVED]"));
 }
+
+/// A refused config's page names the file, the line and the key, never the value, and speaks of
+/// no GPU: its words and its evidence are the config's, not the GPU fallback's.
+#[test]
+fn a_refused_config_page_names_the_key_not_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(&kmsg, "").unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(dir.path(), &kmsg, &url, "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let l2 = log.clone();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            l2.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    wait_until("the daemon to watch", Duration::from_secs(30), || {
+        log.lock().unwrap().contains("caught up")
+    });
+    let good = std::fs::read_to_string(&config).unwrap();
+    let bad = good.replace(
+        "[[alerts.webhook]]",
+        "[incidents]\nwindow_secs = 987654321\n[[alerts.webhook]]",
+    );
+    std::fs::write(&config, &bad).unwrap();
+    let line = bad
+        .lines()
+        .position(|l| l.starts_with("window_secs"))
+        .unwrap()
+        + 1;
+    super::support::signal(&child, libc::SIGHUP);
+    wait_until("the refusal page", Duration::from_secs(30), || {
+        !got.lock().unwrap().is_empty()
+    });
+    super::support::sigterm(&child);
+    child.wait().unwrap();
+    let (_, body) = got.lock().unwrap()[0].clone();
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["kind"], "config_rejected", "{doc:#}");
+    let headline = doc["headline"].as_str().unwrap();
+    assert!(
+        headline.contains("incidents.window_secs")
+            && headline.contains(&format!("line {line}"))
+            && headline.contains("xidwatch.toml"),
+        "file, line and key in the headline: {headline}"
+    );
+    assert!(!body.contains("987654321"), "never the value: {body}");
+    for gpu_word in ["GPU", "Xid", "nvidia-smi", "lspci"] {
+        assert!(!body.contains(gpu_word), "no {gpu_word:?} in the page: {doc:#}");
+    }
+    assert_eq!(doc["evidence"][0]["runbook"], "config-rejected");
+}
