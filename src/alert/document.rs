@@ -332,13 +332,18 @@ impl AlertDocument {
         out
     }
 
-    /// Runbook notes (what the evidence means, e.g. "link degraded to x8"), in order.
+    /// Runbook notes (what the evidence means, e.g. "link degraded to x8"), in order, each note
+    /// once (two steps reading the same thing note it twice).
     pub fn notes(&self) -> Vec<(&str, &str)> {
-        self.evidence
-            .iter()
-            .flat_map(|e| e.steps.iter())
-            .flat_map(|s| s.notes.iter().map(move |n| (s.name.as_str(), n.as_str())))
-            .collect()
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for s in self.evidence.iter().flat_map(|e| e.steps.iter()) {
+            for n in &s.notes {
+                if !out.iter().any(|(_, seen)| *seen == n.as_str()) {
+                    out.push((s.name.as_str(), n.as_str()));
+                }
+            }
+        }
+        out
     }
 
     /// "GPU 3 (0000:17:00.0)" or "host" when no GPU is known.
@@ -348,7 +353,7 @@ impl AlertDocument {
                 (Some(i), Some(p)) => format!("GPU {i} ({p})"),
                 (Some(i), None) => format!("GPU {i}"),
                 (None, Some(p)) => format!("GPU {p}"),
-                (None, None) => "GPU".to_string(),
+                (None, None) => "GPU (index unknown)".to_string(),
             },
             None => "host".to_string(),
         }

@@ -92,6 +92,8 @@ impl CatalogText {
         let imm = part(&self.immediate_bucket, &self.immediate_meaning);
         let inv = part(&self.investigatory_bucket, &self.investigatory_meaning);
         match (imm, inv) {
+            // NVIDIA gives some Xids (48, 145) one bucket for both steps: said once.
+            (Some(a), Some(b)) if a == b => Some(format!("Immediate, then investigate: {a}.")),
             (Some(a), Some(b)) => Some(format!("Immediate: {a}. Then: {b}.")),
             (Some(a), None) => Some(format!("Immediate: {a}.")),
             (None, Some(b)) => Some(format!("Investigate: {b}.")),

@@ -60,7 +60,8 @@ pub fn summary(doc: &AlertDocument) -> String {
         None => doc.kind.clone(),
     };
     if let Some(c) = &doc.catalog {
-        if !c.mnemonic.is_empty() {
+        // For other kinds the catalog's mnemonic is the kind itself: not twice.
+        if !c.mnemonic.is_empty() && c.mnemonic != doc.kind {
             let _ = write!(fault, " {}", c.mnemonic);
         }
     }
@@ -116,14 +117,15 @@ pub fn summary(doc: &AlertDocument) -> String {
             (None, Some(m)) => m.clone(),
             (None, None) => String::new(),
         };
-        kv(
-            "immediate action",
-            &bucket(&c.immediate_bucket, &c.immediate_meaning),
-        );
-        kv(
-            "investigatory action",
-            &bucket(&c.investigatory_bucket, &c.investigatory_meaning),
-        );
+        let imm = bucket(&c.immediate_bucket, &c.immediate_meaning);
+        let inv = bucket(&c.investigatory_bucket, &c.investigatory_meaning);
+        if imm == inv {
+            // One bucket for both steps (Xid 48, 145): said once.
+            kv("immediate and investigatory action", &imm);
+        } else {
+            kv("immediate action", &imm);
+            kv("investigatory action", &inv);
+        }
         kv("causes", &c.causes);
         kv("check", &c.check);
         kv("applies to", &c.applies_to.join(", "));

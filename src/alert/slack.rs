@@ -114,9 +114,11 @@ pub fn payload(doc: &AlertDocument) -> Value {
 
     let mut fields = vec![format!("*Host*\n{}", escape(&doc.host))];
     if let Some(g) = &doc.gpu {
-        let mut gpu = match g.index {
-            Some(i) => format!("GPU {i}"),
-            None => "GPU".to_string(),
+        // Without an index (NVML cannot reach the GPU, or is off), the address names it.
+        let mut gpu = match (g.index, &g.pci) {
+            (Some(i), _) => format!("GPU {i}"),
+            (None, Some(p)) => format!("GPU `{p}` (index unknown: NVML cannot name it)"),
+            (None, None) => "GPU (index unknown: NVML cannot name it)".to_string(),
         };
         if let Some(n) = &g.name {
             gpu.push_str(&format!(" ({})", escape(n)));
@@ -136,7 +138,12 @@ pub fn payload(doc: &AlertDocument) -> Value {
         Some(x) => format!("Xid {x}"),
         None => escape(&doc.kind),
     };
-    if let Some(c) = doc.catalog.as_ref().filter(|c| !c.mnemonic.is_empty()) {
+    // For other kinds the catalog's mnemonic is the kind itself: not twice.
+    if let Some(c) = doc
+        .catalog
+        .as_ref()
+        .filter(|c| !c.mnemonic.is_empty() && c.mnemonic != doc.kind)
+    {
         fault.push_str(&format!("\n`{}`", escape(&c.mnemonic)));
     }
     fields.push(format!("*Fault*\n{fault}"));

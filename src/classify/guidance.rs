@@ -69,7 +69,13 @@ fn or_unknown(s: &str) -> &str {
 
 fn nvidia_buckets(e: &catalog::XidEntry) -> Vec<String> {
     let mut out = Vec::new();
-    for (label, cell) in [("immediate", e.immediate), ("investigate", e.investigatory)] {
+    // The same bucket for both steps (Xid 48, 145, ...) is said once.
+    let cells: &[(&str, &str)] = if e.immediate == e.investigatory {
+        &[("immediate and investigate", e.immediate)]
+    } else {
+        &[("immediate", e.immediate), ("investigate", e.investigatory)]
+    };
+    for &(label, cell) in cells {
         if cell.is_empty() {
             continue;
         }

@@ -217,8 +217,11 @@ impl ConfigError {
                 let first = message.split("; ").next().unwrap_or(message);
                 let head = first.split(": ").next().unwrap_or(first);
                 let key = head.split(" = ").next().unwrap_or(head).trim();
-                let key = (!key.is_empty() && !key.contains('\n') && key.len() <= 120)
-                    .then(|| key.trim_start_matches('[').trim_end_matches(']').to_string());
+                let key = (!key.is_empty() && !key.contains('\n') && key.len() <= 120).then(|| {
+                    key.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_string()
+                });
                 let line = match (&key, text) {
                     (Some(k), Some(t)) => key_line(t, k),
                     _ => None,
@@ -253,7 +256,10 @@ fn key_line(text: &str, key: &str) -> Option<usize> {
     for (i, l) in text.lines().enumerate() {
         let t = l.trim();
         if t.starts_with('[') {
-            in_table = t.trim_matches(|c| c == '[' || c == ']').trim().starts_with(first);
+            in_table = t
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .starts_with(first);
             if in_table && last == first {
                 return Some(i + 1);
             }

@@ -1144,10 +1144,16 @@ pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
 
 /// Real evidence from this machine for `test-alert`: the fallback runbook's checks.
 pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
-    let Some(rb) = config.runbook_set.fallback() else {
+    // The runbook a real Xid 79 gets (the one `xidwatch explain 79` names), run without a GPU
+    // address: the synthetic GPU does not exist, so steps about one GPU say so and are skipped.
+    let mut subject = crate::runbook::Subject::manual(None, Some(79), None);
+    if let Some(e) = crate::classify::catalog::lookup(79) {
+        subject.category = e.category;
+        subject.severity = e.severity;
+    }
+    let Some(rb) = config.runbook_set.select(&subject) else {
         return Vec::new();
     };
-    let subject = crate::runbook::Subject::manual(None, None, None);
     vec![
         rb.run(&subject, &runbook_env(config), &config.runbook_limits)
             .await,

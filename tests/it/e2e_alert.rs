@@ -176,8 +176,8 @@ fn test_alert_goes_through_every_channel_and_says_so() {
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(doc["test"], true);
     assert_eq!(
-        doc["evidence"][0]["runbook"], "fallback",
-        "real evidence from this machine"
+        doc["evidence"][0]["runbook"], "fallen-off-bus",
+        "real evidence from this machine, from the runbook `xidwatch explain 79` names"
     );
 
     let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
