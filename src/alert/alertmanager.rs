@@ -134,6 +134,12 @@ pub fn postable(
     if let Some(p) = &doc.report_path {
         ann.insert("report_path".into(), p.clone());
     }
+    if let Some(h) = doc.handoff.as_ref().filter(|h| !h.commands.is_empty()) {
+        ann.insert(
+            "handoff".into(),
+            cut(&h.commands.join("\n"), ANNOTATION_MAX),
+        );
+    }
     if doc.dropped_alerts_before > 0 {
         ann.insert(
             "dropped_alerts_before".into(),

@@ -28,6 +28,10 @@ pub struct AlertConfig {
     pub webhook: Vec<WebhookConfig>,
     pub email: Vec<EmailConfig>,
     pub alertmanager: Vec<AlertmanagerConfig>,
+    /// The top-level `[handoff]` table, copied here by the config loader so the alert stage can
+    /// put the drain command in the page; not a key of `[alerts]`.
+    #[serde(skip)]
+    pub handoff: super::handoff::HandoffConfig,
 }
 
 impl Default for AlertConfig {
@@ -41,6 +45,7 @@ impl Default for AlertConfig {
             webhook: Vec::new(),
             email: Vec::new(),
             alertmanager: Vec::new(),
+            handoff: super::handoff::HandoffConfig::default(),
         }
     }
 }

@@ -237,7 +237,10 @@ impl AlertSender {
 
     /// The evidence of an alert submitted with a hold (same incident id and phase).
     pub async fn attach_evidence(&self, alert: Alert) -> Result<(), SendError> {
-        self.tx.send(Envelope::Evidence(alert)).await.map_err(closed)
+        self.tx
+            .send(Envelope::Evidence(alert))
+            .await
+            .map_err(closed)
     }
 
     /// Ends the hold of an alert whose runbook will not report, with a note saying why.
@@ -277,9 +280,7 @@ impl AlertSender {
                 mpsc::error::TrySendError::Full(Envelope::Alert { alert, .. }) => {
                     SendError::Full(Box::new(alert))
                 }
-                mpsc::error::TrySendError::Closed(env) => {
-                    closed(mpsc::error::SendError(env))
-                }
+                mpsc::error::TrySendError::Closed(env) => closed(mpsc::error::SendError(env)),
                 mpsc::error::TrySendError::Full(_) => SendError::Stopped,
             })
     }
@@ -348,6 +349,7 @@ impl Dispatcher {
             rx,
             shared: shared.clone(),
             commons: cfg.channels(),
+            handoff: cfg.handoff.clone(),
             workers: BTreeMap::new(),
             retry: retry_tx,
             reports_dir: state_dir.join(REPORTS_DIR),
@@ -444,6 +446,8 @@ struct Intake {
     rx: mpsc::Receiver<Envelope>,
     shared: Arc<Shared>,
     commons: Vec<ChannelCommon>,
+    /// `[handoff]`: the drain command put in pages whose guide says to drain.
+    handoff: super::handoff::HandoffConfig,
     workers: BTreeMap<String, WorkerHandle>,
     retry: watch::Sender<RetryConfig>,
     reports_dir: PathBuf,
@@ -456,7 +460,12 @@ struct Intake {
 }
 
 /// One alert as the intake takes it: the alert, its hold, its note, its acknowledgement.
-type Incoming = (Alert, Option<Duration>, Option<String>, Option<oneshot::Sender<Ack>>);
+type Incoming = (
+    Alert,
+    Option<Duration>,
+    Option<String>,
+    Option<oneshot::Sender<Ack>>,
+);
 
 /// Alerts written to the outbox together, at most.
 const MAX_BATCH: usize = 256;
@@ -633,6 +642,7 @@ impl Intake {
             self.spawn_worker(cfg, ch);
         }
         self.commons = cfg.channels();
+        self.handoff = cfg.handoff.clone();
         self.keep_reports = cfg.outbox.keep_reports;
         self.retry.send_replace(cfg.retry.clone());
         lock(&self.shared.outbox).set_limits(Limits {
@@ -662,6 +672,7 @@ impl Intake {
         for (alert, hold, note, ack) in batch {
             let mut doc = AlertDocument::build(&alert);
             doc.evidence_note = note;
+            doc.handoff = super::handoff::suggest(&self.handoff, &doc);
             let targets: Vec<String> = self
                 .commons
                 .iter()
@@ -751,9 +762,7 @@ impl Intake {
         let seqs: Vec<u64> = self.unpersisted.iter().map(|(s, _)| *s).collect();
         let results = tokio::task::spawn_blocking(move || {
             let mut ob = lock(&shared.outbox);
-            seqs.into_iter()
-                .map(|s| ob.persist(s))
-                .collect::<Vec<_>>()
+            seqs.into_iter().map(|s| ob.persist(s)).collect::<Vec<_>>()
         })
         .await
         .unwrap_or_default();
@@ -780,6 +789,7 @@ impl Intake {
 
     async fn attach(&mut self, alert: Alert) {
         let mut doc = AlertDocument::build(&alert);
+        doc.handoff = super::handoff::suggest(&self.handoff, &doc);
         let shared = self.shared.clone();
         let reports_dir = self.reports_dir.clone();
         let keep = self.keep_reports;
@@ -799,7 +809,9 @@ impl Intake {
                 ));
                 self.wake_all();
             }
-            Ok((id, None)) => tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)"),
+            Ok((id, None)) => {
+                tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)")
+            }
             Err(e) => tracing::error!("alert intake failed: {e}"),
         }
     }
@@ -979,12 +991,7 @@ impl Worker {
                 tasks.insert(handle.id(), seq);
             }
             let wait = rate_wait.or_else(|| {
-                lock(&self.shared.outbox).next_wait(
-                    &name,
-                    now_ms(),
-                    crate::clock::mono_ms(),
-                    &busy,
-                )
+                lock(&self.shared.outbox).next_wait(&name, now_ms(), crate::clock::mono_ms(), &busy)
             });
             tokio::select! {
                 biased;
@@ -1064,8 +1071,7 @@ impl Worker {
                 let attempts = attempts + 1;
                 let too_many = retry.max_attempts > 0 && attempts >= retry.max_attempts;
                 let too_old = retry.max_age_secs > 0
-                    && now.saturating_sub(enqueued_ms)
-                        > retry.max_age_secs.saturating_mul(1000);
+                    && now.saturating_sub(enqueued_ms) > retry.max_age_secs.saturating_mul(1000);
                 let give_up = e.is_permanent() || too_many || too_old;
                 if let Some(st) = st {
                     st.last_failure_ms = Some(now);

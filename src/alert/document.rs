@@ -80,6 +80,10 @@ pub struct AlertDocument {
     /// Where the full readable report lies on the host, when the daemon wrote one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_path: Option<String>,
+    /// The drain command for the site's scheduler (`[handoff]`), when the guide says to drain.
+    /// Suggested for a person; xidwatch never runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<super::handoff::HandoffDoc>,
     pub generator: Generator,
 }
 
@@ -271,6 +275,7 @@ impl AlertDocument {
             evidence: alert.evidence.iter().map(evidence_doc).collect(),
             evidence_note: None,
             report_path: None,
+            handoff: None,
             generator: Generator {
                 name: "xidwatch".to_string(),
                 version: env!("CARGO_PKG_VERSION").to_string(),

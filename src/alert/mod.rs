@@ -18,6 +18,7 @@ pub mod config;
 pub mod dispatch;
 pub mod document;
 pub mod email;
+pub mod handoff;
 pub mod outbox;
 pub mod report;
 pub mod retry;
@@ -269,7 +270,8 @@ pub async fn test_alert(
         }
     }
     let alert = synthetic_alert(&opts.host, opts.now_ms, opts.evidence);
-    let doc = AlertDocument::build(&alert);
+    let mut doc = AlertDocument::build(&alert);
+    doc.handoff = handoff::suggest(&cfg.handoff, &doc);
     let mut results = Vec::new();
     for ch in &channels {
         let start = Instant::now();

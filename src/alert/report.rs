@@ -101,6 +101,13 @@ pub fn summary(doc: &AlertDocument) -> String {
 
     section(&mut o, "What it means", &doc.meaning);
     section(&mut o, "What to do", &doc.next_steps);
+    if let Some(h) = &doc.handoff {
+        let _ = writeln!(o, "\nHand-off ({})", h.scheduler.as_str());
+        for c in &h.commands {
+            let _ = writeln!(o, "  {c}");
+        }
+        let _ = writeln!(o, "  ({})", h.note);
+    }
 
     if let Some(c) = &doc.catalog {
         o.push_str("\nNVIDIA catalog\n");

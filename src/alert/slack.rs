@@ -112,6 +112,15 @@ pub fn payload(doc: &AlertDocument) -> Value {
         fit(&escape(&doc.next_steps), MEANING_MAX)
     )));
 
+    if let Some(h) = &doc.handoff {
+        let mut text = format!("*Hand-off ({})*", h.scheduler.as_str());
+        if !h.commands.is_empty() {
+            text.push_str(&format!("\n```{}```", escape(&h.commands.join("\n"))));
+        }
+        text.push_str(&format!("\n_{}_", escape(&h.note)));
+        blocks.push(section(text));
+    }
+
     let mut fields = vec![format!("*Host*\n{}", escape(&doc.host))];
     if let Some(g) = &doc.gpu {
         // Without an index (NVML cannot reach the GPU, or is off), the address names it.

@@ -128,6 +128,8 @@ pub struct RawConfig {
     pub alerts: crate::alert::AlertConfig,
     /// `[metrics]`: the optional Prometheus endpoint.
     pub metrics: crate::daemon::metrics::MetricsConfig,
+    /// `[handoff]`: the scheduler whose drain command pages carry (suggested, never run).
+    pub handoff: crate::alert::handoff::HandoffConfig,
 }
 
 /// A validated configuration.
@@ -356,6 +358,7 @@ impl Config {
                 "nvml.probe_interval_secs: expected a number of seconds above 0".into(),
             ));
         }
+        raw.handoff.validate().map_err(invalid)?;
         if let Err(errors) = raw.alerts.validate() {
             return Err(invalid(errors.join("; ")));
         }
@@ -395,7 +398,10 @@ impl Config {
             runbook_limits,
             incidents: raw.incidents,
             overrides,
-            alerts: raw.alerts,
+            alerts: crate::alert::AlertConfig {
+                handoff: raw.handoff,
+                ..raw.alerts
+            },
             metrics: raw.metrics,
         })
     }

@@ -547,7 +547,8 @@ fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
 /// One GPU fault, one page: an AER error, then Xid 79 5 ms later, then its Xid 45 cleanup, all on
 /// one GPU within 50 ms, reach the webhook as exactly one opened alert, led by the Xid 79, with
 /// the AER and the Xid 45 counted in it. When the GPU has been quiet for the quiet period, one
-/// resolved notice for the same incident follows.
+/// resolved notice for the same incident follows. With `[handoff] scheduler = "slurm"` the page
+/// carries the exact drain command.
 #[test]
 fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     let dir = tempfile::tempdir().unwrap();
@@ -565,7 +566,8 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         dir.path(),
         &kmsg,
         &url,
-        "[incidents]\nwindow_secs = 2\nquiet_secs = 1\nsettle_ms = 500\n",
+        "[incidents]\nhost = \"gpu-node-7\"\nwindow_secs = 2\nquiet_secs = 1\nsettle_ms = 500\n\
+         [handoff]\nscheduler = \"slurm\"\n",
     );
     let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
@@ -610,9 +612,18 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         "the Xid 45 is in the page: {echoes:?}"
     );
     assert_eq!(page["evidence"][0]["runbook"], "fallen-off-bus");
+    // The hand-off: the guide says to drain, so the page carries the exact Slurm command.
+    assert_eq!(
+        page["handoff"]["commands"][0].as_str().unwrap(),
+        format!(
+            "scontrol update NodeName=gpu-node-7 State=DRAIN Reason=\"xidwatch: Xid 79 on 0000:17:00.0 (incident {})\"",
+            page["id"].as_str().unwrap()
+        )
+    );
     let resolved: Vec<_> = docs.iter().filter(|d| d["phase"] == "resolved").collect();
     assert_eq!(resolved.len(), 1, "{docs:#?}");
     assert_eq!(resolved[0]["id"], page["id"]);
+    assert!(resolved[0]["handoff"].is_null(), "nothing to drain once resolved");
     assert!(resolved[0]["headline"]
         .as_str()
         .unwrap()
