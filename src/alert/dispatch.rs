@@ -237,10 +237,7 @@ impl AlertSender {
 
     /// The evidence of an alert submitted with a hold (same incident id and phase).
     pub async fn attach_evidence(&self, alert: Alert) -> Result<(), SendError> {
-        self.tx
-            .send(Envelope::Evidence(alert))
-            .await
-            .map_err(closed)
+        self.tx.send(Envelope::Evidence(alert)).await.map_err(closed)
     }
 
     /// Ends the hold of an alert whose runbook will not report, with a note saying why.
@@ -280,7 +277,9 @@ impl AlertSender {
                 mpsc::error::TrySendError::Full(Envelope::Alert { alert, .. }) => {
                     SendError::Full(Box::new(alert))
                 }
-                mpsc::error::TrySendError::Closed(env) => closed(mpsc::error::SendError(env)),
+                mpsc::error::TrySendError::Closed(env) => {
+                    closed(mpsc::error::SendError(env))
+                }
                 mpsc::error::TrySendError::Full(_) => SendError::Stopped,
             })
     }
@@ -460,12 +459,7 @@ struct Intake {
 }
 
 /// One alert as the intake takes it: the alert, its hold, its note, its acknowledgement.
-type Incoming = (
-    Alert,
-    Option<Duration>,
-    Option<String>,
-    Option<oneshot::Sender<Ack>>,
-);
+type Incoming = (Alert, Option<Duration>, Option<String>, Option<oneshot::Sender<Ack>>);
 
 /// Alerts written to the outbox together, at most.
 const MAX_BATCH: usize = 256;
@@ -762,7 +756,9 @@ impl Intake {
         let seqs: Vec<u64> = self.unpersisted.iter().map(|(s, _)| *s).collect();
         let results = tokio::task::spawn_blocking(move || {
             let mut ob = lock(&shared.outbox);
-            seqs.into_iter().map(|s| ob.persist(s)).collect::<Vec<_>>()
+            seqs.into_iter()
+                .map(|s| ob.persist(s))
+                .collect::<Vec<_>>()
         })
         .await
         .unwrap_or_default();
@@ -809,9 +805,7 @@ impl Intake {
                 ));
                 self.wake_all();
             }
-            Ok((id, None)) => {
-                tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)")
-            }
+            Ok((id, None)) => tracing::debug!(incident = %id, "evidence for an alert no longer held (sent, dropped or filtered)"),
             Err(e) => tracing::error!("alert intake failed: {e}"),
         }
     }
@@ -991,7 +985,12 @@ impl Worker {
                 tasks.insert(handle.id(), seq);
             }
             let wait = rate_wait.or_else(|| {
-                lock(&self.shared.outbox).next_wait(&name, now_ms(), crate::clock::mono_ms(), &busy)
+                lock(&self.shared.outbox).next_wait(
+                    &name,
+                    now_ms(),
+                    crate::clock::mono_ms(),
+                    &busy,
+                )
             });
             tokio::select! {
                 biased;
@@ -1071,7 +1070,8 @@ impl Worker {
                 let attempts = attempts + 1;
                 let too_many = retry.max_attempts > 0 && attempts >= retry.max_attempts;
                 let too_old = retry.max_age_secs > 0
-                    && now.saturating_sub(enqueued_ms) > retry.max_age_secs.saturating_mul(1000);
+                    && now.saturating_sub(enqueued_ms)
+                        > retry.max_age_secs.saturating_mul(1000);
                 let give_up = e.is_permanent() || too_many || too_old;
                 if let Some(st) = st {
                     st.last_failure_ms = Some(now);

@@ -498,7 +498,8 @@ impl Outbox {
             match write_atomic(&self.dir, &file_name(seq), &bytes) {
                 Ok(()) => slot.persisted = true,
                 Err(e) => {
-                    write_error = Some(format!("{}: {e}", self.dir.join(file_name(seq)).display()));
+                    write_error =
+                        Some(format!("{}: {e}", self.dir.join(file_name(seq)).display()));
                 }
             }
         }
@@ -585,7 +586,9 @@ impl Outbox {
                 let c = s.channels.get(channel)?;
                 (c.state == DeliveryState::Pending).then(|| {
                     let retry = c.next_attempt_ms.saturating_sub(now_ms);
-                    let hold = s.held_until_mono.map_or(0, |t| t.saturating_sub(now_mono));
+                    let hold = s
+                        .held_until_mono
+                        .map_or(0, |t| t.saturating_sub(now_mono));
                     retry.max(hold)
                 })
             })
@@ -965,20 +968,13 @@ mod tests {
             .push_held(doc("i", Severity::Critical), &chans(), 1000, Some(50_000))
             .seq
             .unwrap();
-        assert!(
-            dir.path().join(file_name(seq)).exists(),
-            "durable before the evidence"
-        );
+        assert!(dir.path().join(file_name(seq)).exists(), "durable before the evidence");
         assert_eq!(ob.due_except("a", 2000, 10_000, &none), None, "held");
         assert_eq!(
             ob.next_wait("a", 2000, 10_000, &none),
             Some(std::time::Duration::from_millis(40_000))
         );
-        assert_eq!(
-            ob.due_except("a", 2000, 50_000, &none),
-            Some(seq),
-            "hold ended"
-        );
+        assert_eq!(ob.due_except("a", 2000, 50_000, &none), Some(seq), "hold ended");
         let mut with = doc("i", Severity::Critical);
         with.meaning = "with evidence".into();
         assert_eq!(ob.attach(with).map(|r| r.0), Some(seq));
