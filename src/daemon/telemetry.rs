@@ -107,6 +107,18 @@ impl From<&Incident> for IncidentSummary {
     }
 }
 
+/// Resolved incidents kept for `status`, the most recent first.
+pub const MAX_RECENTLY_RESOLVED: usize = 20;
+
+/// An incident that resolved (quiet for its quiet period), as `status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedSummary {
+    #[serde(flatten)]
+    pub incident: IncidentSummary,
+    /// When the resolved notice was handed to the alert stage (ms since the epoch).
+    pub resolved_ms: u64,
+}
+
 /// The kernel log source.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -209,6 +221,10 @@ pub struct StatusSnapshot {
     /// [`MAX_LISTED_INCIDENTS`] of them, the most recently seen first.
     pub open_incidents_total: u64,
     pub open_incidents: Vec<IncidentSummary>,
+    /// Incidents resolved since the daemon started, the most recent first (at most
+    /// [`MAX_RECENTLY_RESOLVED`]).
+    #[serde(default)]
+    pub recently_resolved: Vec<ResolvedSummary>,
     pub runbooks: Vec<RunbookStats>,
     pub config: ConfigHealth,
     /// The alert stage; `None` when no alert channel is configured.
@@ -248,6 +264,7 @@ struct Inner {
     runbooks: BTreeMap<String, RunbookStats>,
     open_total: u64,
     open: Vec<IncidentSummary>,
+    resolved: std::collections::VecDeque<ResolvedSummary>,
     last_reload: Option<ReloadInfo>,
     alerts: Option<AlertStatus>,
 }
@@ -378,10 +395,20 @@ impl Telemetry {
 
     /// Counts one incident handed on to the alert stage (opened or digest).
     pub fn record_incident(&self, i: &Incident) {
-        *lock(&self.inner)
+        let mut inner = lock(&self.inner);
+        *inner
             .incidents
             .entry((i.severity, phase_str(i.phase)))
             .or_insert(0) += 1;
+        if i.phase == IncidentPhase::Resolved {
+            if inner.resolved.len() >= MAX_RECENTLY_RESOLVED {
+                inner.resolved.pop_back();
+            }
+            inner.resolved.push_front(ResolvedSummary {
+                incident: IncidentSummary::from(i),
+                resolved_ms: now_ms(),
+            });
+        }
     }
 
     /// Adds `n` kernel log records read.
@@ -564,6 +591,7 @@ impl Telemetry {
             incidents,
             open_incidents_total: inner.open_total,
             open_incidents: inner.open.clone(),
+            recently_resolved: inner.resolved.iter().cloned().collect(),
             runbooks: inner.runbooks.values().cloned().collect(),
             config: ConfigHealth {
                 last_reload: inner.last_reload,

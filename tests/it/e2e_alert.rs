@@ -588,6 +588,21 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     wait_until("the resolved notice", Duration::from_secs(30), || {
         docs().iter().any(|d| d["phase"] == "resolved")
     });
+    // `status` lists it among the recently resolved incidents, in words and in JSON.
+    let status = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
+        cmd.arg("status");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg("--config").arg(&config).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let st: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    let listed = &st["status"]["recently_resolved"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{st:#}");
+    let text = status(false);
+    assert!(text.contains("recently resolved: 1"), "{text}");
     super::support::sigterm(&child);
     let out = child.wait_with_output().unwrap();
     let docs = docs();
@@ -624,6 +639,7 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     assert_eq!(resolved.len(), 1, "{docs:#?}");
     assert_eq!(resolved[0]["id"], page["id"]);
     assert!(resolved[0]["handoff"].is_null(), "nothing to drain once resolved");
+    assert_eq!(listed[0]["id"], page["id"], "status lists the resolved incident");
     assert!(resolved[0]["headline"]
         .as_str()
         .unwrap()
