@@ -1364,3 +1364,97 @@ async fn alertmanager_shows_the_alert_active() {
         .contains("fell off the bus"));
     run.stop().await;
 }
+
+/// The incident's resolved notice resolves the Alertmanager alert at once (`endsAt` = now): it
+/// is active after the page, and gone from the active list after the notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an Alertmanager: XIDWATCH_ALERTMANAGER_URL (.ci/alert-services.sh)"]
+async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
+    let base = required_env("XIDWATCH_ALERTMANAGER_URL");
+    let host = unique("am-resolve");
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.alertmanager]]\nname = \"am\"\nurls = [\"{base}\"]\nresolve_after_secs = 3600\n"
+    ));
+    let run = Running::start(&cfg, state.path());
+    let mut alert = xid79_alert();
+    alert.incident.host = host.clone();
+    run.sender.send(alert.clone()).await.unwrap();
+    wait_until("the page accepted", 20, || {
+        run.channel("am").delivered_total == 1
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
+    url.query_pairs_mut()
+        .append_pair("filter", &format!("host=\"{host}\""));
+    let states = || async {
+        let resp = client.get(url.clone()).send().await.unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["status"]["state"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while states().await != ["active"] {
+        assert!(Instant::now() < deadline, "never active: {:?}", states().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    alert.incident.phase = IncidentPhase::Resolved;
+    run.sender.send(alert).await.unwrap();
+    wait_until("the resolved notice accepted", 20, || {
+        run.channel("am").delivered_total == 2
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !states().await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "still listed as active after the resolved notice: {:?}",
+            states().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    run.stop().await;
+}
+
+/// A resolved notice reaches a webhook as `phase: resolved`, and a Slack-format webhook as a
+/// short green message carrying `phase: resolved`; an email channel does not get it unless its
+/// `send_resolved` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolved_notices_reach_webhooks_per_channel() {
+    let rx = Receiver::start().await;
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.webhook]]\nname = \"hook\"\nurl = \"{}\"\nformat = \"json\"\n\
+         [[alerts.webhook]]\nname = \"slack\"\nurl = \"{}\"\nformat = \"slack\"\n\
+         [[alerts.webhook]]\nname = \"quiet\"\nurl = \"{}\"\nformat = \"json\"\nsend_resolved = false\n",
+        rx.url("/hook"),
+        rx.url("/slack"),
+        rx.url("/quiet"),
+    ));
+    let run = Running::start(&cfg, state.path());
+    let mut alert = xid79_alert();
+    alert.incident.phase = IncidentPhase::Resolved;
+    run.sender.send(alert).await.unwrap();
+    wait_until("the resolved notices", 20, || {
+        rx.requests_to("/hook").len() == 1 && rx.requests_to("/slack").len() == 1
+    })
+    .await;
+    let hook = rx.requests_to("/hook")[0].json();
+    assert_eq!(hook["phase"], "resolved");
+    assert!(hook["headline"].as_str().unwrap().starts_with("[RESOLVED]"));
+    assert_eq!(
+        rx.requests_to("/hook")[0].header("idempotency-key"),
+        Some(format!("{}/resolved", hook["id"].as_str().unwrap()).as_str())
+    );
+    let slack = rx.requests_to("/slack")[0].json();
+    assert_eq!(slack["phase"], "resolved");
+    assert!(slack["text"].as_str().unwrap().contains(":white_check_mark:"));
+    assert!(rx.requests_to("/quiet").is_empty(), "send_resolved = false");
+    run.stop().await;
+    assert!(rx.requests_to("/quiet").is_empty());
+}
