@@ -758,6 +758,43 @@ impl AlertConfig {
         out
     }
 
+    /// Channels that send in cleartext (`http://`) to a host that is not this machine: the alert,
+    /// its evidence and any token in the URL cross the network unencrypted. Allowed (a receiver
+    /// on a trusted network), but said by `xidwatch check`. Names the key and the host only.
+    pub fn cleartext_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check = |key: String, url: &str| {
+            let Ok(u) = url::Url::parse(url) else { return };
+            if u.scheme() != "http" {
+                return;
+            }
+            let loopback = match u.host() {
+                Some(url::Host::Ipv4(a)) => a.is_loopback(),
+                Some(url::Host::Ipv6(a)) => a.is_loopback(),
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                None => true,
+            };
+            if !loopback {
+                let host = u.host_str().unwrap_or_default();
+                out.push(format!(
+                    "{key}: plain http to {host}, which is not this machine: alerts, their evidence and any token in the URL cross the network unencrypted; use https"
+                ));
+            }
+        };
+        for (i, w) in self.webhook.iter().enumerate() {
+            // An unresolvable secret is `validate`'s to report; nothing to say about it here.
+            if let Ok(v) = w.url.resolve() {
+                check(format!("alerts.webhook[{i}] ({}).url", w.name), v.expose());
+            }
+        }
+        for (i, a) in self.alertmanager.iter().enumerate() {
+            for (j, u) in a.urls.iter().enumerate() {
+                check(format!("alerts.alertmanager[{i}] ({}).urls[{j}]", a.name), u);
+            }
+        }
+        out
+    }
+
     /// Every secret of every channel, by key.
     fn secrets(&self) -> Vec<(String, &Secret)> {
         let mut secrets: Vec<(String, &Secret)> = Vec::new();

@@ -135,16 +135,28 @@ impl<W: Write> Output<W> {
         }
     }
 
-    fn summary(&mut self, files: usize) {
+    /// `files` inputs were read to the end, `unread` could not be (each already said why).
+    fn summary(&mut self, files: usize, unread: usize) {
         if self.json || self.closed {
             return;
         }
         let total: u64 = self.counts.values().sum();
         let mut s = String::new();
-        if total == 0 {
+        if total == 0 && files == 0 {
+            // Nothing was read: saying "no faults found" would be a false all-clear.
             s.push_str(&format!(
-                "No GPU faults found in {files} input{}.\n",
-                if files == 1 { "" } else { "s" }
+                "Nothing scanned: {unread} input{} could not be read.\n",
+                if unread == 1 { "" } else { "s" }
+            ));
+        } else if total == 0 {
+            s.push_str(&format!(
+                "No GPU faults found in {files} input{}{}.\n",
+                if files == 1 { "" } else { "s" },
+                if unread > 0 {
+                    format!(" ({unread} could not be read)")
+                } else {
+                    String::new()
+                }
             ));
         } else {
             let parts: Vec<String> = [Severity::Critical, Severity::Warning, Severity::Info]
@@ -152,7 +164,8 @@ impl<W: Write> Output<W> {
                 .filter_map(|sev| self.counts.get(sev).map(|n| format!("{n} {sev}")))
                 .collect();
             s.push_str(&format!(
-                "Summary: {total} findings ({})\n",
+                "Summary: {total} finding{} ({})\n",
+                if total == 1 { "" } else { "s" },
                 parts.join(", ")
             ));
             for (pci, t) in &self.per_gpu {
@@ -217,13 +230,14 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         args.files.clone()
     };
     let pre = Prefilter::new();
-    let mut failed = false;
+    let mut unread = 0;
     for path in &files {
         if !scan_one(path, &pre, &mut out) {
-            failed = true;
+            unread += 1;
         }
     }
-    out.summary(files.len());
+    let failed = unread > 0;
+    out.summary(files.len() - unread, unread);
     if let (Some(cfg), Some(subjects)) = (&runbook_config, out.subjects.take()) {
         run_runbooks(cfg, subjects.into_values().collect(), &mut out)?;
     }

@@ -9,6 +9,7 @@ mod e2e_alert;
 mod install;
 mod nvml;
 mod ops;
+mod page_cli;
 mod promises;
 mod runbook;
 mod scan_cli;
