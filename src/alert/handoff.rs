@@ -114,7 +114,7 @@ pub fn suggest(cfg: &HandoffConfig, doc: &AlertDocument) -> Option<HandoffDoc> {
     let id: String = doc
         .id
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
         .collect();
     let commands = match cfg.scheduler {
         Scheduler::Slurm => vec![format!(

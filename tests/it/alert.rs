@@ -531,6 +531,47 @@ fn golden_text_report() {
     check_golden("report_xid79.txt", &report::render(&golden_doc()));
 }
 
+/// With `[handoff] scheduler = "slurm"`, the page carries the exact drain command: in the text
+/// (and so the email) and in Slack.
+#[test]
+fn golden_page_with_the_slurm_hand_off() {
+    use xidwatch::alert::handoff::{suggest, HandoffConfig, Scheduler};
+    let mut doc = golden_doc();
+    let cfg = HandoffConfig {
+        scheduler: Scheduler::Slurm,
+        node: None,
+    };
+    doc.handoff = suggest(&cfg, &doc);
+    let want = "scontrol update NodeName=gpu-node-7 State=DRAIN Reason=\"xidwatch: Xid 79 on 0000:17:00.0 (incident b7f3c1d2-79-0000:17:00.0-81234)\"";
+    assert_eq!(doc.handoff.as_ref().unwrap().commands, [want]);
+    let text = report::render(&doc);
+    assert!(text.contains(want), "{text}");
+    check_golden("report_xid79_slurm.txt", &text);
+    let slack = serde_json::to_string(&slack::payload(&doc)).unwrap();
+    assert!(slack.contains("scontrol update NodeName=gpu-node-7 State=DRAIN"), "{slack}");
+}
+
+/// The resolved notice as Slack shows it: short, green, `phase: resolved`, the same incident.
+#[test]
+fn golden_slack_resolved_notice() {
+    let mut alert = xid79_alert();
+    alert.incident.phase = IncidentPhase::Resolved;
+    alert.incident.last_seen_ms = alert.incident.first_seen_ms + 65_000;
+    let mut doc = AlertDocument::build(&alert);
+    doc.generator.version = "0.0.0-test".to_string();
+    let payload = slack::payload(&doc);
+    check_golden(
+        "slack_xid79_resolved.json",
+        &(serde_json::to_string_pretty(&payload).unwrap() + "\n"),
+    );
+    assert_eq!(payload["phase"], "resolved");
+    assert_eq!(payload["attachments"][0]["color"], "#2e7d32");
+    assert!(payload["text"]
+        .as_str()
+        .unwrap()
+        .contains("[RESOLVED] gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus"));
+}
+
 #[test]
 fn slack_message_stays_within_limits_for_huge_evidence() {
     let mut alert = xid79_alert();
