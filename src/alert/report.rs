@@ -162,8 +162,11 @@ pub fn summary(doc: &AlertDocument) -> String {
         o.push_str("\nFolded into this incident\n");
         for e in &doc.echoes {
             match e.xid {
+                Some(x) if e.kind == "xid" => {
+                    let _ = writeln!(o, "  Xid {x}: {} time(s)", e.count);
+                }
                 Some(x) => {
-                    let _ = writeln!(o, "  {} Xid {x}: {} time(s)", e.kind, e.count);
+                    let _ = writeln!(o, "  {} {x}: {} time(s)", e.kind, e.count);
                 }
                 None => {
                     let _ = writeln!(o, "  {}: {} time(s)", e.kind, e.count);

@@ -124,10 +124,11 @@ pub fn payload(doc: &AlertDocument) -> Value {
     let mut fields = vec![format!("*Host*\n{}", escape(&doc.host))];
     if let Some(g) = &doc.gpu {
         // Without an index (NVML cannot reach the GPU, or is off), the address names it.
-        let mut gpu = match (g.index, &g.pci) {
-            (Some(i), _) => format!("GPU {i}"),
-            (None, Some(p)) => format!("GPU `{p}` (index unknown: NVML cannot name it)"),
-            (None, None) => "GPU (index unknown: NVML cannot name it)".to_string(),
+        // (The PCI field follows with the address.)
+        let mut gpu = match g.index {
+            Some(i) => format!("GPU {i}"),
+            None if g.name.is_some() => "index unknown".to_string(),
+            None => "index unknown (NVML cannot name it)".to_string(),
         };
         if let Some(n) = &g.name {
             gpu.push_str(&format!(" ({})", escape(n)));

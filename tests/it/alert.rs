@@ -1499,3 +1499,53 @@ async fn resolved_notices_reach_webhooks_per_channel() {
     run.stop().await;
     assert!(rx.requests_to("/quiet").is_empty());
 }
+
+/// Small details of the page: the Slack GPU field is never a bare "GPU" when NVML cannot name
+/// the GPU; an echo's kind is not repeated before its Xid; a non-Xid kind is shown once; the
+/// same runbook note from two steps is listed once.
+#[test]
+fn page_details_say_each_thing_once() {
+    let mut alert = xid79_alert();
+    alert.incident.gpu.index = None;
+    alert.incident.echoes = vec![EchoCount {
+        kind: FindingKind::Xid,
+        xid: Some(45),
+        count: 2,
+    }];
+    let mut second = alert.evidence[0].steps[0].clone();
+    second.name = "pcie-link-again".into();
+    alert.evidence[0].steps.push(second);
+    let doc = AlertDocument::build(&alert);
+    let payload = slack::payload(&doc);
+    let fields: Vec<String> = payload["attachments"][0]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["fields"].as_array())
+        .flatten()
+        .map(|f| f["text"].as_str().unwrap().to_string())
+        .collect();
+    let gpu = fields.iter().find(|f| f.starts_with("*GPU*")).unwrap();
+    assert_eq!(gpu, "*GPU*\nindex unknown (NVIDIA H100 80GB HBM3)");
+    alert.incident.gpu.name = None;
+    let bare = serde_json::to_string(&slack::payload(&AlertDocument::build(&alert))).unwrap();
+    assert!(bare.contains("*GPU*\\nindex unknown (NVML cannot name it)"), "{bare}");
+    assert!(fields.iter().any(|f| f == "*PCI*\n`0000:17:00.0`"));
+    let text = report::render(&doc);
+    assert!(text.contains("\n  Xid 45: 2 time(s)\n"), "{text}");
+    assert!(!text.contains("xid Xid"), "{text}");
+    assert_eq!(doc.notes().len(), 1, "one note, not one per step: {:?}", doc.notes());
+
+    let mut aer = xid79_alert();
+    aer.incident.kind = FindingKind::PcieAer;
+    aer.incident.xid = None;
+    aer.catalog = Some(CatalogText {
+        mnemonic: "pcie_aer".into(),
+        ..CatalogText::default()
+    });
+    let doc = AlertDocument::build(&aer);
+    let text = report::summary(&doc);
+    assert!(text.contains("Fault:     pcie_aer (category"), "{text}");
+    let all = serde_json::to_string(&slack::payload(&doc)).unwrap();
+    assert!(all.contains("*Fault*\\npcie_aer\""), "{all}");
+}
