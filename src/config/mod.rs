@@ -170,6 +170,9 @@ pub struct Refusal {
     pub path: PathBuf,
     pub line: Option<usize>,
     pub key: Option<String>,
+    /// For refused runbooks: their load errors, which name the runbook file, step and line and the
+    /// refused command (runbook files hold no secrets; the config's values are never here).
+    pub detail: Option<String>,
 }
 
 impl Refusal {
@@ -196,6 +199,7 @@ impl ConfigError {
                 path: path.clone(),
                 line: None,
                 key: None,
+                detail: None,
             },
             ConfigError::Invalid { path, message } => {
                 // A parse error, as `describe_toml_error` words it: "line N, column C, key `k`: ...".
@@ -212,6 +216,15 @@ impl ConfigError {
                         path: path.clone(),
                         line,
                         key,
+                        detail: None,
+                    };
+                }
+                if let Some(errors) = message.strip_prefix("runbooks refused:") {
+                    return Refusal {
+                        path: path.clone(),
+                        line: text.and_then(|t| key_line(t, "runbooks.dirs")),
+                        key: Some("runbooks (a runbook file was refused)".into()),
+                        detail: Some(errors.trim().to_string()),
                     };
                 }
                 // A validation error starts with the key: "incidents.window_secs = 0: ...",
@@ -232,6 +245,7 @@ impl ConfigError {
                     path: path.clone(),
                     line,
                     key,
+                    detail: None,
                 }
             }
         }
@@ -546,6 +560,45 @@ pub fn default_state_dir() -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// A refused config names file, line and key for the page, never the value, for a parse
+    /// error and for a value that parses but does not validate (a secret URL among them).
+    #[test]
+    fn refusals_name_file_line_and_key_never_the_value() {
+        let p = std::path::Path::new("/etc/xidwatch/xidwatch.toml");
+        let cases = [
+            (
+                "[incidents]\nwindow_secs = 987654321\n",
+                2,
+                "incidents.window_secs",
+                "987654321",
+            ),
+            (
+                "[kmsg]\npath = \"/dev/kmsg\"\n[nvml]\nenabled = \"hunter2\"\n",
+                4,
+                "nvml.enabled",
+                "hunter2",
+            ),
+            (
+                "[[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"ftp://hooks.example/T0/SECRETTOKEN\"\n",
+                4,
+                "url",
+                "SECRETTOKEN",
+            ),
+        ];
+        for (text, line, key, value) in cases {
+            let e = super::Config::from_toml(text, Some(p)).unwrap_err();
+            let r = e.refusal(Some(text));
+            let words = r.words();
+            assert!(words.starts_with("/etc/xidwatch/xidwatch.toml"), "{words}");
+            assert_eq!(r.line, Some(line), "{words} ({e})");
+            assert!(
+                r.key.as_deref().is_some_and(|k| k.contains(key)),
+                "{words} ({e})"
+            );
+            assert!(!words.contains(value), "{words}");
+        }
+    }
+
     use super::*;
 
     #[test]

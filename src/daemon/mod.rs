@@ -813,9 +813,10 @@ async fn reload(
                     format!("config reload refused: {}", refused.words()),
                 );
                 f.message = format!(
-                    "{} was refused; the previous config stays in force. `xidwatch check --config {}` prints the whole error.",
+                    "{} was refused; the previous config stays in force. `xidwatch check --config {}` prints the whole error.{}",
                     refused.words(),
-                    path.display()
+                    path.display(),
+                    refused.detail.as_deref().map(|d| format!("\n{d}")).unwrap_or_default()
                 );
                 out.tel.record_finding(&f);
                 engine.push(f, Origin::Probe, Now::read(), false, out_buf);
