@@ -702,7 +702,11 @@ struct AlertStage {
 impl AlertStage {
     fn start(cfg: &Config, output: Output) -> anyhow::Result<AlertStage> {
         let alert_cfg = alert_config(cfg, output);
-        for w in alert_cfg.secret_warnings(cfg.source.as_deref()) {
+        for w in alert_cfg
+            .secret_warnings(cfg.source.as_deref())
+            .into_iter()
+            .chain(alert_cfg.cleartext_warnings())
+        {
             tracing::warn!("{w}");
         }
         let (shutdown, rx) = tokio::sync::watch::channel(false);

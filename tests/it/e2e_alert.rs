@@ -708,3 +708,58 @@ fn a_refused_config_page_names_the_key_not_the_value() {
     }
     assert_eq!(doc["evidence"][0]["runbook"], "config-rejected");
 }
+
+/// Records lost from the kernel log: the page speaks of the log, not of a GPU; its evidence is
+/// what came right after the gap (what flooded the log), not the Xid lines before it.
+#[test]
+fn an_overrun_page_has_its_own_words_and_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(
+        &kmsg,
+        "3,0,1000,-;NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics Exception\n\
+         6,600,2000,-;mlx5_core 0000:3b:00.0: flood of link state messages\n\
+         6,601,2001,-;mlx5_core 0000:3b:00.0: flood of link state messages\n",
+    )
+    .unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(dir.path(), &kmsg, &url, "");
+    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let overrun = || {
+        got.lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| serde_json::from_str::<serde_json::Value>(b).unwrap())
+            .find(|d| d["kind"] == "kmsg_overrun")
+    };
+    wait_until("the overrun page", Duration::from_secs(30), || {
+        overrun().is_some()
+    });
+    super::support::sigterm(&child);
+    child.wait_with_output().unwrap();
+    let doc = overrun().unwrap();
+    assert!(
+        doc["headline"].as_str().unwrap().contains("599 records lost"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["evidence"][0]["runbook"], "kernel-log-watch");
+    assert!(doc["gpu"].is_null());
+    let words = format!("{} {}", doc["meaning"], doc["next_steps"]);
+    assert!(!words.contains("Xid catalog"), "not the GPU fallback's words: {words}");
+    let steps = doc["evidence"][0]["steps"].as_array().unwrap();
+    let excerpt = steps
+        .iter()
+        .find(|s| s["kind"] == "kmsg")
+        .map(|s| s["output"].as_str().unwrap_or_default().to_string())
+        .unwrap();
+    assert!(excerpt.contains("flood of link state"), "{excerpt}");
+    assert!(!excerpt.contains("Xid"), "no unrelated Xid lines: {excerpt}");
+}
