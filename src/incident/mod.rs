@@ -678,6 +678,56 @@ impl Engine {
                 told_echoes: o.told_echoes,
                 echo_total: o.echo_total,
                 found_at_startup: o.inc.found_at_startup,
+                quiet_until_ms: None,
+            })
+            .chain(self.quiet_snapshot())
+            .collect()
+    }
+
+    /// Closed incidents waiting out their quiet period, so a restart does not lose their resolved
+    /// notice.
+    fn quiet_snapshot(&self) -> Vec<Persisted> {
+        let mut quiet: Vec<&Quiet> = self.quiet.values().collect();
+        quiet.sort_by(|a, b| (a.until_ms, &a.inc.id).cmp(&(b.until_ms, &b.inc.id)));
+        quiet
+            .into_iter()
+            .map(|q| Persisted {
+                id: q.inc.id.clone(),
+                pci: q.inc.pci,
+                kind: q.inc.kind.as_str().to_string(),
+                xid: q.inc.xid,
+                severity: q.inc.severity,
+                category: q.inc.category,
+                title: q.inc.title.clone(),
+                gpu_uuid: q.inc.gpu.uuid.clone(),
+                gpu_serial: q.inc.gpu.serial.clone(),
+                first_seen_ms: q.inc.first_seen_ms,
+                last_seen_ms: q.inc.last_seen_ms,
+                count: q.inc.count,
+                echoes: q
+                    .inc
+                    .echoes
+                    .iter()
+                    .map(|e| (e.kind.as_str().to_string(), e.xid, e.count))
+                    .collect(),
+                sample: q
+                    .inc
+                    .findings
+                    .first()
+                    .map(|f| f.origin.raw.clone())
+                    .unwrap_or_default(),
+                family: Family::None,
+                rank: 0,
+                deadline_ms: q.until_ms,
+                opened_mono_ms: 0,
+                min_count: 1,
+                emitted: true,
+                settle_until_ms: 0,
+                told_count: q.inc.count,
+                told_echoes: 0,
+                echo_total: 0,
+                found_at_startup: q.inc.found_at_startup,
+                quiet_until_ms: Some(q.until_ms),
             })
             .collect()
     }
@@ -709,45 +759,56 @@ impl Engine {
                 })
                 .collect();
             let key: Key = (p.pci, kind, p.xid);
-            self.open.insert(
-                key,
-                Open {
-                    inc: Incident {
-                        id: p.id,
-                        phase: IncidentPhase::Opened,
-                        host: self.cfg.host.clone(),
-                        boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
-                        kind,
-                        xid: p.xid,
-                        pci: p.pci,
-                        gpu,
-                        severity: p.severity,
-                        category: p.category,
-                        title: p.title,
-                        first_seen_ms: p.first_seen_ms,
-                        last_seen_ms: p.last_seen_ms,
-                        count: p.count,
-                        findings: vec![f],
-                        echoes,
-                        found_at_startup: p.found_at_startup,
-                        runbook_override: None,
-                        dropped_alerts_before: 0,
-                        test: false,
-                    },
-                    key,
-                    family: p.family,
-                    rank: p.rank,
-                    deadline_ms: p.deadline_ms,
-                    opened_mono_ms: p.opened_mono_ms,
-                    last_mono_ms: p.opened_mono_ms,
-                    min_count: p.min_count,
-                    emitted: p.emitted,
-                    settle_until_ms: p.settle_until_ms,
-                    told_count: p.told_count,
-                    told_echoes: p.told_echoes,
-                    echo_total: p.echo_total,
+            let open = Open {
+                inc: Incident {
+                    id: p.id,
+                    phase: IncidentPhase::Opened,
+                    host: self.cfg.host.clone(),
+                    boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
+                    kind,
+                    xid: p.xid,
+                    pci: p.pci,
+                    gpu,
+                    severity: p.severity,
+                    category: p.category,
+                    title: p.title,
+                    first_seen_ms: p.first_seen_ms,
+                    last_seen_ms: p.last_seen_ms,
+                    count: p.count,
+                    findings: vec![f],
+                    echoes,
+                    found_at_startup: p.found_at_startup,
+                    runbook_override: None,
+                    dropped_alerts_before: 0,
+                    test: false,
                 },
-            );
+                key,
+                family: p.family,
+                rank: p.rank,
+                deadline_ms: p.deadline_ms,
+                opened_mono_ms: p.opened_mono_ms,
+                last_mono_ms: p.opened_mono_ms,
+                min_count: p.min_count,
+                emitted: p.emitted,
+                settle_until_ms: p.settle_until_ms,
+                told_count: p.told_count,
+                told_echoes: p.told_echoes,
+                echo_total: p.echo_total,
+            };
+            match p.quiet_until_ms {
+                Some(until_ms) => {
+                    self.quiet.insert(
+                        key,
+                        Quiet {
+                            inc: open.inc,
+                            until_ms,
+                        },
+                    );
+                }
+                None => {
+                    self.open.insert(key, open);
+                }
+            }
         }
     }
 }
@@ -784,6 +845,10 @@ pub struct Persisted {
     told_echoes: u64,
     echo_total: u64,
     found_at_startup: bool,
+    /// Set for a closed incident waiting out its quiet period (monotonic): restored as such, so
+    /// its resolved notice still goes out after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quiet_until_ms: Option<u64>,
 }
 
 impl Open {
@@ -1368,6 +1433,33 @@ mod tests {
         assert_eq!(
             (out[2].phase, &out[2].id),
             (IncidentPhase::Resolved, &out[1].id)
+        );
+    }
+
+    /// A restart during the quiet period keeps the resolved notice.
+    #[test]
+    fn the_quiet_period_survives_a_restart() {
+        let mut e = settling(0, 600_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        e.tick(60_000, &mut out);
+        assert_eq!((e.open_count(), e.quiet_count()), (0, 1));
+        let saved = serde_json::to_string(&e.snapshot()).unwrap();
+        let mut e2 = Engine::new(e.cfg.clone());
+        e2.restore(serde_json::from_str(&saved).unwrap());
+        assert_eq!((e2.open_count(), e2.quiet_count()), (0, 1));
+        e2.tick(599_999, &mut out);
+        assert_eq!(out.len(), 1);
+        e2.tick(600_000, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            (out[1].phase, &out[1].id),
+            (IncidentPhase::Resolved, &out[0].id)
         );
     }
 
