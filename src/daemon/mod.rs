@@ -1147,7 +1147,7 @@ pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
     }
 }
 
-/// Real evidence from this machine for `test-alert`: the fallback runbook's checks.
+/// Real evidence from this machine for `test-alert`: the checks of the runbook a real Xid 79 gets.
 pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
     // The runbook a real Xid 79 gets (the one `xidwatch explain 79` names), run without a GPU
     // address: the synthetic GPU does not exist, so steps about one GPU say so and are skipped.
