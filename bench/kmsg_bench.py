@@ -16,7 +16,9 @@ cfg = os.path.join(work, "xidwatch.toml")
 with open(cfg, "w") as f:
     f.write('[kmsg]\npath = "/dev/kmsg"\naccept_userspace = true\n[nvml]\nenabled = false\n'
             '[state]\ndir = "%s/state"\n[incidents]\nwindow_secs = %d\nmax_open = 8192\n'
-            % (work, 5 if mode == "storm" else 600))
+            # latency: the pipeline's own; the settle delay before a first page is a set wait
+            'settle_ms = %d\n'
+            % (work, 5 if mode == "storm" else 600, 2000 if mode == "storm" else 0))
 
 proc = subprocess.Popen([binary, "run", "--json", "--config", cfg], stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, bufsize=0)

@@ -4,7 +4,9 @@
 //! never carry sequence numbers, ids or timestamps, so a digest of the same incident updates the
 //! same Alertmanager alert instead of opening another. Annotations carry the words: summary,
 //! description, action, and a bounded evidence excerpt. `endsAt` is set `resolve_after_secs`
-//! after the send, since xidwatch does not re-send while a fault persists.
+//! after the send, since xidwatch does not re-send while a fault persists; the incident's
+//! resolved notice (after its quiet period) posts the same labels with `endsAt` = now, which
+//! resolves the alert at once.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -132,6 +134,12 @@ pub fn postable(
     if let Some(p) = &doc.report_path {
         ann.insert("report_path".into(), p.clone());
     }
+    if let Some(h) = doc.handoff.as_ref().filter(|h| !h.commands.is_empty()) {
+        ann.insert(
+            "handoff".into(),
+            cut(&h.commands.join("\n"), ANNOTATION_MAX),
+        );
+    }
     if doc.dropped_alerts_before > 0 {
         ann.insert(
             "dropped_alerts_before".into(),
@@ -150,9 +158,15 @@ pub fn postable(
         ann.insert("evidence".into(), cut(excerpt.trim_end(), EVIDENCE_MAX));
     }
 
-    let ends_ms = now_ms
-        .max(doc.last_seen_ms)
-        .saturating_add(resolve_after_secs.saturating_mul(1000));
+    // A resolved notice ends the alert now; otherwise it ends on its own after
+    // `resolve_after_secs`, should the resolved notice never come (a restart in between).
+    let ends_ms = if doc.phase == super::document::Phase::Resolved {
+        now_ms
+    } else {
+        now_ms
+            .max(doc.last_seen_ms)
+            .saturating_add(resolve_after_secs.saturating_mul(1000))
+    };
     PostableAlert {
         labels,
         annotations: ann,

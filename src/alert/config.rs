@@ -28,6 +28,10 @@ pub struct AlertConfig {
     pub webhook: Vec<WebhookConfig>,
     pub email: Vec<EmailConfig>,
     pub alertmanager: Vec<AlertmanagerConfig>,
+    /// The top-level `[handoff]` table, copied here by the config loader so the alert stage can
+    /// put the drain command in the page; not a key of `[alerts]`.
+    #[serde(skip)]
+    pub handoff: super::handoff::HandoffConfig,
 }
 
 impl Default for AlertConfig {
@@ -41,6 +45,7 @@ impl Default for AlertConfig {
             webhook: Vec::new(),
             email: Vec::new(),
             alertmanager: Vec::new(),
+            handoff: super::handoff::HandoffConfig::default(),
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct StdoutConfig {
     /// `text` (the readable report) or `json` (the xidwatch.alert/v1 document, one line).
     pub format: StdoutFormat,
     pub min_severity: Option<Severity>,
+    /// Whether resolved notices are printed (default: yes).
+    pub send_resolved: Option<bool>,
 }
 
 impl Default for StdoutConfig {
@@ -111,6 +118,7 @@ impl Default for StdoutConfig {
             enabled: None,
             format: StdoutFormat::Text,
             min_severity: Some(Severity::Info),
+            send_resolved: None,
         }
     }
 }
@@ -148,6 +156,9 @@ pub struct WebhookConfig {
     /// The URL is a secret: Slack webhook URLs carry their token in the path.
     pub url: Secret,
     pub format: WebhookFormat,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
     #[serde(default)]
     pub min_severity: Option<Severity>,
     #[serde(default = "default_rate_count")]
@@ -226,6 +237,9 @@ pub struct EmailConfig {
     pub hello_name: Option<String>,
     #[serde(default = "default_subject_prefix")]
     pub subject_prefix: String,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
     #[serde(default)]
     pub min_severity: Option<Severity>,
     #[serde(default = "default_rate_count")]
@@ -258,6 +272,9 @@ pub struct AlertmanagerConfig {
     /// Link put in `generatorURL` (e.g. a dashboard for the host).
     #[serde(default)]
     pub generator_url: Option<String>,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
     #[serde(default)]
     pub min_severity: Option<Severity>,
     #[serde(default = "default_rate_count")]
@@ -425,6 +442,8 @@ pub struct ChannelCommon {
     pub kind: ChannelKind,
     pub min_severity: Severity,
     pub rate_limit: Option<RateLimit>,
+    /// Resolved notices go to this channel (default: yes, except email).
+    pub send_resolved: bool,
 }
 
 impl AlertConfig {
@@ -445,6 +464,7 @@ impl AlertConfig {
                 kind: ChannelKind::Stdout,
                 min_severity: self.stdout.min_severity.unwrap_or(self.min_severity),
                 rate_limit: None,
+                send_resolved: self.stdout.send_resolved.unwrap_or(true),
             });
         }
         for w in &self.webhook {
@@ -456,6 +476,7 @@ impl AlertConfig {
                 },
                 min_severity: w.min_severity.unwrap_or(self.min_severity),
                 rate_limit: rl(w.rate_limit_count, w.rate_limit_window_secs),
+                send_resolved: w.send_resolved.unwrap_or(true),
             });
         }
         for e in &self.email {
@@ -464,6 +485,8 @@ impl AlertConfig {
                 kind: ChannelKind::Email,
                 min_severity: e.min_severity.unwrap_or(self.min_severity),
                 rate_limit: rl(e.rate_limit_count, e.rate_limit_window_secs),
+                // Mail is for pages; a second mail saying all is quiet is opt-in.
+                send_resolved: e.send_resolved.unwrap_or(false),
             });
         }
         for a in &self.alertmanager {
@@ -472,6 +495,7 @@ impl AlertConfig {
                 kind: ChannelKind::Alertmanager,
                 min_severity: a.min_severity.unwrap_or(self.min_severity),
                 rate_limit: rl(a.rate_limit_count, a.rate_limit_window_secs),
+                send_resolved: a.send_resolved.unwrap_or(true),
             });
         }
         out
@@ -729,6 +753,43 @@ impl AlertConfig {
                         mode
                     ));
                 }
+            }
+        }
+        out
+    }
+
+    /// Channels that send in cleartext (`http://`) to a host that is not this machine: the alert,
+    /// its evidence and any token in the URL cross the network unencrypted. Allowed (a receiver
+    /// on a trusted network), but said by `xidwatch check`. Names the key and the host only.
+    pub fn cleartext_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check = |key: String, url: &str| {
+            let Ok(u) = url::Url::parse(url) else { return };
+            if u.scheme() != "http" {
+                return;
+            }
+            let loopback = match u.host() {
+                Some(url::Host::Ipv4(a)) => a.is_loopback(),
+                Some(url::Host::Ipv6(a)) => a.is_loopback(),
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                None => true,
+            };
+            if !loopback {
+                let host = u.host_str().unwrap_or_default();
+                out.push(format!(
+                    "{key}: plain http to {host}, which is not this machine: alerts, their evidence and any token in the URL cross the network unencrypted; use https"
+                ));
+            }
+        };
+        for (i, w) in self.webhook.iter().enumerate() {
+            // An unresolvable secret is `validate`'s to report; nothing to say about it here.
+            if let Ok(v) = w.url.resolve() {
+                check(format!("alerts.webhook[{i}] ({}).url", w.name), v.expose());
+            }
+        }
+        for (i, a) in self.alertmanager.iter().enumerate() {
+            for (j, u) in a.urls.iter().enumerate() {
+                check(format!("alerts.alertmanager[{i}] ({}).urls[{j}]", a.name), u);
             }
         }
         out

@@ -19,7 +19,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::channel::{BuiltChannels, Channel};
 use super::config::{AlertConfig, ChannelCommon, ChannelKind, RateLimit, RetryConfig};
-use super::document::AlertDocument;
+use super::document::{AlertDocument, Phase};
 use super::outbox::{self, Limits, Outbox, Outcome};
 use super::report;
 use super::retry::Backoff;
@@ -366,6 +366,7 @@ impl Dispatcher {
             rx,
             shared: shared.clone(),
             commons: cfg.channels(),
+            handoff: cfg.handoff.clone(),
             workers: BTreeMap::new(),
             retry: retry_tx,
             reports_dir: state_dir.join(REPORTS_DIR),
@@ -432,6 +433,8 @@ struct Intake {
     rx: mpsc::Receiver<Envelope>,
     shared: Arc<Shared>,
     commons: Vec<ChannelCommon>,
+    /// `[handoff]`: the drain command put in pages whose guide says to drain.
+    handoff: super::handoff::HandoffConfig,
     workers: BTreeMap<String, WorkerHandle>,
     retry: watch::Sender<RetryConfig>,
     reports_dir: PathBuf,
@@ -628,6 +631,7 @@ impl Intake {
             self.spawn_worker(cfg, ch);
         }
         self.commons = cfg.channels();
+        self.handoff = cfg.handoff.clone();
         self.keep_reports = cfg.outbox.keep_reports;
         self.retry.send_replace(cfg.retry.clone());
         lock(&self.shared.outbox).set_limits(Limits {
@@ -657,10 +661,12 @@ impl Intake {
         for (alert, hold, note, ack) in batch {
             let mut doc = AlertDocument::build(&alert);
             doc.evidence_note = note;
+            doc.handoff = super::handoff::suggest(&self.handoff, &doc);
             let targets: Vec<String> = self
                 .commons
                 .iter()
                 .filter(|c| doc.severity >= c.min_severity)
+                .filter(|c| doc.phase != Phase::Resolved || c.send_resolved)
                 .map(|c| c.name.clone())
                 .collect();
             if targets.is_empty() {
@@ -776,6 +782,7 @@ impl Intake {
 
     async fn attach(&mut self, alert: Alert) {
         let mut doc = AlertDocument::build(&alert);
+        doc.handoff = super::handoff::suggest(&self.handoff, &doc);
         let shared = self.shared.clone();
         let reports_dir = self.reports_dir.clone();
         let keep = self.keep_reports;

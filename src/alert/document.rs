@@ -80,6 +80,10 @@ pub struct AlertDocument {
     /// Where the full readable report lies on the host, when the daemon wrote one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_path: Option<String>,
+    /// The drain command for the site's scheduler (`[handoff]`), when the guide says to drain.
+    /// Suggested for a person; xidwatch never runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<super::handoff::HandoffDoc>,
     pub generator: Generator,
 }
 
@@ -88,6 +92,8 @@ pub struct AlertDocument {
 pub enum Phase {
     Opened,
     Digest,
+    /// Nothing new for the quiet period: the incident is over for receivers.
+    Resolved,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,6 +238,7 @@ impl AlertDocument {
             phase: match inc.phase {
                 IncidentPhase::Opened => Phase::Opened,
                 IncidentPhase::Digest => Phase::Digest,
+                IncidentPhase::Resolved => Phase::Resolved,
             },
             test: inc.test,
             host: inc.host.clone(),
@@ -268,6 +275,7 @@ impl AlertDocument {
             evidence: alert.evidence.iter().map(evidence_doc).collect(),
             evidence_note: None,
             report_path: None,
+            handoff: None,
             generator: Generator {
                 name: "xidwatch".to_string(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
@@ -300,8 +308,10 @@ impl AlertDocument {
             })
             .take(96)
             .collect();
-        if self.phase == Phase::Digest {
-            s.push_str("-digest");
+        match self.phase {
+            Phase::Opened => {}
+            Phase::Digest => s.push_str("-digest"),
+            Phase::Resolved => s.push_str("-resolved"),
         }
         s
     }
@@ -327,13 +337,18 @@ impl AlertDocument {
         out
     }
 
-    /// Runbook notes (what the evidence means, e.g. "link degraded to x8"), in order.
+    /// Runbook notes (what the evidence means, e.g. "link degraded to x8"), in order, each note
+    /// once (two steps reading the same thing note it twice).
     pub fn notes(&self) -> Vec<(&str, &str)> {
-        self.evidence
-            .iter()
-            .flat_map(|e| e.steps.iter())
-            .flat_map(|s| s.notes.iter().map(move |n| (s.name.as_str(), n.as_str())))
-            .collect()
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for s in self.evidence.iter().flat_map(|e| e.steps.iter()) {
+            for n in &s.notes {
+                if !out.iter().any(|(_, seen)| *seen == n.as_str()) {
+                    out.push((s.name.as_str(), n.as_str()));
+                }
+            }
+        }
+        out
     }
 
     /// "GPU 3 (0000:17:00.0)" or "host" when no GPU is known.
@@ -343,7 +358,7 @@ impl AlertDocument {
                 (Some(i), Some(p)) => format!("GPU {i} ({p})"),
                 (Some(i), None) => format!("GPU {i}"),
                 (None, Some(p)) => format!("GPU {p}"),
-                (None, None) => "GPU".to_string(),
+                (None, None) => "GPU (index unknown)".to_string(),
             },
             None => "host".to_string(),
         }
@@ -356,6 +371,9 @@ fn headline(inc: &Incident) -> String {
     if inc.test {
         s.push_str("[TEST] ");
     }
+    if inc.phase == IncidentPhase::Resolved {
+        s.push_str("[RESOLVED] ");
+    }
     s.push_str(&inc.host);
     s.push_str(": ");
     s.push_str(&inc.title);
@@ -364,6 +382,13 @@ fn headline(inc: &Incident) -> String {
         s.push_str(&format!("Xid {x}, "));
     }
     s.push_str(inc.severity.as_str());
+    if inc.phase == IncidentPhase::Resolved {
+        s.push_str(&format!(
+            " (quiet since {}, {} occurrence(s))",
+            rfc3339(inc.last_seen_ms),
+            inc.count
+        ));
+    }
     if inc.phase == IncidentPhase::Digest {
         s.push_str(&format!(
             " ({} times in {})",

@@ -18,6 +18,7 @@ pub mod config;
 pub mod dispatch;
 pub mod document;
 pub mod email;
+pub mod handoff;
 pub mod outbox;
 pub mod report;
 pub mod retry;
@@ -92,6 +93,8 @@ impl CatalogText {
         let imm = part(&self.immediate_bucket, &self.immediate_meaning);
         let inv = part(&self.investigatory_bucket, &self.investigatory_meaning);
         match (imm, inv) {
+            // NVIDIA gives some Xids (48, 145) one bucket for both steps: said once.
+            (Some(a), Some(b)) if a == b => Some(format!("Immediate, then investigate: {a}.")),
             (Some(a), Some(b)) => Some(format!("Immediate: {a}. Then: {b}.")),
             (Some(a), None) => Some(format!("Immediate: {a}.")),
             (None, Some(b)) => Some(format!("Investigate: {b}.")),
@@ -255,6 +258,7 @@ pub enum AlertError {
 /// Sends a synthetic alert once to each selected channel, directly (no outbox, no retries, no
 /// severity filter or rate limit), and reports what each channel said.
 pub async fn test_alert(
+    cfg: &AlertConfig,
     built: &channel::BuiltChannels,
     opts: TestAlertOptions,
 ) -> Result<TestAlertReport, AlertError> {
@@ -266,7 +270,8 @@ pub async fn test_alert(
         }
     }
     let alert = synthetic_alert(&opts.host, opts.now_ms, opts.evidence);
-    let doc = AlertDocument::build(&alert);
+    let mut doc = AlertDocument::build(&alert);
+    doc.handoff = handoff::suggest(&cfg.handoff, &doc);
     let mut results = Vec::new();
     for ch in &channels {
         let start = Instant::now();

@@ -834,6 +834,7 @@ mod tests {
             evidence: vec![],
             evidence_note: None,
             report_path: None,
+            handoff: None,
             generator: Generator {
                 name: "xidwatch".into(),
                 version: "0".into(),

@@ -60,7 +60,8 @@ pub fn summary(doc: &AlertDocument) -> String {
         None => doc.kind.clone(),
     };
     if let Some(c) = &doc.catalog {
-        if !c.mnemonic.is_empty() {
+        // For other kinds the catalog's mnemonic is the kind itself: not twice.
+        if !c.mnemonic.is_empty() && c.mnemonic != doc.kind {
             let _ = write!(fault, " {}", c.mnemonic);
         }
     }
@@ -91,6 +92,7 @@ pub fn summary(doc: &AlertDocument) -> String {
         match doc.phase {
             Phase::Opened => "opened",
             Phase::Digest => "digest",
+            Phase::Resolved => "resolved",
         }
     );
     if let Some(p) = &doc.report_path {
@@ -99,6 +101,13 @@ pub fn summary(doc: &AlertDocument) -> String {
 
     section(&mut o, "What it means", &doc.meaning);
     section(&mut o, "What to do", &doc.next_steps);
+    if let Some(h) = &doc.handoff {
+        let _ = writeln!(o, "\nHand-off ({})", h.scheduler.as_str());
+        for c in &h.commands {
+            let _ = writeln!(o, "  {c}");
+        }
+        let _ = writeln!(o, "  ({})", h.note);
+    }
 
     if let Some(c) = &doc.catalog {
         o.push_str("\nNVIDIA catalog\n");
@@ -115,14 +124,15 @@ pub fn summary(doc: &AlertDocument) -> String {
             (None, Some(m)) => m.clone(),
             (None, None) => String::new(),
         };
-        kv(
-            "immediate action",
-            &bucket(&c.immediate_bucket, &c.immediate_meaning),
-        );
-        kv(
-            "investigatory action",
-            &bucket(&c.investigatory_bucket, &c.investigatory_meaning),
-        );
+        let imm = bucket(&c.immediate_bucket, &c.immediate_meaning);
+        let inv = bucket(&c.investigatory_bucket, &c.investigatory_meaning);
+        if imm == inv {
+            // One bucket for both steps (Xid 48, 145): said once.
+            kv("immediate and investigatory action", &imm);
+        } else {
+            kv("immediate action", &imm);
+            kv("investigatory action", &inv);
+        }
         kv("causes", &c.causes);
         kv("check", &c.check);
         kv("applies to", &c.applies_to.join(", "));
@@ -152,8 +162,11 @@ pub fn summary(doc: &AlertDocument) -> String {
         o.push_str("\nFolded into this incident\n");
         for e in &doc.echoes {
             match e.xid {
+                Some(x) if e.kind == "xid" => {
+                    let _ = writeln!(o, "  Xid {x}: {} time(s)", e.count);
+                }
                 Some(x) => {
-                    let _ = writeln!(o, "  {} Xid {x}: {} time(s)", e.kind, e.count);
+                    let _ = writeln!(o, "  {} {x}: {} time(s)", e.kind, e.count);
                 }
                 None => {
                     let _ = writeln!(o, "  {}: {} time(s)", e.kind, e.count);

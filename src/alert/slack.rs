@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::document::AlertDocument;
+use super::document::{AlertDocument, Phase};
 use crate::model::Severity;
 
 const SECTION_MAX: usize = 3000;
@@ -86,6 +86,9 @@ fn code_block(lines: &[String], max: usize) -> String {
 
 /// The message posted to the incoming webhook.
 pub fn payload(doc: &AlertDocument) -> Value {
+    if doc.phase == Phase::Resolved {
+        return resolved_payload(doc);
+    }
     let headline = format!("{} {}", emoji(doc.severity), escape(&doc.headline));
     let mut blocks = Vec::new();
 
@@ -109,11 +112,23 @@ pub fn payload(doc: &AlertDocument) -> Value {
         fit(&escape(&doc.next_steps), MEANING_MAX)
     )));
 
+    if let Some(h) = &doc.handoff {
+        let mut text = format!("*Hand-off ({})*", h.scheduler.as_str());
+        if !h.commands.is_empty() {
+            text.push_str(&format!("\n```{}```", escape(&h.commands.join("\n"))));
+        }
+        text.push_str(&format!("\n_{}_", escape(&h.note)));
+        blocks.push(section(text));
+    }
+
     let mut fields = vec![format!("*Host*\n{}", escape(&doc.host))];
     if let Some(g) = &doc.gpu {
+        // Without an index (NVML cannot reach the GPU, or is off), the address names it.
+        // (The PCI field follows with the address.)
         let mut gpu = match g.index {
             Some(i) => format!("GPU {i}"),
-            None => "GPU".to_string(),
+            None if g.name.is_some() => "index unknown".to_string(),
+            None => "index unknown (NVML cannot name it)".to_string(),
         };
         if let Some(n) = &g.name {
             gpu.push_str(&format!(" ({})", escape(n)));
@@ -133,7 +148,12 @@ pub fn payload(doc: &AlertDocument) -> Value {
         Some(x) => format!("Xid {x}"),
         None => escape(&doc.kind),
     };
-    if let Some(c) = doc.catalog.as_ref().filter(|c| !c.mnemonic.is_empty()) {
+    // For other kinds the catalog's mnemonic is the kind itself: not twice.
+    if let Some(c) = doc
+        .catalog
+        .as_ref()
+        .filter(|c| !c.mnemonic.is_empty() && c.mnemonic != doc.kind)
+    {
         fault.push_str(&format!("\n`{}`", escape(&c.mnemonic)));
     }
     fields.push(format!("*Fault*\n{fault}"));
@@ -232,12 +252,52 @@ pub fn payload(doc: &AlertDocument) -> Value {
     blocks.truncate(50);
 
     json!({
+        "phase": phase_word(doc),
         "text": fit(&headline, SECTION_MAX),
         "attachments": [
             {
                 "color": colour(doc.severity),
                 "fallback": fit(&escape(&doc.headline), SECTION_MAX),
                 "blocks": blocks,
+            }
+        ]
+    })
+}
+
+/// The document's phase as its JSON spells it, carried at the top of the Slack message so a bot
+/// or a workflow reading the channel can tell a page from its digest and its resolution.
+fn phase_word(doc: &AlertDocument) -> &'static str {
+    match doc.phase {
+        Phase::Opened => "opened",
+        Phase::Digest => "digest",
+        Phase::Resolved => "resolved",
+    }
+}
+
+/// The resolved notice: short, green, naming the incident the page was about.
+fn resolved_payload(doc: &AlertDocument) -> Value {
+    let headline = format!(":white_check_mark: {}", escape(&doc.headline));
+    let body = format!(
+        "No new finding for this incident since {} ({} occurrence(s) from {}). xidwatch has \
+         stopped alerting about it; a new fault on this GPU opens a new incident.",
+        doc.last_seen, doc.count, doc.first_seen
+    );
+    json!({
+        "phase": phase_word(doc),
+        "text": fit(&headline, SECTION_MAX),
+        "attachments": [
+            {
+                "color": "#2e7d32",
+                "fallback": fit(&escape(&doc.headline), SECTION_MAX),
+                "blocks": [
+                    section(body),
+                    {
+                        "type": "context",
+                        "elements": [
+                            { "type": "mrkdwn", "text": fit(&format!("incident `{}` · {}", escape(&doc.id), escape(&doc.host)), FIELD_MAX) }
+                        ]
+                    }
+                ],
             }
         ]
     })

@@ -48,6 +48,7 @@ pub fn idempotency_key(doc: &AlertDocument) -> String {
     match doc.phase {
         Phase::Opened => doc.id.clone(),
         Phase::Digest => format!("{}/digest/{}", doc.id, doc.count),
+        Phase::Resolved => format!("{}/resolved", doc.id),
     }
 }
 

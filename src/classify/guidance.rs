@@ -70,7 +70,13 @@ fn or_unknown(s: &str) -> &str {
 
 fn nvidia_buckets(e: &catalog::XidEntry) -> Vec<String> {
     let mut out = Vec::new();
-    for (label, cell) in [("immediate", e.immediate), ("investigate", e.investigatory)] {
+    // The same bucket for both steps (Xid 48, 145, ...) is said once.
+    let cells: &[(&str, &str)] = if e.immediate == e.investigatory {
+        &[("immediate and investigate", e.immediate)]
+    } else {
+        &[("immediate", e.immediate), ("investigate", e.investigatory)]
+    };
+    for &(label, cell) in cells {
         if cell.is_empty() {
             continue;
         }
@@ -157,8 +163,8 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "Nothing to do: later findings for this address carry it.",
         ),
         FindingKind::KmsgOverrun => (
-            "Kernel log records were overwritten before xidwatch could read them; faults in them may have been missed.",
-            "Read what is left of the kernel log and the journal for the lost period; if it repeats, the log is flooded: find the source of the flood.",
+            "Kernel log records were overwritten in the ring buffer before xidwatch could read them (the headline says how many); a GPU fault logged in them was not seen.",
+            "Read the journal (journalctl -k) for the lost period; if it repeats, the log is flooded: find the source of the flood in the lines after the gap, or enlarge the ring buffer (log_buf_len=).",
         ),
         FindingKind::KmsgSequence => (
             "A kernel log record's sequence number jumped far ahead or went backwards; the kernel never numbers its records that way.",
@@ -173,16 +179,16 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "Treat it as fallen off the bus: check lspci, link state and the kernel log, then drain the node.",
         ),
         FindingKind::GpuMissing => (
-            "A GPU that is on the PCI bus cannot be reached by the driver, or a GPU left the bus.",
-            "Compare lspci with nvidia-smi -L and read the kernel log for this address.",
+            "A GPU at this PCI address is on the bus but the driver cannot reach it, or it left the bus since the last look.",
+            "Compare lspci -D -d 10de: with nvidia-smi -L and read the kernel log for this address; a GPU the driver lost needs the node drained and a person to decide on a reboot.",
         ),
         FindingKind::NvmlUnavailable => (
-            "NVML cannot talk to the NVIDIA driver.",
-            "Check that the driver is loaded (lsmod), that the user-space library matches the kernel module, and the kernel log.",
+            "NVML cannot reach the NVIDIA driver (the headline carries NVML's error): xidwatch sees no NVML events and cannot name GPUs by serial until it can; it still reads every Xid in the kernel log.",
+            "Driver not loaded: check lsmod and the kernel log. Version mismatch: the module and the library differ after an upgrade; drain and reboot when a person decides. Insufficient permissions: check the service user's access to /dev/nvidia*.",
         ),
         FindingKind::ConfigRejected => (
-            "A changed xidwatch config did not validate, so it was refused; the previous config stays in force.",
-            "Run `xidwatch check` on the config file, fix the key it names, and save again (or send SIGHUP).",
+            "A changed xidwatch config did not validate, so it was refused; the previous config stays in force. The headline names the file, the line and the key, never the value.",
+            "Run `xidwatch check --config FILE` on the host for the whole error, fix the key it names, and save again (or send SIGHUP).",
         ),
         FindingKind::DriverUnresponsive => (
             "A call into the NVIDIA driver (through NVML) did not return: the driver is wedged, often because a GPU is failing or a process is stuck in the driver. Tools such as nvidia-smi will hang too.",

@@ -98,16 +98,24 @@ pub fn explain_text(code: u32) -> String {
     row(&mut s, "meaning", e.summary);
     row(&mut s, "causes", e.causes);
     row(&mut s, "check", e.check);
-    for (label, cell) in [("immediate", e.immediate), ("investigate", e.investigatory)] {
+    // NVIDIA gives some Xids (48, 145, ...) the same bucket for both steps: say it once.
+    let same = e.immediate == e.investigatory;
+    let cells: &[(&str, &str)] = if same {
+        &[("action", e.immediate)]
+    } else {
+        &[("immediate", e.immediate), ("investigate", e.investigatory)]
+    };
+    for &(label, cell) in cells {
         if cell.is_empty() {
             continue;
         }
         let meanings = catalog::bucket_meanings(cell);
-        row(
-            &mut s,
-            label,
-            &format!("{cell} (NVIDIA's resolution bucket)"),
-        );
+        let what = if same {
+            "NVIDIA's resolution bucket, both immediate and investigatory"
+        } else {
+            "NVIDIA's resolution bucket"
+        };
+        row(&mut s, label, &format!("{cell} ({what})"));
         for b in meanings {
             row(&mut s, "", &format!("{}: {}", b.name, b.meaning));
         }

@@ -40,6 +40,7 @@ pub enum Command {
     /// Classify saved kernel logs (dmesg, journalctl -k, kern.log, kmsg dumps, .gz archives).
     Scan(ScanArgs),
     /// Explain an Xid: meaning, causes, what to check, NVIDIA's resolution buckets.
+    #[command(override_usage = "xidwatch explain <XID>\n       xidwatch explain --list")]
     Explain(ExplainArgs),
     /// Run the watcher: follow the kernel log and NVML, report incidents.
     Run(RunArgs),
@@ -54,7 +55,11 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Remove what `install` put in place; the config and state stay unless --purge.
     Uninstall(install::UninstallArgs),
-    /// Is the daemon running, and what does it see? Exit 0 running, 3 not running.
+    /// Is the daemon running, and what does it see? Exit 0 running, 3 not running, 4 unknown,
+    /// 78 config error.
+    #[command(
+        after_help = "Exit status:\n  0   the daemon is running\n  3   the daemon is not running\n  4   whether it runs cannot be told (permissions, unreadable state)\n  78  the config could not be loaded"
+    )]
     Status(status::StatusArgs),
     /// node-problem-detector custom plugin: exit 0 no GPU fault, 1 fault open, 2 unknown.
     NpdCheck(npd::NpdCheckArgs),
@@ -64,25 +69,34 @@ pub enum Command {
 pub enum RunbookCommand {
     /// Every runbook in force, with what it serves.
     List {
+        /// Config file whose `[runbooks]` are listed (default: the installed one, else the
+        /// shipped runbooks).
         #[arg(long)]
         config: Option<PathBuf>,
     },
     /// One runbook in full: what it serves, its words for the on-call, its steps.
     Show {
+        /// The runbook's name, as `xidwatch runbook list` prints it.
         name: String,
+        /// Config file whose `[runbooks]` are searched.
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Run a runbook now against this machine and print the evidence.
+    /// Run a runbook now against this machine and print the evidence (read-only, as the daemon
+    /// runs it).
     Run {
+        /// The runbook's name, as `xidwatch runbook list` prints it.
         name: String,
-        /// The GPU, e.g. 0000:17:00.0.
-        #[arg(long)]
+        /// The GPU, by PCI address (e.g. 0000:17:00.0): fills {pci} and {parent_pci}.
+        #[arg(long, value_name = "ADDRESS")]
         pci: Option<String>,
+        /// The Xid the run is about: fills {xid}.
         #[arg(long)]
         xid: Option<u32>,
+        /// A process the fault named: fills {pid} (its /proc entries).
         #[arg(long)]
         pid: Option<u32>,
+        /// Config file whose `[runbooks]` (directories, search path, limits) apply.
         #[arg(long)]
         config: Option<PathBuf>,
     },

@@ -36,6 +36,9 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
             for w in c.alerts.secret_warnings(c.source.as_deref()) {
                 println!("warning: {w}");
             }
+            for w in c.alerts.cleartext_warnings() {
+                println!("warning: {w}");
+            }
             for w in &c.metrics_settings.warnings {
                 println!("warning: {w}");
             }
@@ -52,6 +55,32 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            // The runbooks were loaded and every step checked against the catalog above (a
+            // refused one fails the load): say which are in force, and from where.
+            let dirs: Vec<String> = c
+                .runbooks
+                .dirs()
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            let names: Vec<&str> = c.runbook_set.iter().map(|r| r.name()).collect();
+            println!(
+                "runbooks: {} checked against the command catalog, from {}: {}",
+                names.len(),
+                dirs.join(", "),
+                names.join(", ")
+            );
+            let h = &c.alerts.handoff;
+            match (&h.scheduler, &h.node) {
+                (crate::alert::handoff::Scheduler::None, _) => {
+                    println!("hand-off: none (pages carry no drain command)")
+                }
+                (s, node) => println!(
+                    "hand-off: {} drain command in pages whose guide says to drain, for node {} (suggested; never run)",
+                    s.as_str(),
+                    node.as_deref().unwrap_or("<the alert's host name>")
+                ),
+            }
             Ok(0)
         }
         Err(e) => {
@@ -79,7 +108,7 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
     };
-    match rt.block_on(crate::alert::test_alert(&config.alert_channels, opts)) {
+    match rt.block_on(crate::alert::test_alert(&config.alerts, &config.alert_channels, opts)) {
         Ok(report) => {
             print!("{}", report.render());
             Ok(if report.all_ok() { 0 } else { 1 })

@@ -92,6 +92,9 @@ fn new_engine() -> Engine {
         host: String::new(),
         boot_id: String::new(),
         overrides: crate::classify::XidOverrides::default(),
+        // A saved log is read whole: nothing to wait for, nothing to resolve.
+        settle_ms: 0,
+        quiet_ms: 0,
     })
 }
 
@@ -254,6 +257,12 @@ impl<W: Write> Output<W> {
         if total == 0 {
             if self.failed == 0 {
                 s.push_str(&format!("No GPU faults found in {}.\n", inputs(files)));
+            } else if self.failed == files {
+                // Nothing was read: saying "no faults found" would be a false all-clear.
+                s.push_str(&format!(
+                    "Nothing scanned: {} could not be read.\n",
+                    inputs(self.failed)
+                ));
             } else {
                 // Never "no faults" for what could not be read.
                 s.push_str(&format!(

@@ -402,6 +402,26 @@ pub fn render(r: &Report, now: u64) -> String {
         );
     }
 
+    if !s.recently_resolved.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nrecently resolved: {} (quiet for their quiet period)",
+            s.recently_resolved.len()
+        );
+        for r in s.recently_resolved.iter().take(SHOWN_INCIDENTS) {
+            let i = &r.incident;
+            let _ = writeln!(
+                o,
+                "  {:<8} {}  x{}  resolved {}\n           {}",
+                i.severity.as_str(),
+                i.title,
+                i.count,
+                when(r.resolved_ms, now),
+                i.id
+            );
+        }
+    }
+
     match &s.alerts {
         None => {
             let _ = writeln!(o, "\nalerts: no alert channel configured");

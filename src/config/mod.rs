@@ -91,6 +91,13 @@ pub struct IncidentsConfig {
     /// How long an NVML Xid event waits for the same Xid in the kernel log before it is reported
     /// on its own.
     pub nvml_match_ms: u64,
+    /// How long a new incident's first alert waits for related findings on the same GPU (the
+    /// cause a few milliseconds after an AER warning, Xid 45 cleanups), so one fault is one page
+    /// led by its cause. 0 sends at once.
+    pub settle_ms: u64,
+    /// How long an incident must have been quiet (no new finding), once its window has closed,
+    /// before a resolved notice goes out. 0: never send resolved notices.
+    pub quiet_secs: u64,
     /// Hostname for alerts; when unset, `$NODE_NAME` (Kubernetes) if set, else the machine's.
     pub host: Option<String>,
 }
@@ -101,6 +108,8 @@ impl Default for IncidentsConfig {
             window_secs: 300,
             max_open: 4096,
             nvml_match_ms: 2000,
+            settle_ms: 2000,
+            quiet_secs: 600,
             host: None,
         }
     }
@@ -121,6 +130,8 @@ pub struct RawConfig {
     pub alerts: crate::alert::AlertConfig,
     /// `[metrics]`: the optional Prometheus endpoint.
     pub metrics: metrics::MetricsConfig,
+    /// `[handoff]`: the scheduler whose drain command pages carry (suggested, never run).
+    pub handoff: crate::alert::handoff::HandoffConfig,
 }
 
 /// A validated configuration.
@@ -156,6 +167,134 @@ pub enum ConfigError {
     },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
+}
+
+/// Where a refused config went wrong, for a page: the file, the line and the key, never the value
+/// (it may be a secret, such as a webhook token in a URL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+    pub key: Option<String>,
+    /// For refused runbooks: their load errors, which name the runbook file, step and line and the
+    /// refused command (runbook files hold no secrets; the config's values are never here).
+    pub detail: Option<String>,
+}
+
+impl Refusal {
+    /// `/etc/xidwatch/xidwatch.toml line 12, key incidents.window_secs`.
+    pub fn words(&self) -> String {
+        let mut s = self.path.display().to_string();
+        if let Some(l) = self.line {
+            s.push_str(&format!(" line {l}"));
+        }
+        match &self.key {
+            Some(k) => s.push_str(&format!(", key {k}")),
+            None => s.push_str(" (cannot be read or parsed)"),
+        }
+        s
+    }
+}
+
+impl ConfigError {
+    /// File, line and key of the error, without the value. `text` is the file's text, used to
+    /// find the line of a key that validation (rather than parsing) refused.
+    pub fn refusal(&self, text: Option<&str>) -> Refusal {
+        match self {
+            ConfigError::Read { path, .. } => Refusal {
+                path: path.clone(),
+                line: None,
+                key: None,
+                detail: None,
+            },
+            ConfigError::Invalid { path, message } => {
+                // A parse error, as `describe_toml_error` words it: "line N, column C, key `k`: ...".
+                if let Some(rest) = message.strip_prefix("line ") {
+                    let line = rest
+                        .split(|c: char| !c.is_ascii_digit())
+                        .next()
+                        .and_then(|n| n.parse().ok());
+                    let key = rest
+                        .split_once("key `")
+                        .and_then(|(_, k)| k.split_once('`'))
+                        .map(|(k, _)| k.to_string());
+                    return Refusal {
+                        path: path.clone(),
+                        line,
+                        key,
+                        detail: None,
+                    };
+                }
+                if let Some(errors) = message.strip_prefix("runbooks refused:") {
+                    return Refusal {
+                        path: path.clone(),
+                        line: text.and_then(|t| key_line(t, "runbooks.dirs")),
+                        key: Some("runbooks (a runbook file was refused)".into()),
+                        detail: Some(errors.trim().to_string()),
+                    };
+                }
+                // A validation error starts with the key: "incidents.window_secs = 0: ...",
+                // "alerts.webhook[0] (oncall).url: ...", "runbooks refused: ...".
+                let first = message.split("; ").next().unwrap_or(message);
+                let head = first.split(": ").next().unwrap_or(first);
+                let key = head.split(" = ").next().unwrap_or(head).trim();
+                let key = (!key.is_empty() && !key.contains('\n') && key.len() <= 120).then(|| {
+                    key.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_string()
+                });
+                let line = match (&key, text) {
+                    (Some(k), Some(t)) => key_line(t, k),
+                    _ => None,
+                };
+                Refusal {
+                    path: path.clone(),
+                    line,
+                    key,
+                    detail: None,
+                }
+            }
+        }
+    }
+}
+
+/// The line where `key` (`incidents.window_secs`, `alerts.webhook[0] (oncall).url`) is set: the
+/// first `last = ` line after a table header that names its first part, else the first anywhere.
+fn key_line(text: &str, key: &str) -> Option<usize> {
+    let first = key.split(['.', '[', ' ']).next().unwrap_or(key);
+    let last = key
+        .rsplit('.')
+        .next()
+        .unwrap_or(key)
+        .trim_end_matches(|c: char| c == ']' || c.is_ascii_digit())
+        .trim_end_matches('[');
+    let sets = |l: &str| {
+        let l = l.trim_start();
+        l.strip_prefix(last)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+    };
+    let mut in_table = false;
+    let mut anywhere = None;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            in_table = t
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .starts_with(first);
+            if in_table && last == first {
+                return Some(i + 1);
+            }
+            continue;
+        }
+        if sets(l) {
+            if in_table {
+                return Some(i + 1);
+            }
+            anywhere.get_or_insert(i + 1);
+        }
+    }
+    anywhere
 }
 
 impl Config {
@@ -207,6 +346,18 @@ impl Config {
                 raw.incidents.nvml_match_ms
             )));
         }
+        if raw.incidents.settle_ms > 60_000 {
+            return Err(invalid(format!(
+                "incidents.settle_ms = {}: expected at most 60000 (0 sends the first alert at once)",
+                raw.incidents.settle_ms
+            )));
+        }
+        if raw.incidents.quiet_secs > MAX_WINDOW_SECS {
+            return Err(invalid(format!(
+                "incidents.quiet_secs = {}: expected at most {MAX_WINDOW_SECS} (0 never resolves)",
+                raw.incidents.quiet_secs
+            )));
+        }
         if raw.nvml.probe_interval_secs > MAX_WINDOW_SECS {
             return Err(invalid(format!(
                 "nvml.probe_interval_secs = {}: expected at most {MAX_WINDOW_SECS}",
@@ -227,6 +378,7 @@ impl Config {
                 "nvml.probe_interval_secs: expected a number of seconds above 0".into(),
             ));
         }
+        raw.handoff.validate().map_err(invalid)?;
         // Checked and built here, once: the daemon, a reload and test-alert use these channels.
         let alert_channels = match crate::alert::channel::BuiltChannels::build(&raw.alerts) {
             Ok(b) => b,
@@ -271,7 +423,10 @@ impl Config {
             runbook_limits,
             incidents: raw.incidents,
             overrides,
-            alerts: raw.alerts,
+            alerts: crate::alert::AlertConfig {
+                handoff: raw.handoff,
+                ..raw.alerts
+            },
             alert_channels,
             metrics: raw.metrics,
             metrics_settings,
@@ -355,6 +510,45 @@ pub fn default_state_dir() -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// A refused config names file, line and key for the page, never the value, for a parse
+    /// error and for a value that parses but does not validate (a secret URL among them).
+    #[test]
+    fn refusals_name_file_line_and_key_never_the_value() {
+        let p = std::path::Path::new("/etc/xidwatch/xidwatch.toml");
+        let cases = [
+            (
+                "[incidents]\nwindow_secs = 987654321\n",
+                2,
+                "incidents.window_secs",
+                "987654321",
+            ),
+            (
+                "[kmsg]\npath = \"/dev/kmsg\"\n[nvml]\nenabled = \"hunter2\"\n",
+                4,
+                "nvml.enabled",
+                "hunter2",
+            ),
+            (
+                "[[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"ftp://hooks.example/T0/SECRETTOKEN\"\n",
+                4,
+                "url",
+                "SECRETTOKEN",
+            ),
+        ];
+        for (text, line, key, value) in cases {
+            let e = super::Config::from_toml(text, Some(p)).unwrap_err();
+            let r = e.refusal(Some(text));
+            let words = r.words();
+            assert!(words.starts_with("/etc/xidwatch/xidwatch.toml"), "{words}");
+            assert_eq!(r.line, Some(line), "{words} ({e})");
+            assert!(
+                r.key.as_deref().is_some_and(|k| k.contains(key)),
+                "{words} ({e})"
+            );
+            assert!(!words.contains(value), "{words}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -340,6 +340,8 @@ impl Pipeline {
             host: alert_host(cfg.incidents.host.as_deref()),
             boot_id: boot_hex.clone(),
             overrides: cfg.overrides.clone(),
+            settle_ms: cfg.incidents.settle_ms,
+            quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
         });
         let mut probe_memory = None;
         match state.load_json::<SavedIncidents>(CHECKPOINT) {
@@ -719,7 +721,11 @@ struct AlertStage {
 impl AlertStage {
     fn start(cfg: &Config, output: Output) -> anyhow::Result<AlertStage> {
         let alert_cfg = alert_config(cfg, output);
-        for w in alert_cfg.secret_warnings(cfg.source.as_deref()) {
+        for w in alert_cfg
+            .secret_warnings(cfg.source.as_deref())
+            .into_iter()
+            .chain(alert_cfg.cleartext_warnings())
+        {
             tracing::warn!("{w}");
         }
         let (shutdown, rx) = tokio::sync::watch::channel(false);
@@ -824,12 +830,19 @@ async fn reload(
             out.tel.config_reloaded(false, now_ms());
             if last_error.as_deref() != Some(text.as_str()) {
                 *last_error = Some(text.clone());
+                // The page names file, line and key, never the value (it may be a secret).
+                let refused = e.refusal(crate::config::read_config_file(&path).ok().as_deref());
                 let mut f = crate::classify::signals::finding(
                     FindingKind::ConfigRejected,
                     None,
-                    "config reload refused: the previous config stays in force".into(),
+                    format!("config reload refused: {}", refused.words()),
                 );
-                f.message = text;
+                f.message = format!(
+                    "{} was refused; the previous config stays in force. `xidwatch check --config {}` prints the whole error.{}",
+                    refused.words(),
+                    path.display(),
+                    refused.detail.as_deref().map(|d| format!("\n{d}")).unwrap_or_default()
+                );
                 out.tel.record_finding(&f);
                 engine.push(f, Origin::Probe, Now::read(), false, out_buf);
             }
@@ -856,6 +869,8 @@ async fn reload(
         new.incidents.max_open,
         new.incidents.nvml_match_ms,
         new.overrides.clone(),
+        new.incidents.settle_ms,
+        new.incidents.quiet_secs.saturating_mul(1000),
     );
     out.runbooks = new.runbook_set.clone();
     let nvml = out.env.nvml.take();
@@ -1101,12 +1116,18 @@ pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
     }
 }
 
-/// Real evidence from this machine for `test-alert`: the fallback runbook's checks.
+/// Real evidence from this machine for `test-alert`: the checks of the runbook a real Xid 79 gets.
 pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
-    let Some(rb) = config.runbook_set.fallback() else {
+    // The runbook a real Xid 79 gets (the one `xidwatch explain 79` names), run without a GPU
+    // address: the synthetic GPU does not exist, so steps about one GPU say so and are skipped.
+    let mut subject = crate::runbook::Subject::manual(None, Some(79), None);
+    if let Some(e) = crate::classify::catalog::lookup(79) {
+        subject.category = e.category;
+        subject.severity = e.severity;
+    }
+    let Some(rb) = config.runbook_set.select(&subject) else {
         return Vec::new();
     };
-    let subject = crate::runbook::Subject::manual(None, None, None);
     vec![
         rb.run(&subject, &runbook_env(config), &config.runbook_limits)
             .await,

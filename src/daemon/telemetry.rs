@@ -54,6 +54,7 @@ pub fn phase_str(p: IncidentPhase) -> &'static str {
     match p {
         IncidentPhase::Opened => "opened",
         IncidentPhase::Digest => "digest",
+        IncidentPhase::Resolved => "resolved",
     }
 }
 
@@ -101,6 +102,18 @@ impl From<&Incident> for IncidentSummary {
             count: i.count,
         }
     }
+}
+
+/// Resolved incidents kept for `status`, the most recent first.
+pub const MAX_RECENTLY_RESOLVED: usize = 20;
+
+/// An incident that resolved (quiet for its quiet period), as `status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedSummary {
+    #[serde(flatten)]
+    pub incident: IncidentSummary,
+    /// When the resolved notice was handed to the alert stage (ms since the epoch).
+    pub resolved_ms: u64,
 }
 
 /// The kernel log source.
@@ -205,6 +218,10 @@ pub struct StatusSnapshot {
     /// [`MAX_LISTED_INCIDENTS`] of them, the most recently seen first.
     pub open_incidents_total: u64,
     pub open_incidents: Vec<IncidentSummary>,
+    /// Incidents resolved since the daemon started, the most recent first (at most
+    /// [`MAX_RECENTLY_RESOLVED`]).
+    #[serde(default)]
+    pub recently_resolved: Vec<ResolvedSummary>,
     pub runbooks: Vec<RunbookStats>,
     pub config: ConfigHealth,
     /// The alert stage; `None` when no alert channel is configured.
@@ -248,6 +265,7 @@ struct Inner {
     runbooks: BTreeMap<String, RunbookStats>,
     open_total: u64,
     open: Vec<IncidentSummary>,
+    resolved: std::collections::VecDeque<ResolvedSummary>,
     last_reload: Option<ReloadInfo>,
     alerts: Option<AlertStatus>,
 }
@@ -392,10 +410,20 @@ impl Telemetry {
 
     /// Counts one incident handed on to the alert stage (opened or digest).
     pub fn record_incident(&self, i: &Incident) {
-        *lock(&self.inner)
+        let mut inner = lock(&self.inner);
+        *inner
             .incidents
             .entry((i.severity, phase_str(i.phase)))
             .or_insert(0) += 1;
+        if i.phase == IncidentPhase::Resolved {
+            if inner.resolved.len() >= MAX_RECENTLY_RESOLVED {
+                inner.resolved.pop_back();
+            }
+            inner.resolved.push_front(ResolvedSummary {
+                incident: IncidentSummary::from(i),
+                resolved_ms: now_ms(),
+            });
+        }
     }
 
     /// Adds `n` kernel log records read.
@@ -579,6 +607,7 @@ impl Telemetry {
             incidents,
             open_incidents_total: inner.open_total,
             open_incidents: inner.open.clone(),
+            recently_resolved: inner.resolved.iter().cloned().collect(),
             runbooks: inner.runbooks.values().cloned().collect(),
             config: ConfigHealth {
                 last_reload: inner.last_reload,

@@ -10,8 +10,12 @@
 //!   higher than the incident's cause, in which case it opens a new incident that absorbs the
 //!   old one (an AER warning followed by Xid 79 becomes one critical Xid 79 incident).
 //!
-//! The first occurrence opens an incident at once; when its window closes, a digest with exact
-//! counts follows if anything was folded in after the first alert.
+//! A new incident is held for a short settle delay before its first alert: whatever arrives for
+//! the same GPU meanwhile (the real cause a few milliseconds after an AER warning, Xid 45
+//! cleanups, AER echoes) joins the same alert, led by the most causal and most severe finding, so
+//! one GPU fault is one page. When its window closes, a digest with exact counts follows if
+//! anything was folded in after the first alert; when nothing new has been seen for the quiet
+//! period, a resolved notice closes it for the receivers.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -48,6 +52,11 @@ pub struct EngineConfig {
     /// Hex boot id, part of every incident id.
     pub boot_id: String,
     pub overrides: XidOverrides,
+    /// How long a new incident's first alert waits for related findings (0: no wait).
+    pub settle_ms: u64,
+    /// How long an incident must be quiet (no new finding) after its window before a resolved
+    /// notice goes out (0: never).
+    pub quiet_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -90,6 +99,8 @@ struct Open {
     /// Occurrences needed before the first alert (per-Xid threshold).
     min_count: u64,
     emitted: bool,
+    /// Until when (monotonic) the first alert is held for related findings; 0 when not held.
+    settle_until_ms: u64,
     /// What the last alert already told, so a digest goes out only when there is news.
     told_count: u64,
     told_echoes: u64,
@@ -97,6 +108,23 @@ struct Open {
 }
 
 type Key = (Option<PciAddress>, FindingKind, Option<u32>);
+
+/// A closed incident waiting out its quiet period before its resolved notice.
+#[derive(Debug, Clone)]
+struct Quiet {
+    inc: Incident,
+    /// Monotonic time at which it counts as resolved.
+    until_ms: u64,
+}
+
+/// How strongly a finding claims to be the cause of what happened to its GPU: never an echo
+/// (Xid 45, Xid 154, "caused by previous Xid"), then the most severe, then the highest rank in its
+/// family (Xid 79 over a lost GPU over an AER warning).
+fn lead_score(f: &Finding, rank: u8) -> (bool, Severity, u8) {
+    let echo =
+        f.caused_by.is_some() || (f.kind == FindingKind::Xid && matches!(f.xid, Some(45 | 154)));
+    (!echo, f.severity, rank)
+}
 
 /// A finding from NVML that waits to see whether the kernel log reports the same Xid.
 #[derive(Debug, Clone)]
@@ -117,6 +145,12 @@ pub struct EngineStats {
     /// Incidents closed early because the table was full.
     pub evicted: u64,
     pub nvml_folded: u64,
+    /// Findings folded into a new incident while its first alert was held (settle delay).
+    #[serde(default)]
+    pub settled: u64,
+    /// Resolved notices: incidents quiet for their quiet period.
+    #[serde(default)]
+    pub resolved: u64,
 }
 
 /// The correlation engine.
@@ -126,6 +160,8 @@ pub struct Engine {
     /// Keyed by (GPU, kind, Xid): a repeat in a storm is one hash lookup, however many are open.
     open: HashMap<Key, Open>,
     waiting: Vec<Waiting>,
+    /// Closed incidents waiting out their quiet period, keyed like the open ones.
+    quiet: HashMap<Key, Quiet>,
     pub stats: EngineStats,
     /// Bumped by everything that changes what [`Engine::snapshot`] would return.
     changes: u64,
@@ -137,6 +173,7 @@ impl Engine {
             cfg,
             open: HashMap::new(),
             waiting: Vec::new(),
+            quiet: HashMap::new(),
             stats: EngineStats::default(),
             changes: 0,
         }
@@ -155,7 +192,11 @@ impl Engine {
         max_open: usize,
         nvml_match_ms: u64,
         overrides: XidOverrides,
+        settle_ms: u64,
+        quiet_ms: u64,
     ) {
+        self.cfg.settle_ms = settle_ms;
+        self.cfg.quiet_ms = quiet_ms;
         self.cfg.window_ms = window_ms;
         self.cfg.max_open = max_open;
         self.cfg.nvml_match_ms = nvml_match_ms;
@@ -176,8 +217,15 @@ impl Engine {
     pub fn next_deadline(&self) -> Option<u64> {
         self.open
             .values()
-            .map(|o| o.deadline_ms)
+            .map(|o| {
+                if o.held() && o.inc.count >= o.min_count {
+                    o.settle_until_ms.min(o.deadline_ms)
+                } else {
+                    o.deadline_ms
+                }
+            })
             .chain(self.waiting.iter().map(|w| w.deadline_ms))
+            .chain(self.quiet.values().map(|q| q.until_ms))
             .min()
     }
 
@@ -254,15 +302,50 @@ impl Engine {
             o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
             o.last_mono_ms = now.mono_ms;
             push_sample(&mut o.inc, f);
-            if !o.emitted && o.inc.count >= o.min_count {
-                o.emitted = true;
-                o.told_count = o.inc.count;
-                self.stats.opened += 1;
-                out.push(o.inc.clone());
+            if !o.emitted && o.inc.count >= o.min_count && now.mono_ms >= o.settle_until_ms {
+                release(o, &mut self.stats, out);
             }
             return;
         }
-        // 2. An echo (or a higher-ranked cause) on the same GPU.
+        // 2. Within a new incident's settle delay, anything for the same GPU joins its first
+        // alert: the strongest cause leads, the rest are echoes.
+        if let Some(pci) = f.pci {
+            let held = self
+                .open
+                .values()
+                .filter(|o| o.key.0 == Some(pci) && o.held() && now.mono_ms < o.settle_until_ms)
+                .min_by_key(|o| o.opened_mono_ms)
+                .map(|o| {
+                    let lead = o.inc.findings.first().map(|c| lead_score(c, o.rank));
+                    (o.key, lead)
+                });
+            if let Some((hk, lead)) = held {
+                self.stats.settled += 1;
+                if lead.is_some_and(|l| lead_score(&f, rank) > l) {
+                    if let Some(old) = self.open.remove(&hk) {
+                        let settle_until = old.settle_until_ms;
+                        self.open_new(f, key, family, rank, now, at_startup, runbook, out);
+                        if let Some(n) = self.open.get_mut(&key) {
+                            // The first finding's settle delay still holds: the page is not
+                            // pushed back by each new arrival.
+                            n.settle_until_ms = n.settle_until_ms.min(settle_until);
+                            absorb(n, old);
+                        }
+                    }
+                    return;
+                }
+                if let Some(o) = self.open.get_mut(&hk) {
+                    o.echo_total += 1;
+                    o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
+                    o.last_mono_ms = now.mono_ms;
+                    bump_echo(&mut o.inc, &f);
+                    o.inc.severity = o.inc.severity.max(f.severity);
+                    push_sample(&mut o.inc, f);
+                }
+                return;
+            }
+        }
+        // 3. An echo (or a higher-ranked cause) on the same GPU.
         if f.pci.is_some() {
             let is_echo_kind = f.caused_by.is_some()
                 || (f.kind == FindingKind::Xid && matches!(f.xid, Some(45 | 154)));
@@ -286,8 +369,12 @@ impl Engine {
                 if family != Family::None && tfamily == family && rank > trank {
                     // Supersede: the new cause opens the incident; the old one becomes its echo.
                     if let Some(old) = self.open.remove(&tk) {
+                        let settle_until = old.held().then_some(old.settle_until_ms);
                         self.open_new(f, key, family, rank, now, at_startup, runbook, out);
                         if let Some(n) = self.open.get_mut(&key) {
+                            if let Some(s) = settle_until {
+                                n.settle_until_ms = n.settle_until_ms.min(s);
+                            }
                             absorb(n, old);
                         }
                     }
@@ -300,6 +387,9 @@ impl Engine {
                 o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
                 o.last_mono_ms = now.mono_ms;
                 bump_echo(&mut o.inc, &f);
+                if !o.emitted {
+                    o.inc.severity = o.inc.severity.max(f.severity);
+                }
                 if f.severity > o.inc.severity && o.emitted {
                     // Never hide a worse signal inside a digest: raise it now.
                     o.inc.severity = f.severity;
@@ -355,6 +445,9 @@ impl Engine {
         let window_ms = ov
             .and_then(|o| o.window_secs)
             .map_or(self.cfg.window_ms, |s| s.saturating_mul(1000));
+        // A new incident on a key whose previous one is waiting out its quiet period: that GPU
+        // is not quiet, so the previous one is not resolved (the new one will be, in its turn).
+        self.quiet.remove(&key);
         let first_mark = f.origin.seq.unwrap_or(now.wall_ms);
         let id = incident_id(&self.cfg.boot_id, &key, first_mark);
         let inc = Incident {
@@ -379,7 +472,13 @@ impl Engine {
             dropped_alerts_before: 0,
             test: false,
         };
-        let emitted = min_count <= 1;
+        // Host-level findings (no GPU) have nothing to wait for; GPU findings settle first.
+        let settle = if f_has_gpu(&inc) {
+            self.cfg.settle_ms
+        } else {
+            0
+        };
+        let emitted = min_count <= 1 && settle == 0;
         if emitted {
             self.stats.opened += 1;
             out.push(inc.clone());
@@ -396,6 +495,11 @@ impl Engine {
                 last_mono_ms: now.mono_ms,
                 min_count,
                 emitted,
+                settle_until_ms: if settle > 0 {
+                    now.mono_ms.saturating_add(settle)
+                } else {
+                    0
+                },
                 told_count: 1,
                 told_echoes: 0,
                 echo_total: 0,
@@ -420,6 +524,19 @@ impl Engine {
                 i += 1;
             }
         }
+        // First alerts whose settle delay is over, the earliest first.
+        let mut settled: Vec<(u64, Key)> = self
+            .open
+            .values()
+            .filter(|o| o.held() && o.settle_until_ms <= now_ms && o.inc.count >= o.min_count)
+            .map(|o| (o.opened_mono_ms, o.key))
+            .collect();
+        settled.sort();
+        for (_, k) in settled {
+            if let Some(o) = self.open.get_mut(&k) {
+                release(o, &mut self.stats, out);
+            }
+        }
         let mut due: Vec<(u64, u64, Key)> = self
             .open
             .values()
@@ -433,6 +550,27 @@ impl Engine {
                 self.close(o, out);
             }
         }
+        let mut quiet: Vec<(u64, Key)> = self
+            .quiet
+            .iter()
+            .filter(|(_, q)| q.until_ms <= now_ms)
+            .map(|(k, q)| (q.until_ms, *k))
+            .collect();
+        quiet.sort();
+        for (_, k) in quiet {
+            if let Some(q) = self.quiet.remove(&k) {
+                let mut inc = q.inc;
+                inc.phase = IncidentPhase::Resolved;
+                self.stats.resolved += 1;
+                out.push(inc);
+            }
+        }
+    }
+
+    /// Incidents closed and waiting out their quiet period, for `status`.
+    #[cfg(test)]
+    pub fn quiet_count(&self) -> usize {
+        self.quiet.len()
     }
 
     /// Open incidents, oldest first: a stable order for digests and saved state.
@@ -442,16 +580,44 @@ impl Engine {
         all
     }
 
-    fn close(&mut self, o: Open, out: &mut Vec<Incident>) {
+    fn close(&mut self, mut o: Open, out: &mut Vec<Incident>) {
+        if !o.emitted && o.inc.count >= o.min_count {
+            // Closed while its first alert was held (the table was full, or `scan` ends): the
+            // first alert goes out now, with what settled into it.
+            release(&mut o, &mut self.stats, out);
+        }
         if !o.emitted {
             self.stats.below_threshold += 1;
             return;
         }
-        if o.inc.count > o.told_count || o.echo_total > o.told_echoes {
-            let mut inc = o.inc;
+        let news = o.inc.count > o.told_count || o.echo_total > o.told_echoes;
+        let last_mono = o.last_mono_ms;
+        let mut inc = o.inc;
+        if news {
             inc.phase = IncidentPhase::Digest;
             self.stats.digests += 1;
-            out.push(inc);
+            out.push(inc.clone());
+        }
+        if self.cfg.quiet_ms > 0 {
+            if self.quiet.len() >= self.cfg.max_open {
+                // Bounded like the open table: the one closest to resolving goes without notice.
+                if let Some(k) = self
+                    .quiet
+                    .iter()
+                    .min_by_key(|(_, q)| (q.until_ms, q.inc.id.clone()))
+                    .map(|(k, _)| *k)
+                {
+                    self.quiet.remove(&k);
+                }
+            }
+            let key = (inc.pci, inc.kind, inc.xid);
+            self.quiet.insert(
+                key,
+                Quiet {
+                    until_ms: last_mono.saturating_add(self.cfg.quiet_ms),
+                    inc,
+                },
+            );
         }
     }
 
@@ -466,6 +632,8 @@ impl Engine {
         for o in self.drain_oldest_first() {
             self.close(o, out);
         }
+        // Offline, nothing is waited out: there is no later to resolve in.
+        self.quiet.clear();
     }
 
     /// What survives a restart: open incidents with their exact counts.
@@ -506,10 +674,61 @@ impl Engine {
                 opened_mono_ms: o.opened_mono_ms,
                 min_count: o.min_count,
                 emitted: o.emitted,
+                settle_until_ms: o.settle_until_ms,
                 told_count: o.told_count,
                 told_echoes: o.told_echoes,
                 echo_total: o.echo_total,
                 found_at_startup: o.inc.found_at_startup,
+                quiet_until_ms: None,
+            })
+            .chain(self.quiet_snapshot())
+            .collect()
+    }
+
+    /// Closed incidents waiting out their quiet period, so a restart does not lose their resolved
+    /// notice.
+    fn quiet_snapshot(&self) -> Vec<Persisted> {
+        let mut quiet: Vec<&Quiet> = self.quiet.values().collect();
+        quiet.sort_by(|a, b| (a.until_ms, &a.inc.id).cmp(&(b.until_ms, &b.inc.id)));
+        quiet
+            .into_iter()
+            .map(|q| Persisted {
+                id: q.inc.id.clone(),
+                pci: q.inc.pci,
+                kind: q.inc.kind.as_str().to_string(),
+                xid: q.inc.xid,
+                severity: q.inc.severity,
+                category: q.inc.category,
+                title: q.inc.title.clone(),
+                gpu_uuid: q.inc.gpu.uuid.clone(),
+                gpu_serial: q.inc.gpu.serial.clone(),
+                first_seen_ms: q.inc.first_seen_ms,
+                last_seen_ms: q.inc.last_seen_ms,
+                count: q.inc.count,
+                echoes: q
+                    .inc
+                    .echoes
+                    .iter()
+                    .map(|e| (e.kind.as_str().to_string(), e.xid, e.count))
+                    .collect(),
+                sample: q
+                    .inc
+                    .findings
+                    .first()
+                    .map(|f| f.origin.raw.clone())
+                    .unwrap_or_default(),
+                family: Family::None,
+                rank: 0,
+                deadline_ms: q.until_ms,
+                opened_mono_ms: 0,
+                min_count: 1,
+                emitted: true,
+                settle_until_ms: 0,
+                told_count: q.inc.count,
+                told_echoes: 0,
+                echo_total: 0,
+                found_at_startup: q.inc.found_at_startup,
+                quiet_until_ms: Some(q.until_ms),
             })
             .collect()
     }
@@ -541,44 +760,56 @@ impl Engine {
                 })
                 .collect();
             let key: Key = (p.pci, kind, p.xid);
-            self.open.insert(
-                key,
-                Open {
-                    inc: Incident {
-                        id: p.id,
-                        phase: IncidentPhase::Opened,
-                        host: self.cfg.host.clone(),
-                        boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
-                        kind,
-                        xid: p.xid,
-                        pci: p.pci,
-                        gpu,
-                        severity: p.severity,
-                        category: p.category,
-                        title: p.title,
-                        first_seen_ms: p.first_seen_ms,
-                        last_seen_ms: p.last_seen_ms,
-                        count: p.count,
-                        findings: vec![f],
-                        echoes,
-                        found_at_startup: p.found_at_startup,
-                        runbook_override: None,
-                        dropped_alerts_before: 0,
-                        test: false,
-                    },
-                    key,
-                    family: p.family,
-                    rank: p.rank,
-                    deadline_ms: p.deadline_ms,
-                    opened_mono_ms: p.opened_mono_ms,
-                    last_mono_ms: p.opened_mono_ms,
-                    min_count: p.min_count,
-                    emitted: p.emitted,
-                    told_count: p.told_count,
-                    told_echoes: p.told_echoes,
-                    echo_total: p.echo_total,
+            let open = Open {
+                inc: Incident {
+                    id: p.id,
+                    phase: IncidentPhase::Opened,
+                    host: self.cfg.host.clone(),
+                    boot_id: (!self.cfg.boot_id.is_empty()).then(|| self.cfg.boot_id.clone()),
+                    kind,
+                    xid: p.xid,
+                    pci: p.pci,
+                    gpu,
+                    severity: p.severity,
+                    category: p.category,
+                    title: p.title,
+                    first_seen_ms: p.first_seen_ms,
+                    last_seen_ms: p.last_seen_ms,
+                    count: p.count,
+                    findings: vec![f],
+                    echoes,
+                    found_at_startup: p.found_at_startup,
+                    runbook_override: None,
+                    dropped_alerts_before: 0,
+                    test: false,
                 },
-            );
+                key,
+                family: p.family,
+                rank: p.rank,
+                deadline_ms: p.deadline_ms,
+                opened_mono_ms: p.opened_mono_ms,
+                last_mono_ms: p.opened_mono_ms,
+                min_count: p.min_count,
+                emitted: p.emitted,
+                settle_until_ms: p.settle_until_ms,
+                told_count: p.told_count,
+                told_echoes: p.told_echoes,
+                echo_total: p.echo_total,
+            };
+            match p.quiet_until_ms {
+                Some(until_ms) => {
+                    self.quiet.insert(
+                        key,
+                        Quiet {
+                            inc: open.inc,
+                            until_ms,
+                        },
+                    );
+                }
+                None => {
+                    self.open.insert(key, open);
+                }
+            }
         }
     }
 }
@@ -608,10 +839,38 @@ pub struct Persisted {
     opened_mono_ms: u64,
     min_count: u64,
     emitted: bool,
+    /// Monotonic end of the settle delay of an incident whose first alert is still held.
+    #[serde(default)]
+    settle_until_ms: u64,
     told_count: u64,
     told_echoes: u64,
     echo_total: u64,
     found_at_startup: bool,
+    /// Set for a closed incident waiting out its quiet period (monotonic): restored as such, so
+    /// its resolved notice still goes out after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quiet_until_ms: Option<u64>,
+}
+
+impl Open {
+    /// The first alert is waiting for its settle delay.
+    fn held(&self) -> bool {
+        !self.emitted && self.settle_until_ms > 0
+    }
+}
+
+/// Sends a held incident's first alert, with everything that settled into it.
+fn release(o: &mut Open, stats: &mut EngineStats, out: &mut Vec<Incident>) {
+    o.emitted = true;
+    o.settle_until_ms = 0;
+    o.told_count = o.inc.count;
+    o.told_echoes = o.echo_total;
+    stats.opened += 1;
+    out.push(o.inc.clone());
+}
+
+fn f_has_gpu(inc: &Incident) -> bool {
+    inc.pci.is_some()
 }
 
 fn push_sample(inc: &mut Incident, f: Finding) {
@@ -727,6 +986,8 @@ mod tests {
             host: "h".into(),
             boot_id: "b".into(),
             overrides: XidOverrides::default(),
+            settle_ms: 0,
+            quiet_ms: 0,
         })
     }
 
@@ -774,7 +1035,11 @@ mod tests {
                 &mut out,
             );
             e.tick(at(11_000, stepped), &mut out);
-            assert_eq!(out.len(), 1, "a step must not close the window early: {out:#?}");
+            assert_eq!(
+                out.len(),
+                1,
+                "a step must not close the window early: {out:#?}"
+            );
             assert_eq!(e.open_count(), 1);
             // The window closes when 60 s have passed on the monotonic clock, whatever the wall
             // clock says.
@@ -959,6 +1224,244 @@ mod tests {
             (2, true, 4)
         );
         assert_eq!(e.stats.ignored, 1);
+    }
+
+    fn settling(settle_ms: u64, quiet_ms: u64) -> Engine {
+        Engine::new(EngineConfig {
+            settle_ms,
+            quiet_ms,
+            ..engine().cfg
+        })
+    }
+
+    fn aer(pci: &str) -> Finding {
+        let mut f = Finding::new(
+            FindingKind::PcieAer,
+            Severity::Warning,
+            Category::Pcie,
+            "PCIe Bus Error: severity=Uncorrected (Non-Fatal)".into(),
+        );
+        f.pci = Some(PciAddress::parse(pci).unwrap());
+        f
+    }
+
+    /// AER, Xid 79 and Xid 45 on one GPU within 50 ms: one page, led by the cause, with the
+    /// others counted in it; nothing goes out before the settle delay, nothing twice after it.
+    #[test]
+    fn one_fault_is_one_page_led_by_its_cause() {
+        let mut e = settling(2_000, 0);
+        let mut out = Vec::new();
+        e.push(aer("0000:17:00.0"), Origin::Kmsg, 10_000, false, &mut out);
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 2),
+            10_005,
+            &mut out,
+        );
+        let mut x45 = xid("0000:17:00.0", 45, Severity::Warning, 3);
+        x45.caused_by = None;
+        feed(&mut e, x45, 10_050, &mut out);
+        assert!(out.is_empty(), "held for the settle delay: {out:#?}");
+        assert_eq!(
+            e.next_deadline(),
+            Some(12_000),
+            "settled from the first finding"
+        );
+        e.tick(11_999, &mut out);
+        assert!(out.is_empty());
+        e.tick(12_000, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let page = &out[0];
+        assert_eq!(page.phase, IncidentPhase::Opened);
+        assert_eq!((page.kind, page.xid), (FindingKind::Xid, Some(79)));
+        assert_eq!(page.severity, Severity::Critical);
+        let mut echoes: Vec<_> = page
+            .echoes
+            .iter()
+            .map(|c| (c.kind, c.xid, c.count))
+            .collect();
+        echoes.sort();
+        assert_eq!(
+            echoes,
+            vec![
+                (FindingKind::Xid, Some(45), 1),
+                (FindingKind::PcieAer, None, 1)
+            ]
+        );
+        assert_eq!(page.findings[0].xid, Some(79), "the cause leads the page");
+        assert_eq!(e.open_count(), 1);
+        // The window closes without news: no digest, since the page told everything.
+        e.tick(10_005 + 300_000, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+    }
+
+    /// The order of arrival does not matter: an echo first, then the cause.
+    #[test]
+    fn the_cause_leads_whatever_arrives_first() {
+        let mut e = settling(2_000, 0);
+        let mut out = Vec::new();
+        let mut x45 = xid("0000:17:00.0", 45, Severity::Warning, 1);
+        x45.caused_by = Some(79);
+        feed(&mut e, x45, 0, &mut out);
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 2),
+            30,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 3),
+            40,
+            &mut out,
+        );
+        // Another GPU is another page.
+        feed(
+            &mut e,
+            xid("0000:2a:00.0", 13, Severity::Warning, 4),
+            40,
+            &mut out,
+        );
+        e.tick(2_040, &mut out);
+        assert_eq!(out.len(), 2, "{out:#?}");
+        let page = out
+            .iter()
+            .find(|i| i.pci == out[0].pci && i.xid == Some(79));
+        let page = page.expect("the Xid 79 page");
+        assert_eq!(page.count, 2);
+        assert_eq!(page.echoes.len(), 1);
+        assert!(out.iter().any(|i| i.xid == Some(13)));
+    }
+
+    /// 0 disables the settle delay: the first alert goes out at once, as before.
+    #[test]
+    fn zero_settle_sends_at_once() {
+        let mut e = settling(0, 0);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+    }
+
+    /// Host-level findings (config refused, kernel log overrun) have no GPU to wait for.
+    #[test]
+    fn host_findings_do_not_settle() {
+        let mut e = settling(2_000, 0);
+        let mut out = Vec::new();
+        let f = Finding::new(
+            FindingKind::KmsgOverrun,
+            Severity::Warning,
+            Category::Informational,
+            "overrun".into(),
+        );
+        e.push(f, Origin::Kmsg, 0, false, &mut out);
+        assert_eq!(out.len(), 1);
+    }
+
+    /// A held first alert survives a restart and still goes out once.
+    #[test]
+    fn a_held_alert_survives_a_restart() {
+        let mut e = settling(2_000, 0);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            100,
+            &mut out,
+        );
+        let saved = serde_json::to_string(&e.snapshot()).unwrap();
+        let mut e2 = Engine::new(e.cfg.clone());
+        e2.restore(serde_json::from_str(&saved).unwrap());
+        e2.tick(2_100, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].phase, IncidentPhase::Opened);
+    }
+
+    /// Quiet for the quiet period after the window: one resolved notice; a new finding on the
+    /// same key before that means the GPU is not quiet, and the old incident is not resolved.
+    #[test]
+    fn quiet_incidents_resolve_once() {
+        let mut e = settling(0, 600_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 2),
+            1_000,
+            &mut out,
+        );
+        e.tick(60_000, &mut out);
+        assert_eq!(out.len(), 2, "opened, digest: {out:#?}");
+        assert_eq!(e.next_deadline(), Some(601_000));
+        e.tick(600_999, &mut out);
+        assert_eq!(out.len(), 2);
+        e.tick(601_000, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].phase, IncidentPhase::Resolved);
+        assert_eq!((out[2].id.as_str(), out[2].count), (out[0].id.as_str(), 2));
+        e.tick(10_000_000, &mut out);
+        assert_eq!(out.len(), 3, "resolved once");
+        assert_eq!(e.stats.resolved, 1);
+
+        let mut e = settling(0, 600_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 13, Severity::Warning, 1),
+            0,
+            &mut out,
+        );
+        e.tick(60_000, &mut out);
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 13, Severity::Warning, 2),
+            100_000,
+            &mut out,
+        );
+        e.tick(650_000, &mut out);
+        assert_eq!(out.len(), 2, "two pages, nothing resolved yet: {out:#?}");
+        e.tick(760_000, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(
+            (out[2].phase, &out[2].id),
+            (IncidentPhase::Resolved, &out[1].id)
+        );
+    }
+
+    /// A restart during the quiet period keeps the resolved notice.
+    #[test]
+    fn the_quiet_period_survives_a_restart() {
+        let mut e = settling(0, 600_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        e.tick(60_000, &mut out);
+        assert_eq!((e.open_count(), e.quiet_count()), (0, 1));
+        let saved = serde_json::to_string(&e.snapshot()).unwrap();
+        let mut e2 = Engine::new(e.cfg.clone());
+        e2.restore(serde_json::from_str(&saved).unwrap());
+        assert_eq!((e2.open_count(), e2.quiet_count()), (0, 1));
+        e2.tick(599_999, &mut out);
+        assert_eq!(out.len(), 1);
+        e2.tick(600_000, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            (out[1].phase, &out[1].id),
+            (IncidentPhase::Resolved, &out[0].id)
+        );
     }
 
     #[test]

@@ -8,10 +8,12 @@ use super::{Category, Finding, FindingKind, GpuIdentity, PciAddress, Severity};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IncidentPhase {
-    /// First occurrence: runbooks run and the first alert goes out at once.
+    /// First occurrence: runbooks run and the first alert goes out (after the settle delay).
     Opened,
     /// The correlation window closed after repeats: one digest with exact counts.
     Digest,
+    /// Nothing new for the incident's quiet period: receivers may close it.
+    Resolved,
 }
 
 /// How many times one kind of echo (a related finding) was folded into the incident.

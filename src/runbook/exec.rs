@@ -220,6 +220,8 @@ pub(super) async fn run_runbook(
         }
         None => None,
     };
+    // A GPU gone from the bus is often gone from sysfs too: the AER report names its port.
+    let parent_pci = parent_pci.or(subject.port_from_log);
     let values = Values::for_subject(subject, parent_pci);
 
     let steps = rb.steps();

@@ -78,6 +78,10 @@ pub struct Subject {
     pub kernel_log: Vec<LogLine>,
     /// Index in `kernel_log` of the line that opened the incident.
     pub log_anchor: Option<usize>,
+    /// The root port above the GPU as an AER report named it ("pcieport 0000:16:01.0: AER: ...
+    /// error received: 0000:17:00.0"), for `{parent_pci}` when sysfs no longer has the GPU (it
+    /// fell off the bus).
+    pub port_from_log: Option<PciAddress>,
 }
 
 impl Subject {
@@ -102,6 +106,7 @@ impl Subject {
             runbook_override: None,
             kernel_log: Vec::new(),
             log_anchor: None,
+            port_from_log: None,
         }
     }
 
@@ -109,6 +114,11 @@ impl Subject {
     /// around the finding in a scanned file) and marks which one opened the incident.
     pub fn with_kernel_log(mut self, lines: Vec<LogLine>, anchor: Option<usize>) -> Subject {
         self.log_anchor = anchor.filter(|&i| i < lines.len());
+        if self.port_from_log.is_none() {
+            if let Some(gpu) = self.pci {
+                self.port_from_log = lines.iter().rev().find_map(|l| aer_port(&l.text, gpu));
+            }
+        }
         self.kernel_log = lines;
         self
     }
@@ -152,6 +162,14 @@ impl From<&Incident> for Subject {
             pid: inc.findings.iter().find_map(|f| f.pid),
             count: inc.count,
             runbook_override: inc.runbook_override.clone(),
+            port_from_log: inc.pci.and_then(|gpu| {
+                inc.findings.iter().find_map(|f| match &f.detail {
+                    Some(crate::model::Detail::Aer {
+                        reporter: Some(r), ..
+                    }) if *r != gpu => Some(*r),
+                    _ => None,
+                })
+            }),
             kernel_log,
             log_anchor: anchor,
         }
@@ -179,5 +197,53 @@ mod tests {
         ] {
             assert!(GpuUuid::parse(bad).is_none(), "{bad}");
         }
+    }
+}
+
+/// The reporting port of an AER line about `gpu`: "pcieport 0000:16:01.0: AER: Uncorrected
+/// (Fatal) error received: 0000:17:00.0" gives 0000:16:01.0. Parsed into a checked address; the
+/// rest of the line is never used.
+fn aer_port(text: &str, gpu: PciAddress) -> Option<PciAddress> {
+    let rest = text.split("pcieport ").nth(1)?;
+    let (port, tail) = rest.split_once(": AER:")?;
+    let port = PciAddress::parse(port.trim()).ok()?;
+    let named = tail.rsplit(' ').next().map(str::trim)?;
+    (PciAddress::parse(named).ok() == Some(gpu) && port != gpu).then_some(port)
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    #[test]
+    fn the_root_port_comes_from_the_aer_line_about_the_gpu() {
+        let gpu = PciAddress::parse("0000:17:00.0").unwrap();
+        assert_eq!(
+            aer_port(
+                "pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0",
+                gpu
+            ),
+            PciAddress::parse("0000:16:01.0").ok()
+        );
+        assert_eq!(
+            aer_port(
+                "pcieport 0000:16:01.0: AER: Corrected error message received from 0000:2a:00.0",
+                gpu
+            ),
+            None,
+            "another device's report"
+        );
+        assert_eq!(aer_port("NVRM: Xid (PCI:0000:17:00): 79", gpu), None);
+        let s = Subject::manual(Some(gpu), Some(79), None).with_kernel_log(
+            vec![LogLine {
+                seq: Some(1),
+                ts_usec: None,
+                text:
+                    "pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0"
+                        .into(),
+            }],
+            Some(0),
+        );
+        assert_eq!(s.port_from_log, PciAddress::parse("0000:16:01.0").ok());
     }
 }

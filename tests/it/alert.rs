@@ -531,6 +531,47 @@ fn golden_text_report() {
     check_golden("report_xid79.txt", &report::render(&golden_doc()));
 }
 
+/// With `[handoff] scheduler = "slurm"`, the page carries the exact drain command: in the text
+/// (and so the email) and in Slack.
+#[test]
+fn golden_page_with_the_slurm_hand_off() {
+    use xidwatch::alert::handoff::{suggest, HandoffConfig, Scheduler};
+    let mut doc = golden_doc();
+    let cfg = HandoffConfig {
+        scheduler: Scheduler::Slurm,
+        node: None,
+    };
+    doc.handoff = suggest(&cfg, &doc);
+    let want = "scontrol update NodeName=gpu-node-7 State=DRAIN Reason=\"xidwatch: Xid 79 on 0000:17:00.0 (incident b7f3c1d2-79-0000:17:00.0-81234)\"";
+    assert_eq!(doc.handoff.as_ref().unwrap().commands, [want]);
+    let text = report::render(&doc);
+    assert!(text.contains(want), "{text}");
+    check_golden("report_xid79_slurm.txt", &text);
+    let slack = serde_json::to_string(&slack::payload(&doc)).unwrap();
+    assert!(slack.contains("scontrol update NodeName=gpu-node-7 State=DRAIN"), "{slack}");
+}
+
+/// The resolved notice as Slack shows it: short, green, `phase: resolved`, the same incident.
+#[test]
+fn golden_slack_resolved_notice() {
+    let mut alert = xid79_alert();
+    alert.incident.phase = IncidentPhase::Resolved;
+    alert.incident.last_seen_ms = alert.incident.first_seen_ms + 65_000;
+    let mut doc = AlertDocument::build(&alert);
+    doc.generator.version = "0.0.0-test".to_string();
+    let payload = slack::payload(&doc);
+    check_golden(
+        "slack_xid79_resolved.json",
+        &(serde_json::to_string_pretty(&payload).unwrap() + "\n"),
+    );
+    assert_eq!(payload["phase"], "resolved");
+    assert_eq!(payload["attachments"][0]["color"], "#2e7d32");
+    assert!(payload["text"]
+        .as_str()
+        .unwrap()
+        .contains("[RESOLVED] gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus"));
+}
+
 #[test]
 fn slack_message_stays_within_limits_for_huge_evidence() {
     let mut alert = xid79_alert();
@@ -1028,6 +1069,7 @@ async fn test_alert_reports_each_channel() {
     ));
     let built = xidwatch::alert::channel::BuiltChannels::build(&cfg).unwrap();
     let report = test_alert(
+        &cfg,
         &built,
         TestAlertOptions {
             channel: None,
@@ -1054,6 +1096,7 @@ async fn test_alert_reports_each_channel() {
 
     // Only one channel, by name; an unknown name is an error.
     let one = test_alert(
+        &cfg,
         &built,
         TestAlertOptions {
             channel: Some("good".into()),
@@ -1065,6 +1108,7 @@ async fn test_alert_reports_each_channel() {
     .unwrap();
     assert!(one.all_ok() && one.results.len() == 1);
     assert!(test_alert(
+        &cfg,
         &built,
         TestAlertOptions {
             channel: Some("nope".into()),
@@ -1364,4 +1408,148 @@ async fn alertmanager_shows_the_alert_active() {
         .unwrap()
         .contains("fell off the bus"));
     run.stop().await;
+}
+
+/// The incident's resolved notice resolves the Alertmanager alert at once (`endsAt` = now): it
+/// is active after the page, and gone from the active list after the notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an Alertmanager: XIDWATCH_ALERTMANAGER_URL (.ci/alert-services.sh)"]
+async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
+    let base = required_env("XIDWATCH_ALERTMANAGER_URL");
+    let host = unique("am-resolve");
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.alertmanager]]\nname = \"am\"\nurls = [\"{base}\"]\nresolve_after_secs = 3600\n"
+    ));
+    let run = Running::start(&cfg, state.path());
+    let mut alert = xid79_alert();
+    alert.incident.host = host.clone();
+    run.sender.send(alert.clone()).await.unwrap();
+    wait_until("the page accepted", 20, || {
+        run.channel("am").delivered_total == 1
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
+    url.query_pairs_mut()
+        .append_pair("filter", &format!("host=\"{host}\""));
+    let states = || async {
+        let resp = client.get(url.clone()).send().await.unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["status"]["state"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while states().await != ["active"] {
+        assert!(Instant::now() < deadline, "never active: {:?}", states().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    alert.incident.phase = IncidentPhase::Resolved;
+    run.sender.send(alert).await.unwrap();
+    wait_until("the resolved notice accepted", 20, || {
+        run.channel("am").delivered_total == 2
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !states().await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "still listed as active after the resolved notice: {:?}",
+            states().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    run.stop().await;
+}
+
+/// A resolved notice reaches a webhook as `phase: resolved`, and a Slack-format webhook as a
+/// short green message carrying `phase: resolved`; an email channel does not get it unless its
+/// `send_resolved` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolved_notices_reach_webhooks_per_channel() {
+    let rx = Receiver::start().await;
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.webhook]]\nname = \"hook\"\nurl = \"{}\"\nformat = \"json\"\n\
+         [[alerts.webhook]]\nname = \"slack\"\nurl = \"{}\"\nformat = \"slack\"\n\
+         [[alerts.webhook]]\nname = \"quiet\"\nurl = \"{}\"\nformat = \"json\"\nsend_resolved = false\n",
+        rx.url("/hook"),
+        rx.url("/slack"),
+        rx.url("/quiet"),
+    ));
+    let run = Running::start(&cfg, state.path());
+    let mut alert = xid79_alert();
+    alert.incident.phase = IncidentPhase::Resolved;
+    run.sender.send(alert).await.unwrap();
+    wait_until("the resolved notices", 20, || {
+        rx.requests_to("/hook").len() == 1 && rx.requests_to("/slack").len() == 1
+    })
+    .await;
+    let hook = rx.requests_to("/hook")[0].json();
+    assert_eq!(hook["phase"], "resolved");
+    assert!(hook["headline"].as_str().unwrap().starts_with("[RESOLVED]"));
+    assert_eq!(
+        rx.requests_to("/hook")[0].header("idempotency-key"),
+        Some(format!("{}/resolved", hook["id"].as_str().unwrap()).as_str())
+    );
+    let slack = rx.requests_to("/slack")[0].json();
+    assert_eq!(slack["phase"], "resolved");
+    assert!(slack["text"].as_str().unwrap().contains(":white_check_mark:"));
+    assert!(rx.requests_to("/quiet").is_empty(), "send_resolved = false");
+    run.stop().await;
+    assert!(rx.requests_to("/quiet").is_empty());
+}
+
+/// Small details of the page: the Slack GPU field is never a bare "GPU" when NVML cannot name
+/// the GPU; an echo's kind is not repeated before its Xid; a non-Xid kind is shown once; the
+/// same runbook note from two steps is listed once.
+#[test]
+fn page_details_say_each_thing_once() {
+    let mut alert = xid79_alert();
+    alert.incident.gpu.index = None;
+    alert.incident.echoes = vec![EchoCount {
+        kind: FindingKind::Xid,
+        xid: Some(45),
+        count: 2,
+    }];
+    let mut second = alert.evidence[0].steps[0].clone();
+    second.name = "pcie-link-again".into();
+    alert.evidence[0].steps.push(second);
+    let doc = AlertDocument::build(&alert);
+    let payload = slack::payload(&doc);
+    let fields: Vec<String> = payload["attachments"][0]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["fields"].as_array())
+        .flatten()
+        .map(|f| f["text"].as_str().unwrap().to_string())
+        .collect();
+    let gpu = fields.iter().find(|f| f.starts_with("*GPU*")).unwrap();
+    assert_eq!(gpu, "*GPU*\nindex unknown (NVIDIA H100 80GB HBM3)");
+    alert.incident.gpu.name = None;
+    let bare = serde_json::to_string(&slack::payload(&AlertDocument::build(&alert))).unwrap();
+    assert!(bare.contains("*GPU*\\nindex unknown (NVML cannot name it)"), "{bare}");
+    assert!(fields.iter().any(|f| f == "*PCI*\n`0000:17:00.0`"));
+    let text = report::render(&doc);
+    assert!(text.contains("\n  Xid 45: 2 time(s)\n"), "{text}");
+    assert!(!text.contains("xid Xid"), "{text}");
+    assert_eq!(doc.notes().len(), 1, "one note, not one per step: {:?}", doc.notes());
+
+    let mut aer = xid79_alert();
+    aer.incident.kind = FindingKind::PcieAer;
+    aer.incident.xid = None;
+    aer.catalog = Some(CatalogText {
+        mnemonic: "pcie_aer".into(),
+        ..CatalogText::default()
+    });
+    let doc = AlertDocument::build(&aer);
+    let text = report::summary(&doc);
+    assert!(text.contains("Fault:     pcie_aer (category"), "{text}");
+    let all = serde_json::to_string(&slack::payload(&doc)).unwrap();
+    assert!(all.contains("*Fault*\\npcie_aer\""), "{all}");
 }

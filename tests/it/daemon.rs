@@ -335,7 +335,8 @@ fn userspace_lines_are_ignored_unless_accepted() {
 
 #[test]
 fn a_storm_is_one_incident_with_exact_counts() {
-    let s = Setup::new("[incidents]\nwindow_secs = 2\n");
+    // No settle delay: this is about the digest after the first alert, not what settles into it.
+    let s = Setup::new("[incidents]\nwindow_secs = 2\nsettle_ms = 0\n");
     let d = s.start();
     d.wait_stderr("caught up");
     let mut storm = String::new();

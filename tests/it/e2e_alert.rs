@@ -176,8 +176,8 @@ fn test_alert_goes_through_every_channel_and_says_so() {
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(doc["test"], true);
     assert_eq!(
-        doc["evidence"][0]["runbook"], "fallback",
-        "real evidence from this machine"
+        doc["evidence"][0]["runbook"], "fallen-off-bus",
+        "real evidence from this machine, from the runbook `xidwatch explain 79` names"
     );
 
     let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
@@ -230,7 +230,14 @@ fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
     }
     std::fs::write(&kmsg, storm).unwrap();
     let (url, got) = receiver();
-    let config = webhook_config(dir.path(), &kmsg, &url, "[incidents]\nwindow_secs = 3\n");
+    // No settle delay: the storm's repeats would all settle into the first alert, and this test
+    // is about the digest that follows it.
+    let config = webhook_config(
+        dir.path(),
+        &kmsg,
+        &url,
+        "[incidents]\nwindow_secs = 3\nsettle_ms = 0\n",
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
         .arg(&config)
@@ -391,6 +398,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         &config,
         format!(
             "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n\
+             [incidents]\nsettle_ms = 0\n\
              [runbooks]\ndirs = [{rb:?}]\nsearch_path = [{:?}]\nallow = [[\"barrier\", {barrier:?}, \"2\"]]\n\
              [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
             dir.path().join("state"),
@@ -548,4 +556,224 @@ fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
         }
     }
     assert!(files > 0);
+}
+
+/// One GPU fault, one page: an AER error, then Xid 79 5 ms later, then its Xid 45 cleanup, all on
+/// one GPU within 50 ms, reach the webhook as exactly one opened alert, led by the Xid 79, with
+/// the AER and the Xid 45 counted in it. When the GPU has been quiet for the quiet period, one
+/// resolved notice for the same incident follows. With `[handoff] scheduler = "slurm"` the page
+/// carries the exact drain command.
+#[test]
+fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(
+        &kmsg,
+        "3,0,9512100231,-;pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0\n\
+         3,1,9512100240,-;nvidia 0000:17:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Inaccessible, (Unregistered Agent ID)\n\
+         3,2,9512105231,-;NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n\
+         4,3,9512150002,-;NVRM: Xid (PCI:0000:17:00): 45, pid=2207, name=python3, Ch 00000010\n",
+    )
+    .unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(
+        dir.path(),
+        &kmsg,
+        &url,
+        "[incidents]\nhost = \"gpu-node-7\"\nwindow_secs = 2\nquiet_secs = 1\nsettle_ms = 500\n\
+         [handoff]\nscheduler = \"slurm\"\n",
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let docs = || -> Vec<serde_json::Value> {
+        got.lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| serde_json::from_str(b).unwrap())
+            .collect()
+    };
+    wait_until("the resolved notice", Duration::from_secs(30), || {
+        docs().iter().any(|d| d["phase"] == "resolved")
+    });
+    // `status` lists it among the recently resolved incidents, in words and in JSON.
+    let status = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
+        cmd.arg("status");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg("--config").arg(&config).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let st: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    let listed = &st["status"]["recently_resolved"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{st:#}");
+    let text = status(false);
+    assert!(text.contains("recently resolved: 1"), "{text}");
+    super::support::sigterm(&child);
+    let out = child.wait_with_output().unwrap();
+    let docs = docs();
+    let opened: Vec<_> = docs.iter().filter(|d| d["phase"] == "opened").collect();
+    assert_eq!(
+        opened.len(),
+        1,
+        "one page: {docs:#?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = opened[0];
+    assert_eq!(page["xid"], 79, "led by the cause: {page:#}");
+    assert_eq!(page["severity"], "critical");
+    assert_eq!(page["findings"][0]["xid"], 79);
+    let echoes = page["echoes"].as_array().unwrap();
+    assert!(
+        echoes.iter().any(|e| e["kind"] == "pcie_aer"),
+        "the AER is in the page: {echoes:?}"
+    );
+    assert!(
+        echoes.iter().any(|e| e["xid"] == 45),
+        "the Xid 45 is in the page: {echoes:?}"
+    );
+    assert_eq!(page["evidence"][0]["runbook"], "fallen-off-bus");
+    // The hand-off: the guide says to drain, so the page carries the exact Slurm command.
+    assert_eq!(
+        page["handoff"]["commands"][0].as_str().unwrap(),
+        format!(
+            "scontrol update NodeName=gpu-node-7 State=DRAIN Reason=\"xidwatch: Xid 79 on 0000:17:00.0 (incident {})\"",
+            page["id"].as_str().unwrap()
+        )
+    );
+    let resolved: Vec<_> = docs.iter().filter(|d| d["phase"] == "resolved").collect();
+    assert_eq!(resolved.len(), 1, "{docs:#?}");
+    assert_eq!(resolved[0]["id"], page["id"]);
+    assert!(resolved[0]["handoff"].is_null(), "nothing to drain once resolved");
+    assert_eq!(listed[0]["id"], page["id"], "status lists the resolved incident");
+    assert!(resolved[0]["headline"]
+        .as_str()
+        .unwrap()
+        .starts_with("[RESOLVED]"));
+}
+
+/// A refused config's page names the file, the line and the key, never the value, and speaks of
+/// no GPU: its words and its evidence are the config's, not the GPU fallback's.
+#[test]
+fn a_refused_config_page_names_the_key_not_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(&kmsg, "").unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(dir.path(), &kmsg, &url, "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let l2 = log.clone();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            l2.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    wait_until("the daemon to watch", Duration::from_secs(30), || {
+        log.lock().unwrap().contains("caught up")
+    });
+    let good = std::fs::read_to_string(&config).unwrap();
+    let bad = good.replace(
+        "[[alerts.webhook]]",
+        "[incidents]\nwindow_secs = 987654321\n[[alerts.webhook]]",
+    );
+    std::fs::write(&config, &bad).unwrap();
+    let line = bad
+        .lines()
+        .position(|l| l.starts_with("window_secs"))
+        .unwrap()
+        + 1;
+    super::support::signal(&child, libc::SIGHUP);
+    wait_until("the refusal page", Duration::from_secs(30), || {
+        !got.lock().unwrap().is_empty()
+    });
+    super::support::sigterm(&child);
+    child.wait().unwrap();
+    let (_, body) = got.lock().unwrap()[0].clone();
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["kind"], "config_rejected", "{doc:#}");
+    let headline = doc["headline"].as_str().unwrap();
+    assert!(
+        headline.contains("incidents.window_secs")
+            && headline.contains(&format!("line {line}"))
+            && headline.contains("xidwatch.toml"),
+        "file, line and key in the headline: {headline}"
+    );
+    assert!(!body.contains("987654321"), "never the value: {body}");
+    for gpu_word in ["GPU", "Xid", "nvidia-smi", "lspci"] {
+        assert!(!body.contains(gpu_word), "no {gpu_word:?} in the page: {doc:#}");
+    }
+    assert_eq!(doc["evidence"][0]["runbook"], "config-rejected");
+}
+
+/// Records lost from the kernel log: the page speaks of the log, not of a GPU; its evidence is
+/// what came right after the gap (what flooded the log), not the Xid lines before it.
+#[test]
+fn an_overrun_page_has_its_own_words_and_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(
+        &kmsg,
+        "3,0,1000,-;NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics Exception\n\
+         6,600,2000,-;mlx5_core 0000:3b:00.0: flood of link state messages\n\
+         6,601,2001,-;mlx5_core 0000:3b:00.0: flood of link state messages\n",
+    )
+    .unwrap();
+    let (url, got) = receiver();
+    let config = webhook_config(dir.path(), &kmsg, &url, "");
+    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let overrun = || {
+        got.lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| serde_json::from_str::<serde_json::Value>(b).unwrap())
+            .find(|d| d["kind"] == "kmsg_overrun")
+    };
+    wait_until("the overrun page", Duration::from_secs(30), || {
+        overrun().is_some()
+    });
+    super::support::sigterm(&child);
+    child.wait_with_output().unwrap();
+    let doc = overrun().unwrap();
+    assert!(
+        doc["headline"].as_str().unwrap().contains("599 records lost"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["evidence"][0]["runbook"], "kernel-log-watch");
+    assert!(doc["gpu"].is_null());
+    let words = format!("{} {}", doc["meaning"], doc["next_steps"]);
+    assert!(!words.contains("Xid catalog"), "not the GPU fallback's words: {words}");
+    let steps = doc["evidence"][0]["steps"].as_array().unwrap();
+    let excerpt = steps
+        .iter()
+        .find(|s| s["kind"] == "kmsg")
+        .map(|s| s["output"].as_str().unwrap_or_default().to_string())
+        .unwrap();
+    assert!(excerpt.contains("flood of link state"), "{excerpt}");
+    assert!(!excerpt.contains("Xid"), "no unrelated Xid lines: {excerpt}");
 }

@@ -12,6 +12,7 @@ mod fleet;
 mod install;
 mod nvml;
 mod ops;
+mod page_cli;
 mod promises;
 mod runbook;
 mod scan_cli;

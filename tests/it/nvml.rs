@@ -779,7 +779,9 @@ impl Wedged {
         std::fs::write(
             p("xidwatch.toml"),
             format!(
-                "[kmsg]\npath = {:?}\n[nvml]\nenabled = true\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\nprocfs_root = {:?}\n[state]\ndir = {:?}\n",
+                "[kmsg]\npath = {:?}\n[nvml]\nenabled = true\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\nprocfs_root = {:?}\n[state]\ndir = {:?}\n\
+                 # Latency here is the pipeline's own: no settle delay before the first alert.\n\
+                 [incidents]\nsettle_ms = 0\n",
                 p("kmsg"),
                 fake_library(),
                 p("sys"),

@@ -186,13 +186,16 @@ fn every_shipped_runbook_loads() {
         names,
         [
             "application",
+            "config-rejected",
             "driver",
             "driver-unresponsive",
             "fallback",
             "fallen-off-bus",
             "gsp",
+            "kernel-log-watch",
             "memory",
             "nvlink",
+            "nvml-unavailable",
             "recovery-action",
             "sxid",
             "thermal-power"
@@ -246,7 +249,11 @@ fn shipped_runbooks_serve_every_class() {
         (FindingKind::DriverInitFailure, Category::Driver, "driver"),
         (FindingKind::ApiMismatch, Category::Driver, "driver"),
         (FindingKind::DriverError, Category::Driver, "driver"),
-        (FindingKind::NvmlUnavailable, Category::Driver, "driver"),
+        (
+            FindingKind::NvmlUnavailable,
+            Category::Driver,
+            "nvml-unavailable",
+        ),
         (
             FindingKind::DriverUnresponsive,
             Category::Driver,
@@ -254,10 +261,21 @@ fn shipped_runbooks_serve_every_class() {
         ),
         (FindingKind::DriverError, Category::Gsp, "gsp"),
         (FindingKind::Sxid, Category::Nvlink, "sxid"),
+        // Watcher health: their own words and evidence, never the GPU fallback's.
         (
             FindingKind::KmsgOverrun,
             Category::Informational,
-            "fallback",
+            "kernel-log-watch",
+        ),
+        (
+            FindingKind::KmsgSequence,
+            Category::Informational,
+            "kernel-log-watch",
+        ),
+        (
+            FindingKind::ConfigRejected,
+            Category::Informational,
+            "config-rejected",
         ),
         (
             FindingKind::GpuIdentity,
