@@ -4,6 +4,7 @@
 //! are printed once, with their whole chain, by `main`.
 
 pub mod explain;
+pub mod gpus;
 pub mod install;
 pub mod logging;
 pub mod render;
@@ -54,6 +55,11 @@ pub enum Command {
     Uninstall(install::UninstallArgs),
     /// Is the daemon running, and what does it see? Exit 0 running, 3 not running.
     Status(status::StatusArgs),
+    /// This boot's GPU inventory as the daemon stored it, or (--diff) what changed since the
+    /// previous boot.
+    Inventory(gpus::InventoryArgs),
+    /// Each GPU's faults across restarts and reboots.
+    History(gpus::HistoryArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -167,5 +173,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Install(args) => install::install(&args),
         Command::Uninstall(args) => install::uninstall(&args),
         Command::Status(args) => status::run(&args),
+        Command::Inventory(args) => gpus::inventory(&args),
+        Command::History(args) => gpus::history(&args),
     }
 }

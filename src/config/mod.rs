@@ -119,6 +119,10 @@ pub struct RawConfig {
     pub alerts: crate::alert::AlertConfig,
     /// `[metrics]`: the optional Prometheus endpoint.
     pub metrics: crate::daemon::metrics::MetricsConfig,
+    /// `[health]`, `[inventory]`, `[history]`: see docs/health.md.
+    pub health: crate::health::HealthConfig,
+    pub inventory: crate::health::config::InventoryConfig,
+    pub history: crate::health::config::HistoryConfig,
 }
 
 /// A validated configuration.
@@ -137,6 +141,9 @@ pub struct Config {
     pub overrides: XidOverrides,
     pub alerts: crate::alert::AlertConfig,
     pub metrics: crate::daemon::metrics::MetricsConfig,
+    pub health: crate::health::HealthConfig,
+    pub inventory: crate::health::config::InventoryConfig,
+    pub history: crate::health::config::HistoryConfig,
 }
 
 /// A config error, always naming the file.
@@ -234,6 +241,8 @@ impl Config {
                 ))
             })?;
         raw.metrics.validate().map_err(invalid)?;
+        crate::health::config::validate(&raw.health, &raw.inventory, &raw.history)
+            .map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {
             if let Some(name) = &o.runbook {
@@ -263,6 +272,9 @@ impl Config {
             overrides,
             alerts: raw.alerts,
             metrics: raw.metrics,
+            health: raw.health,
+            inventory: raw.inventory,
+            history: raw.history,
         })
     }
 }

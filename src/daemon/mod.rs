@@ -10,6 +10,7 @@
 pub mod control;
 pub mod metrics;
 pub mod notify;
+pub mod health;
 pub mod nvml;
 pub mod probe;
 pub mod serve;
@@ -169,7 +170,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // nvml.call_timeout_secs (capped at nvml::NVML_OPEN_LIMIT). Failures become findings, said
     // once.
     let (mut nvml_link, nvml_now) =
-        nvml::start(cfg, &tel, &mut classifier, &mut stats, probe_memory).await?;
+        nvml::start(cfg, &tel, &mut classifier, &mut stats, probe_memory, &boot_hex).await?;
     for f in nvml_now {
         push(
             &tel,
@@ -248,6 +249,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         tel: tel.clone(),
         tasks: tokio::task::JoinSet::new(),
         stop_runbooks: tokio::sync::watch::channel(false).0,
+        pages: nvml_link.pages(),
     };
     let mut acks = Acks::default();
     let mut ckpt = Checkpointer {
@@ -891,6 +893,8 @@ struct Emitter {
     tasks: tokio::task::JoinSet<()>,
     /// Tells running runbooks to give up (shutdown).
     stop_runbooks: tokio::sync::watch::Sender<bool>,
+    /// The GPU's history and inventory diff, put on each page before the runbook's evidence.
+    pages: health::Pages,
 }
 
 /// New incidents waiting for (or running) their runbook, at most; past this an incident's alert
@@ -951,8 +955,8 @@ impl Emitter {
             let catalog = Some(catalog_text(&inc));
             let alert = crate::alert::Alert {
                 catalog,
+                evidence: self.pages.annotate(&inc),
                 incident: inc,
-                evidence: Vec::new(),
             };
             let opened =
                 alert.incident.phase == crate::model::IncidentPhase::Opened && !alert.incident.test;
@@ -1025,7 +1029,7 @@ impl Emitter {
                 });
                 tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
             }
-            alert.evidence = evidence.into_iter().collect();
+            alert.evidence.extend(evidence);
             if let Err(e) = sender.attach_evidence(alert).await {
                 tracing::error!("alert stage: {e}");
             }

@@ -1,0 +1,508 @@
+//! Health checks: NVML readings polled on an interval (by `daemon::health`), judged here.
+//!
+//! Pure: [`Checks::observe`] takes one poll's readings and the monotonic time, and returns the
+//! findings. Every check has a sustain rule (a window of time, or a number of polls in a row), so
+//! one hot or throttled sample is not a page; a check reports once when its condition has held for
+//! the whole window, and again only after the condition has cleared. Severities come from
+//! `classify::signals`, the words for the on-call from `classify::guidance`.
+//!
+//! The PCIe rule: a GPU at idle lowers its link (generation, sometimes width) to save power, so a
+//! link below its maximum at idle is normal. The link is judged only while the GPU is busy
+//! (utilization at or above `busy_util_percent`), for `polls` busy polls in a row. A busy GPU
+//! trains its link back to the maximum within milliseconds, so a busy GPU below its maximum is
+//! really degraded. The highest link seen since start is kept and named in the finding.
+
+pub mod config;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use config::HealthConfig;
+
+use crate::classify::signals;
+use crate::model::{Detail, Finding, FindingKind, Origin, PciAddress, RecoveryAction};
+use crate::source::nvml::health::{
+    GpuReading, THROTTLE_HW_POWER_BRAKE, THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL,
+};
+
+/// What is remembered per GPU between polls.
+#[derive(Debug, Default, Clone)]
+struct GpuState {
+    hot_since: Option<Duration>,
+    hot_told: bool,
+    throttle_polls: u32,
+    throttle_told: bool,
+    link_polls: u32,
+    link_told: bool,
+    best_gen: u32,
+    best_width: u32,
+    repair_told: Option<(bool, bool, bool)>,
+    dbe_last: Option<u64>,
+    recovery_told: Option<u32>,
+    power_since: Option<Duration>,
+    power_told: bool,
+    persistence_told: bool,
+}
+
+/// The checks and their memory.
+#[derive(Debug)]
+pub struct Checks {
+    cfg: HealthConfig,
+    gpus: BTreeMap<u32, GpuState>,
+}
+
+impl Checks {
+    pub fn new(cfg: HealthConfig) -> Checks {
+        Checks {
+            cfg,
+            gpus: BTreeMap::new(),
+        }
+    }
+
+    /// The checks in force.
+    pub fn config(&self) -> &HealthConfig {
+        &self.cfg
+    }
+
+    /// Judges one poll. `now` is monotonic time (any origin, never going back).
+    pub fn observe(&mut self, readings: &[GpuReading], now: Duration) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for r in readings {
+            if r.lost {
+                // The lost-GPU probe and NVML's own event report that; readings of a lost GPU
+                // mean nothing.
+                continue;
+            }
+            let st = self.gpus.entry(r.index).or_default();
+            let cfg = &self.cfg;
+            if cfg.temperature.enabled {
+                temperature(cfg, st, r, now, &mut out);
+            }
+            if cfg.throttling.enabled {
+                throttling(cfg, st, r, &mut out);
+            }
+            if cfg.pcie_link.enabled {
+                pcie_link(cfg, st, r, &mut out);
+            }
+            if cfg.memory_repair.enabled {
+                memory_repair(st, r, &mut out);
+            }
+            if cfg.ecc.enabled {
+                ecc(st, r, &mut out);
+            }
+            if cfg.recovery_action.enabled {
+                recovery(st, r, &mut out);
+            }
+            if cfg.power.enabled {
+                power(cfg, st, r, now, &mut out);
+            }
+            if cfg.persistence_mode.enabled && r.persistence == Some(false) && !st.persistence_told
+            {
+                st.persistence_told = true;
+                out.push(finding(
+                    FindingKind::PersistenceModeOff,
+                    None,
+                    r,
+                    "Persistence mode is off".into(),
+                    "persistence mode: disabled".into(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The temperature a GPU must reach: the configured threshold, or the GPU's own slowdown
+/// threshold minus the margin, whichever is lower.
+pub fn temperature_limit(cfg: &HealthConfig, r: &GpuReading) -> u32 {
+    let own = r
+        .slowdown_c
+        .map(|s| s.saturating_sub(cfg.temperature.slowdown_margin_celsius));
+    own.map_or(cfg.temperature.threshold_celsius, |o| {
+        o.min(cfg.temperature.threshold_celsius)
+    })
+}
+
+fn temperature(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let Some(t) = r.temp_c else { return };
+    let limit = temperature_limit(cfg, r);
+    if t < limit {
+        st.hot_since = None;
+        st.hot_told = false;
+        return;
+    }
+    let since = *st.hot_since.get_or_insert(now);
+    let held = now.saturating_sub(since);
+    if !st.hot_told && held >= Duration::from_secs(cfg.temperature.sustain_secs) {
+        st.hot_told = true;
+        let slowdown = r
+            .slowdown_c
+            .map_or(String::new(), |s| format!(", slowdown at {s} °C"));
+        out.push(finding(
+            FindingKind::GpuTemperature,
+            None,
+            r,
+            format!("GPU at {t} °C for {} s (limit {limit} °C)", held.as_secs()),
+            format!(
+                "temperature {t} °C, at or above {limit} °C for {} s{slowdown}",
+                held.as_secs()
+            ),
+        ));
+    }
+}
+
+fn throttling(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let Some(bits) = r.throttle else { return };
+    let hw = bits & (THROTTLE_HW_SLOWDOWN | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE);
+    if hw == 0 {
+        st.throttle_polls = 0;
+        st.throttle_told = false;
+        return;
+    }
+    st.throttle_polls += 1;
+    if !st.throttle_told && st.throttle_polls >= cfg.throttling.polls {
+        st.throttle_told = true;
+        let mut names = Vec::new();
+        if hw & THROTTLE_HW_SLOWDOWN != 0 {
+            names.push("HW slowdown");
+        }
+        if hw & THROTTLE_HW_THERMAL != 0 {
+            names.push("HW thermal slowdown");
+        }
+        if hw & THROTTLE_HW_POWER_BRAKE != 0 {
+            names.push("HW power brake");
+        }
+        let names = names.join(", ");
+        out.push(finding(
+            FindingKind::GpuThrottling,
+            None,
+            r,
+            format!("GPU slowed down by the hardware: {names}"),
+            format!(
+                "throttle reasons {bits:#x} ({names}) active for {} polls in a row",
+                st.throttle_polls
+            ),
+        ));
+    }
+}
+
+fn pcie_link(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let (Some(g), Some(gm), Some(w), Some(wm)) =
+        (r.link_gen, r.link_gen_max, r.link_width, r.link_width_max)
+    else {
+        return;
+    };
+    st.best_gen = st.best_gen.max(g);
+    st.best_width = st.best_width.max(w);
+    let busy = r
+        .util_pct
+        .is_some_and(|u| u >= cfg.pcie_link.busy_util_percent);
+    if !busy {
+        // Idle: the link may be down to save power. Neither counts nor clears.
+        return;
+    }
+    if g >= gm && w >= wm {
+        st.link_polls = 0;
+        st.link_told = false;
+        return;
+    }
+    st.link_polls += 1;
+    if !st.link_told && st.link_polls >= cfg.pcie_link.polls {
+        st.link_told = true;
+        out.push(finding(
+            FindingKind::PcieLinkDegraded,
+            None,
+            r,
+            format!("PCIe link at Gen{g} x{w}, below its maximum Gen{gm} x{wm}, under load"),
+            format!(
+                "PCIe link Gen{g} x{w} of Gen{gm} x{wm} with the GPU {}% busy, for {} busy polls; highest seen since start Gen{} x{}",
+                r.util_pct.unwrap_or(0),
+                st.link_polls,
+                st.best_gen,
+                st.best_width
+            ),
+        ));
+    }
+}
+
+fn memory_repair(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let pending = r.remap.is_some_and(|m| m.pending);
+    let failed = r.remap.is_some_and(|m| m.failed);
+    let pages = r.pages_pending == Some(true);
+    let now = (pending, failed, pages);
+    if !pending && !failed && !pages {
+        st.repair_told = None;
+        return;
+    }
+    if st.repair_told == Some(now) {
+        return;
+    }
+    st.repair_told = Some(now);
+    let mut what = Vec::new();
+    if failed {
+        what.push("row remapping failed");
+    }
+    if pending {
+        what.push("row remapping pending");
+    }
+    if pages {
+        what.push("pages pending retirement");
+    }
+    let counts = r.remap.map_or(String::new(), |m| {
+        format!(
+            "; remapped rows: {} correctable, {} uncorrectable",
+            m.correctable, m.uncorrectable
+        )
+    });
+    out.push(finding(
+        FindingKind::MemoryRepair,
+        Some(Detail::MemoryRepair {
+            remap_pending: pending,
+            remap_failed: failed,
+            pages_pending: pages,
+        }),
+        r,
+        format!("GPU memory needs repair: {}", what.join(", ")),
+        format!("{}{counts}", what.join(", ")),
+    ));
+}
+
+fn ecc(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let Some(n) = r.dbe_volatile else { return };
+    let before = st.dbe_last.replace(n);
+    if let Some(b) = before {
+        if n > b {
+            out.push(finding(
+                FindingKind::EccDbeIncrease,
+                None,
+                r,
+                format!("Uncorrectable ECC errors went up by {}", n - b),
+                format!("volatile double-bit ECC count {b} -> {n}"),
+            ));
+        }
+    }
+}
+
+/// NVML's recovery action values.
+fn recovery_of(v: u32) -> RecoveryAction {
+    match v {
+        0 => RecoveryAction::None,
+        1 => RecoveryAction::GpuReset,
+        2 => RecoveryAction::NodeReboot,
+        3 => RecoveryAction::DrainP2p,
+        4 => RecoveryAction::DrainAndReset,
+        other => RecoveryAction::Other(format!("recovery action {other}")),
+    }
+}
+
+fn recovery(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let Some(v) = r.recovery else { return };
+    if v == 0 {
+        st.recovery_told = None;
+        return;
+    }
+    if st.recovery_told == Some(v) {
+        return;
+    }
+    st.recovery_told = Some(v);
+    let to = recovery_of(v);
+    let words = to.describe();
+    out.push(finding(
+        FindingKind::RecoveryAction,
+        Some(Detail::Recovery {
+            from: RecoveryAction::None,
+            to,
+        }),
+        r,
+        format!("NVML asks for a recovery action: {words}"),
+        format!("GPU recovery action (field {}) = {v}: {words}", 230),
+    ));
+}
+
+fn power(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let (Some(p), Some(l)) = (r.power_mw, r.limit_mw) else {
+        return;
+    };
+    let over = u64::from(l) * (100 + u64::from(cfg.power.margin_percent)) / 100;
+    if u64::from(p) <= over || l == 0 {
+        st.power_since = None;
+        st.power_told = false;
+        return;
+    }
+    let since = *st.power_since.get_or_insert(now);
+    let held = now.saturating_sub(since);
+    if !st.power_told && held >= Duration::from_secs(cfg.power.sustain_secs) {
+        st.power_told = true;
+        out.push(finding(
+            FindingKind::PowerOverLimit,
+            None,
+            r,
+            format!(
+                "GPU draws {} W over its {} W limit for {} s",
+                p / 1000,
+                l / 1000,
+                held.as_secs()
+            ),
+            format!(
+                "power draw {p} mW above the enforced limit {l} mW (+{}%) for {} s",
+                cfg.power.margin_percent,
+                held.as_secs()
+            ),
+        ));
+    }
+}
+
+fn finding(
+    kind: FindingKind,
+    detail: Option<Detail>,
+    r: &GpuReading,
+    title: String,
+    what: String,
+) -> Finding {
+    let mut f = signals::finding(kind, detail, title);
+    f.pci = r.pci;
+    let at = r
+        .pci
+        .map_or_else(|| format!("GPU {}", r.index), |p| p.to_string());
+    f.message = format!("NVML health check: {what}");
+    f.origin = Origin {
+        line: 0,
+        lines: 1,
+        raw: vec![format!("NVML: {what} on {at}")],
+        ..Origin::default()
+    };
+    f
+}
+
+/// GPUs expected but not present, by PCI address (when the baseline names them), for the
+/// critical `gpu_missing` finding. `present` is what NVML (or, without NVML, the bus) shows now.
+pub fn missing_gpus(
+    expected: usize,
+    known: &[PciAddress],
+    present: &[PciAddress],
+) -> (usize, Vec<PciAddress>) {
+    let gone: Vec<PciAddress> = known
+        .iter()
+        .filter(|p| !present.contains(p))
+        .copied()
+        .collect();
+    (expected.saturating_sub(present.len()), gone)
+}
+
+/// The `gpu_missing` findings for a count below the expected one: one per address that is gone
+/// (named from the baseline), or one host-wide finding when the baseline cannot name them.
+pub fn count_findings(
+    expected: usize,
+    known: &[PciAddress],
+    present: &[PciAddress],
+) -> Vec<Finding> {
+    let (short, gone) = missing_gpus(expected, known, present);
+    if short == 0 {
+        return Vec::new();
+    }
+    let head = format!("{} of {expected} expected GPUs present", present.len());
+    let mk = |pci: Option<PciAddress>, title: String| {
+        let mut f = signals::finding(FindingKind::GpuMissing, None, title);
+        f.pci = pci;
+        f.message = format!("GPU count check: {head}");
+        f.origin = Origin {
+            line: 0,
+            lines: 1,
+            raw: vec![format!(
+                "GPU count: {head}; gone: {}",
+                if gone.is_empty() {
+                    "(the baseline does not name them)".to_string()
+                } else {
+                    gone.iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )],
+            ..Origin::default()
+        };
+        f
+    };
+    if gone.is_empty() {
+        return vec![mk(None, format!("GPU missing: {head}"))];
+    }
+    gone.iter()
+        .map(|p| mk(Some(*p), format!("GPU {p} is missing: {head}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hot(t: u32) -> GpuReading {
+        GpuReading {
+            index: 0,
+            pci: PciAddress::parse("0000:17:00.0").ok(),
+            temp_c: Some(t),
+            slowdown_c: Some(92),
+            ..GpuReading::default()
+        }
+    }
+
+    #[test]
+    fn temperature_needs_the_whole_window_and_reports_once() {
+        let mut c = Checks::new(HealthConfig::default());
+        let s = Duration::from_secs;
+        // Limit: min(85, 92 - 5) = 85.
+        assert_eq!(temperature_limit(c.config(), &hot(0)), 85);
+        assert!(c.observe(&[hot(90)], s(0)).is_empty());
+        assert!(c.observe(&[hot(90)], s(200)).is_empty());
+        assert!(c.observe(&[hot(70)], s(230)).is_empty(), "cleared");
+        assert!(c.observe(&[hot(90)], s(260)).is_empty());
+        assert!(c.observe(&[hot(90)], s(500)).is_empty());
+        let f = c.observe(&[hot(91)], s(560));
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].kind, FindingKind::GpuTemperature);
+        assert!(c.observe(&[hot(91)], s(590)).is_empty(), "said once");
+    }
+
+    #[test]
+    fn an_idle_link_is_not_degraded_and_a_busy_one_is() {
+        let mut c = Checks::new(HealthConfig::default());
+        let link = |w, util| GpuReading {
+            link_gen: Some(if util > 0 { 5 } else { 1 }),
+            link_gen_max: Some(5),
+            link_width: Some(w),
+            link_width_max: Some(16),
+            util_pct: Some(util),
+            ..hot(40)
+        };
+        for _ in 0..5 {
+            assert!(c.observe(&[link(4, 0)], Duration::ZERO).is_empty());
+        }
+        assert!(c.observe(&[link(4, 95)], Duration::ZERO).is_empty());
+        let f = c.observe(&[link(4, 95)], Duration::ZERO);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].title.contains("x4"), "{}", f[0].title);
+    }
+
+    #[test]
+    fn count_names_the_gone_addresses() {
+        let a = PciAddress::parse("0000:17:00.0").unwrap();
+        let b = PciAddress::parse("0000:2a:00.0").unwrap();
+        let f = count_findings(2, &[a, b], &[a]);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].pci, Some(b));
+        assert_eq!(f[0].severity, crate::model::Severity::Critical);
+        assert!(count_findings(2, &[a, b], &[a, b]).is_empty());
+        assert_eq!(count_findings(3, &[], &[a]).len(), 1);
+    }
+}
