@@ -260,6 +260,15 @@ impl Pages {
     }
 }
 
+/// The page's evidence in reading order: a repeat offender's escalation first (its next steps are
+/// the page's), then the runbook's, then the history and the inventory diff.
+pub fn merge(pages: Vec<Evidence>, runbook: Option<Evidence>) -> Vec<Evidence> {
+    let (first, rest): (Vec<Evidence>, Vec<Evidence>) = pages
+        .into_iter()
+        .partition(|e| !e.next_steps.trim().is_empty());
+    first.into_iter().chain(runbook).chain(rest).collect()
+}
+
 fn diff_evidence(changes: &[&Change], host: &str, now: u64) -> Evidence {
     let lines: Vec<String> = changes.iter().map(|c| c.describe()).collect();
     Evidence {

@@ -1029,7 +1029,7 @@ impl Emitter {
                 });
                 tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
             }
-            alert.evidence.extend(evidence);
+            alert.evidence = health::merge(std::mem::take(&mut alert.evidence), evidence);
             if let Err(e) = sender.attach_evidence(alert).await {
                 tracing::error!("alert stage: {e}");
             }

@@ -6,6 +6,7 @@ mod catalog_current;
 mod classify;
 mod daemon;
 mod e2e_alert;
+mod health;
 mod install;
 mod nvml;
 mod ops;
