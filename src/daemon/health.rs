@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::nvml::NvmlMsg;
 use super::probe::Probe;
+use super::telemetry::HealthGauges;
 use crate::health::config::HistoryConfig;
 use crate::health::{count_findings, Checks, HealthConfig};
 use crate::history::History;
@@ -114,6 +115,7 @@ pub async fn health_loop(
     let enabled = cfg.enabled;
     let mut checks = Checks::new(cfg);
     let mut told_missing: Vec<Option<PciAddress>> = Vec::new();
+    let mut last_gauges = HealthGauges::default();
     loop {
         timer.tick().await;
         let w = worker.clone();
@@ -141,6 +143,20 @@ pub async fn health_loop(
             Some(r) => checks.observe(&r, start.elapsed()),
             None => Vec::new(),
         };
+        let gauges = HealthGauges {
+            expected_gpus: expected.count.map(|c| c as u64),
+            present_gpus: present.as_ref().map(|p| p.len() as u64),
+            failing: checks
+                .failing()
+                .into_iter()
+                .map(|(k, pci)| {
+                    (
+                        k.as_str().to_string(),
+                        pci.map_or_else(String::new, |p| p.to_string()),
+                    )
+                })
+                .collect(),
+        };
         if let (Some(count), Some(present)) = (expected.count, present) {
             let missing = count_findings(count, &expected.known, &present);
             let now: Vec<Option<PciAddress>> = missing.iter().map(|f| f.pci).collect();
@@ -152,7 +168,11 @@ pub async fn health_loop(
             // A GPU that came back may be reported again if it goes.
             told_missing = now;
         }
-        if !found.is_empty() && tx.send(NvmlMsg::Health(found)).await.is_err() {
+        if found.is_empty() && gauges == last_gauges {
+            continue;
+        }
+        last_gauges = gauges.clone();
+        if tx.send(NvmlMsg::Health(found, gauges)).await.is_err() {
             return;
         }
     }

@@ -36,8 +36,8 @@ pub enum NvmlMsg {
     /// One probe round's findings (GPUs missing from NVML's view or gone from the bus), and
     /// what the probe remembers after it (saved with the daemon's checkpoint).
     Probe(Vec<Finding>, super::probe::Memory),
-    /// One health round's findings (checks, the GPU count).
-    Health(Vec<Finding>),
+    /// One health round's findings (checks, the GPU count) and its gauges.
+    Health(Vec<Finding>, super::telemetry::HealthGauges),
 }
 
 /// NVML as the daemon holds it.
@@ -261,13 +261,16 @@ impl NvmlLink {
                     })
                     .collect()
             }
-            NvmlMsg::Health(found) => found
-                .into_iter()
-                .map(|mut f| {
-                    self.identify(&mut f);
-                    (f, Origin::Nvml)
-                })
-                .collect(),
+            NvmlMsg::Health(found, gauges) => {
+                tel.set_health(gauges);
+                found
+                    .into_iter()
+                    .map(|mut f| {
+                        self.identify(&mut f);
+                        (f, Origin::Nvml)
+                    })
+                    .collect()
+            }
             NvmlMsg::Event(ev) => {
                 match &ev {
                     NvmlEvent::Watching { notes } => {

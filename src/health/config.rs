@@ -261,3 +261,38 @@ pub fn validate(h: &HealthConfig, i: &InventoryConfig, hist: &HistoryConfig) -> 
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_key_is_named_when_out_of_range() {
+        let text = "[health]\ninterval_secs = 0\n";
+        let e = crate::config::Config::from_toml(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("health.interval_secs = 0"), "{e}");
+        let text = "[health.pcie_link]\nbusy_util_percent = 101\n";
+        let e = crate::config::Config::from_toml(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("health.pcie_link.busy_util_percent"), "{e}");
+        let text = "[history.repeat]\ncount = 1\n";
+        let e = crate::config::Config::from_toml(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("history.repeat.count"), "{e}");
+        let text = "[health.temperature]\nthreshold = 80\n";
+        let e = crate::config::Config::from_toml(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("threshold"), "unknown keys are refused: {e}");
+        let text = "[health.temperature]\nenabled = false\n[inventory]\nexpected_gpus = 8\n[history.repeat]\nmin_severity = \"warning\"\n";
+        let c = crate::config::Config::from_toml(text, None).unwrap();
+        assert!(!c.health.temperature.enabled);
+        assert_eq!(c.inventory.expected_gpus, Some(8));
+        assert_eq!(
+            c.history.repeat.min_severity,
+            crate::model::Severity::Warning
+        );
+    }
+}

@@ -28,6 +28,7 @@ use crate::source::nvml::health::{
 /// What is remembered per GPU between polls.
 #[derive(Debug, Default, Clone)]
 struct GpuState {
+    pci: Option<PciAddress>,
     hot_since: Option<Duration>,
     hot_told: bool,
     throttle_polls: u32,
@@ -64,6 +65,28 @@ impl Checks {
         &self.cfg
     }
 
+    /// The checks whose finding was raised and whose condition still holds, per GPU: the
+    /// `xidwatch_health_check_failing` gauge. The ECC check reports increases, not a state.
+    pub fn failing(&self) -> Vec<(FindingKind, Option<PciAddress>)> {
+        let mut out = Vec::new();
+        for st in self.gpus.values() {
+            for (on, kind) in [
+                (st.hot_told, FindingKind::GpuTemperature),
+                (st.throttle_told, FindingKind::GpuThrottling),
+                (st.link_told, FindingKind::PcieLinkDegraded),
+                (st.repair_told.is_some(), FindingKind::MemoryRepair),
+                (st.recovery_told.is_some(), FindingKind::RecoveryAction),
+                (st.power_told, FindingKind::PowerOverLimit),
+                (st.persistence_told, FindingKind::PersistenceModeOff),
+            ] {
+                if on {
+                    out.push((kind, st.pci));
+                }
+            }
+        }
+        out
+    }
+
     /// Judges one poll. `now` is monotonic time (any origin, never going back).
     pub fn observe(&mut self, readings: &[GpuReading], now: Duration) -> Vec<Finding> {
         let mut out = Vec::new();
@@ -74,6 +97,7 @@ impl Checks {
                 continue;
             }
             let st = self.gpus.entry(r.index).or_default();
+            st.pci = r.pci;
             let cfg = &self.cfg;
             if cfg.temperature.enabled {
                 temperature(cfg, st, r, now, &mut out);
@@ -95,6 +119,9 @@ impl Checks {
             }
             if cfg.power.enabled {
                 power(cfg, st, r, now, &mut out);
+            }
+            if r.persistence == Some(true) {
+                st.persistence_told = false;
             }
             if cfg.persistence_mode.enabled && r.persistence == Some(false) && !st.persistence_told
             {

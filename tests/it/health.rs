@@ -263,6 +263,14 @@ fn a_sustained_temperature_opens_one_incident_and_a_spike_does_not() {
     std::thread::sleep(Duration::from_millis(3200));
     let all = d.of_kind("gpu_temperature");
     assert_eq!(all.len(), 1, "{all:#?}");
+    // The gauge names the failing check and its GPU, and nothing else.
+    let status: serde_json::Value =
+        serde_json::from_str(&m.cli(&config, &["status", "--json"])).unwrap();
+    assert_eq!(
+        status["status"]["health"]["failing"],
+        serde_json::json!([["gpu_temperature", "0000:2a:00.0"]]),
+        "{status:#}"
+    );
     d.stop();
 }
 
