@@ -827,6 +827,9 @@ async fn reload(
             new.incidents.host != current.incidents.host,
         ),
         ("metrics", new.metrics != current.metrics),
+        ("health", new.health != current.health),
+        ("inventory", new.inventory != current.inventory),
+        ("history", new.history != current.history),
     ] {
         if changed {
             tracing::warn!("{what} changed: it takes effect at the next restart");
@@ -865,6 +868,9 @@ async fn reload(
     applied.nvml = current.nvml.clone();
     applied.incidents.host = current.incidents.host.clone();
     applied.metrics = current.metrics.clone();
+    applied.health = current.health.clone();
+    applied.inventory = current.inventory.clone();
+    applied.history = current.history.clone();
     *current = applied;
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());

@@ -522,6 +522,102 @@ mod tests {
     }
 
     #[test]
+    fn throttling_ecc_repair_recovery_power_and_persistence() {
+        use crate::model::Severity;
+        use crate::source::nvml::health::RemapCounts;
+        let mut c = Checks::new(HealthConfig::default());
+        let z = Duration::ZERO;
+        let kinds = |f: &[Finding]| f.iter().map(|f| f.kind).collect::<Vec<_>>();
+        // Throttling: software power capping (0x4) is policy; power brake for 4 polls is a finding.
+        let thr = |bits| GpuReading {
+            throttle: Some(bits),
+            ..hot(40)
+        };
+        for _ in 0..6 {
+            assert!(c.observe(&[thr(0x4)], z).is_empty());
+        }
+        for _ in 0..3 {
+            assert!(c.observe(&[thr(0x80)], z).is_empty());
+        }
+        assert_eq!(
+            kinds(&c.observe(&[thr(0x80)], z)),
+            [FindingKind::GpuThrottling]
+        );
+        assert_eq!(c.failing(), [(FindingKind::GpuThrottling, hot(0).pci)]);
+        assert!(c.observe(&[thr(0)], z).is_empty());
+        assert!(c.failing().is_empty(), "cleared");
+
+        // ECC: an increase over the previous poll, not a count left from before.
+        let dbe = |n| GpuReading {
+            dbe_volatile: Some(n),
+            ..hot(40)
+        };
+        assert!(c.observe(&[dbe(3)], z).is_empty());
+        assert!(c.observe(&[dbe(3)], z).is_empty());
+        let f = c.observe(&[dbe(5)], z);
+        assert_eq!(kinds(&f), [FindingKind::EccDbeIncrease]);
+        assert_eq!(f[0].severity, Severity::Critical);
+
+        // Memory repair: pending is a warning, failed critical; said when the state changes.
+        let rep = |pending, failed| GpuReading {
+            remap: Some(RemapCounts {
+                correctable: 0,
+                uncorrectable: 1,
+                pending,
+                failed,
+            }),
+            ..hot(40)
+        };
+        let f = c.observe(&[rep(true, false)], z);
+        assert_eq!(f[0].severity, Severity::Warning);
+        assert!(c.observe(&[rep(true, false)], z).is_empty());
+        let f = c.observe(&[rep(true, true)], z);
+        assert_eq!(f[0].severity, Severity::Critical, "{f:?}");
+
+        // Recovery action: a GPU reset asked for, at the first poll.
+        let mut c = Checks::new(HealthConfig::default());
+        let rec = |v| GpuReading {
+            recovery: Some(v),
+            ..hot(40)
+        };
+        assert!(c.observe(&[rec(0)], z).is_empty());
+        let f = c.observe(&[rec(1)], z);
+        assert_eq!(f[0].severity, Severity::Critical);
+        assert!(f[0].title.contains("GPU reset"), "{}", f[0].title);
+        assert!(c.observe(&[rec(1)], z).is_empty());
+
+        // Power: over the limit by more than 5 % for 300 s.
+        let pw = |mw| GpuReading {
+            power_mw: Some(mw),
+            limit_mw: Some(700_000),
+            ..hot(40)
+        };
+        let s = Duration::from_secs;
+        assert!(
+            c.observe(&[pw(720_000)], s(0)).is_empty(),
+            "within the margin"
+        );
+        assert!(c.observe(&[pw(760_000)], s(10)).is_empty());
+        assert!(c.observe(&[pw(760_000)], s(200)).is_empty());
+        assert_eq!(
+            kinds(&c.observe(&[pw(760_000)], s(310))),
+            [FindingKind::PowerOverLimit]
+        );
+
+        // Persistence off: info, once; each check can be turned off.
+        let off = GpuReading {
+            persistence: Some(false),
+            ..hot(40)
+        };
+        let f = c.observe(&[off.clone()], z);
+        assert_eq!(f[0].severity, Severity::Info);
+        assert!(c.observe(&[off.clone()], z).is_empty());
+        let mut cfg = HealthConfig::default();
+        cfg.persistence_mode.enabled = false;
+        assert!(Checks::new(cfg).observe(&[off], z).is_empty());
+    }
+
+    #[test]
     fn count_names_the_gone_addresses() {
         let a = PciAddress::parse("0000:17:00.0").unwrap();
         let b = PciAddress::parse("0000:2a:00.0").unwrap();

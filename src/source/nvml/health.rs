@@ -163,7 +163,7 @@ fn ok<T>(lost: &mut bool, res: Result<T, NvmlError>) -> Option<T> {
 }
 
 /// `nvmlDeviceGetRemappedRows`, which nvml-wrapper 0.13 loads but does not wrap.
-fn remapped_rows(nvml: &Nvml, d: &Device) -> Result<RemapCounts, NvmlError> {
+pub(super) fn remapped_rows(nvml: &Nvml, d: &Device) -> Result<RemapCounts, NvmlError> {
     let lib = nvml.lib();
     // The sys crate's method `expect`s the symbol: a library without it must not get there.
     if lib.nvmlDeviceGetRemappedRows.is_err() {
