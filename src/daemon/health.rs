@@ -259,19 +259,31 @@ impl Pages {
             }
             summary.map(|_| {
                 g.generation += 1;
-                (g.generation, g.history.clone(), g.state_dir.clone())
+                g.generation
             })
         };
-        if let Some((generation, history, dir)) = snapshot {
-            let writer = self.writer.clone();
-            // A slow disk must not hold the pipeline; writes keep their order by generation.
+        if let Some(generation) = snapshot {
+            let (writer, inner) = (self.writer.clone(), self.inner.clone());
+            // A slow disk must not hold the pipeline: serialised and written on a blocking
+            // thread, in generation order (a write overtaken by a newer one is skipped).
             tokio::task::spawn_blocking(move || {
                 let mut last = writer.lock().unwrap_or_else(|p| p.into_inner());
                 if *last >= generation {
                     return;
                 }
-                *last = generation;
-                if let Err(e) = crate::history::save(&dir, &history) {
+                let (bytes, dir, now_gen) = {
+                    let g = inner.lock().unwrap_or_else(|p| p.into_inner());
+                    (
+                        serde_json::to_vec(&g.history),
+                        g.state_dir.clone(),
+                        g.generation,
+                    )
+                };
+                *last = now_gen;
+                let written = bytes
+                    .map_err(anyhow::Error::from)
+                    .and_then(|b| crate::history::save_bytes(&dir, &b));
+                if let Err(e) = written {
                     crate::state::log_write_error("history", &format!("{e:#}"));
                 }
             });

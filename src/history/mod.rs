@@ -22,6 +22,9 @@ const MAX_FILE: u64 = 32 << 20;
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
 
+/// Earlier events listed on a page, at most (the most recent ones).
+const MAX_LISTED: usize = 20;
+
 /// One fault on one board.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
@@ -76,7 +79,8 @@ pub struct Summary {
     pub window_days: u64,
     /// The repeat-offender rule matched.
     pub repeat_offender: bool,
-    /// The earlier events of the same fault on this board in the window, oldest first.
+    /// The most recent earlier events of the same fault on this board in the window (at most
+    /// 20), oldest first.
     pub earlier: Vec<Event>,
     pub board: String,
     pub what: String,
@@ -143,31 +147,44 @@ impl History {
         }
         self.compact(cfg, now_ms);
         let same = |e: &&Event| e.board == board && e.kind == inc.kind.as_str() && e.xid == inc.xid;
-        let within = |days: u64| {
-            let from = now_ms.saturating_sub(days.saturating_mul(DAY_MS));
-            self.events
-                .iter()
-                .filter(same)
-                .filter(move |e| e.at_ms >= from)
-                .cloned()
-                .collect::<Vec<_>>()
-        };
-        let window = within(cfg.window_days);
+        let from = |days: u64| now_ms.saturating_sub(days.saturating_mul(DAY_MS));
+        let (window_from, rule_from) = (from(cfg.window_days), from(cfg.repeat.window_days));
+        let count_in_window = self
+            .events
+            .iter()
+            .filter(same)
+            .filter(|e| e.at_ms >= window_from)
+            .count();
         let rule = &cfg.repeat;
         let repeat_offender = rule.enabled
             && inc.severity >= rule.min_severity
-            && within(rule.window_days).len() >= rule.count as usize;
-        let earlier: Vec<Event> = window
+            && self
+                .events
+                .iter()
+                .filter(same)
+                .filter(|e| e.at_ms >= rule_from)
+                .count()
+                >= rule.count as usize;
+        // The most recent earlier events only: a page lists a few, the count says how many.
+        let mut earlier: Vec<Event> = self
+            .events
             .iter()
-            .filter(|e| e.incident != inc.id)
+            .rev()
+            .filter(same)
+            .filter(|e| e.at_ms >= window_from && e.incident != inc.id)
+            .take(MAX_LISTED)
             .cloned()
             .collect();
+        earlier.reverse();
         Some(Summary {
-            count_in_window: window.len(),
+            count_in_window,
             window_days: cfg.window_days,
             repeat_offender,
-            what: window
-                .last()
+            what: self
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.incident == inc.id)
                 .map_or_else(|| inc.kind.as_str().to_string(), Event::what),
             earlier,
             board,
@@ -231,7 +248,13 @@ pub fn load(state_dir: &Path) -> anyhow::Result<History> {
 pub fn save(state_dir: &Path, h: &History) -> anyhow::Result<()> {
     use anyhow::Context;
     let bytes = serde_json::to_vec(h).context("serialising the history")?;
-    crate::state::write_atomic(&state_dir.join(FILE), &bytes, crate::state::STATE_FILE_MODE)
+    save_bytes(state_dir, &bytes)
+}
+
+/// Writes an already serialised history atomically (mode 0640).
+pub fn save_bytes(state_dir: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    crate::state::write_atomic(&state_dir.join(FILE), bytes, crate::state::STATE_FILE_MODE)
         .with_context(|| format!("writing {}", state_dir.join(FILE).display()))
 }
 
