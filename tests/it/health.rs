@@ -271,6 +271,11 @@ fn a_sustained_temperature_opens_one_incident_and_a_spike_does_not() {
         serde_json::json!([["gpu_temperature", "0000:2a:00.0"]]),
         "{status:#}"
     );
+    let text = m.cli(&config, &["status"]);
+    assert!(
+        text.contains("failing     gpu_temperature on 0000:2a:00.0"),
+        "{text}"
+    );
     d.stop();
 }
 
@@ -357,6 +362,11 @@ fn a_gpu_missing_against_the_expected_count_is_critical_and_named() {
             .unwrap()
             .contains("GPU gone (was serial 1650923011299)"),
         "{gone:#}"
+    );
+    let text = m.cli(&config, &["status"]);
+    assert!(
+        text.contains("GPU count   1 of 2 expected (MISSING)"),
+        "{text}"
     );
     d.stop();
 }
