@@ -899,7 +899,7 @@ struct Emitter {
     tasks: tokio::task::JoinSet<()>,
     /// Tells running runbooks to give up (shutdown).
     stop_runbooks: tokio::sync::watch::Sender<bool>,
-    /// The GPU's history and inventory diff, put on each page before the runbook's evidence.
+    /// The GPU's history and inventory diff, put on each page beside the runbook's evidence.
     pages: health::Pages,
 }
 
