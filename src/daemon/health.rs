@@ -101,12 +101,69 @@ impl Expected {
     }
 }
 
+/// The state file of the health task: what it told, for a restart in the same boot.
+pub const MEMORY_FILE: &str = "health.json";
+
+/// Where the health task keeps its memory.
+#[derive(Debug, Clone)]
+pub struct Keep {
+    pub state_dir: PathBuf,
+    pub boot_hex: String,
+}
+
+impl Keep {
+    /// What an earlier run of this boot told; nothing from another boot (or an unreadable file,
+    /// which is said).
+    fn load(&self) -> Option<crate::health::Memory> {
+        let path = self.state_dir.join(MEMORY_FILE);
+        let text = match std::fs::read(&path) {
+            Ok(t) if t.len() <= 4 << 20 => t,
+            Ok(_) => {
+                tracing::warn!("{}: too large; health checks start afresh", path.display());
+                return None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(
+                    "reading {}: {e}; health checks start afresh",
+                    path.display()
+                );
+                return None;
+            }
+        };
+        match serde_json::from_slice::<crate::health::Memory>(&text) {
+            Ok(m) if m.boot_id == self.boot_hex => Some(m),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("{}: {e}; health checks start afresh", path.display());
+                None
+            }
+        }
+    }
+
+    fn save(&self, m: &crate::health::Memory) {
+        let written = serde_json::to_vec(m)
+            .map_err(std::io::Error::from)
+            .and_then(|b| {
+                crate::state::write_atomic(
+                    &self.state_dir.join(MEMORY_FILE),
+                    &b,
+                    crate::state::STATE_FILE_MODE,
+                )
+            });
+        if let Err(e) = written {
+            crate::state::log_write_error("health", &e);
+        }
+    }
+}
+
 /// The health task: polls every `cfg.interval_secs`, judges, and checks the count.
 pub async fn health_loop(
     cfg: HealthConfig,
     worker: Option<NvmlWorker>,
     expected: Expected,
     sysfs_root: PathBuf,
+    keep: Keep,
     tx: mpsc::Sender<NvmlMsg>,
 ) {
     let mut timer = tokio::time::interval(Duration::from_secs(cfg.interval_secs));
@@ -115,6 +172,14 @@ pub async fn health_loop(
     let enabled = cfg.enabled;
     let mut checks = Checks::new(cfg);
     let mut told_missing: Vec<Option<PciAddress>> = Vec::new();
+    let k = keep.clone();
+    let mut saved = tokio::task::spawn_blocking(move || k.load())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    checks.restore(&saved);
+    told_missing.clone_from(&saved.missing);
     let mut last_gauges = HealthGauges::default();
     loop {
         timer.tick().await;
@@ -167,6 +232,14 @@ pub async fn health_loop(
             }
             // A GPU that came back may be reported again if it goes.
             told_missing = now;
+        }
+        let mut memory = checks.memory(&keep.boot_hex);
+        memory.missing.clone_from(&told_missing);
+        if memory != saved {
+            let (k, m) = (keep.clone(), memory.clone());
+            // Before the findings go out: a crash after the page must not page again.
+            let _ = tokio::task::spawn_blocking(move || k.save(&m)).await;
+            saved = memory;
         }
         if found.is_empty() && gauges == last_gauges {
             continue;

@@ -158,6 +158,10 @@ pub async fn start(
             link.worker.clone(),
             expected,
             cfg.nvml.sysfs_root.clone(),
+            super::health::Keep {
+                state_dir: cfg.state_dir.clone(),
+                boot_hex: boot_hex.to_string(),
+            },
             tx.clone(),
         ));
     }

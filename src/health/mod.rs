@@ -45,6 +45,35 @@ struct GpuState {
     persistence_told: bool,
 }
 
+/// What a restart in the same boot must not forget: which findings were raised (and not yet
+/// cleared), so a condition that still holds is not paged again, and the last DBE count, so an
+/// increase during the restart is still seen. Sustain timers start again (a restart delays a
+/// first report; it never repeats one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Memory {
+    pub boot_id: String,
+    pub gpus: Vec<GpuMemory>,
+    /// GPUs reported missing by the count check (`None`: the host-wide finding).
+    #[serde(default)]
+    pub missing: Vec<Option<PciAddress>>,
+}
+
+/// One GPU's part of [`Memory`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuMemory {
+    pub index: u32,
+    pub pci: Option<PciAddress>,
+    /// Finding kinds (`gpu_temperature`, ...) raised and not cleared.
+    #[serde(default)]
+    pub told: Vec<String>,
+    #[serde(default)]
+    pub repair: Option<(bool, bool, bool)>,
+    #[serde(default)]
+    pub recovery: Option<u32>,
+    #[serde(default)]
+    pub dbe_last: Option<u64>,
+}
+
 /// The checks and their memory.
 #[derive(Debug)]
 pub struct Checks {
@@ -57,6 +86,56 @@ impl Checks {
         Checks {
             cfg,
             gpus: BTreeMap::new(),
+        }
+    }
+
+    /// What to keep across a restart in this boot (the count check's part is the caller's).
+    pub fn memory(&self, boot_id: &str) -> Memory {
+        Memory {
+            boot_id: boot_id.to_string(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|(index, st)| GpuMemory {
+                    index: *index,
+                    pci: st.pci,
+                    told: [
+                        (st.hot_told, FindingKind::GpuTemperature),
+                        (st.throttle_told, FindingKind::GpuThrottling),
+                        (st.link_told, FindingKind::PcieLinkDegraded),
+                        (st.power_told, FindingKind::PowerOverLimit),
+                        (st.persistence_told, FindingKind::PersistenceModeOff),
+                    ]
+                    .into_iter()
+                    .filter(|(on, _)| *on)
+                    .map(|(_, k)| k.as_str().to_string())
+                    .collect(),
+                    repair: st.repair_told,
+                    recovery: st.recovery_told,
+                    dbe_last: st.dbe_last,
+                })
+                .collect(),
+            missing: Vec::new(),
+        }
+    }
+
+    /// Takes back what an earlier run of this boot saved (GPUs matched by index and address).
+    pub fn restore(&mut self, m: &Memory) {
+        for g in &m.gpus {
+            let st = self.gpus.entry(g.index).or_default();
+            if st.pci.is_some() && st.pci != g.pci {
+                continue;
+            }
+            st.pci = g.pci;
+            let told = |k: FindingKind| g.told.iter().any(|t| t == k.as_str());
+            st.hot_told = told(FindingKind::GpuTemperature);
+            st.throttle_told = told(FindingKind::GpuThrottling);
+            st.link_told = told(FindingKind::PcieLinkDegraded);
+            st.power_told = told(FindingKind::PowerOverLimit);
+            st.persistence_told = told(FindingKind::PersistenceModeOff);
+            st.repair_told = g.repair;
+            st.recovery_told = g.recovery;
+            st.dbe_last = g.dbe_last;
         }
     }
 
@@ -615,6 +694,30 @@ mod tests {
         let mut cfg = HealthConfig::default();
         cfg.persistence_mode.enabled = false;
         assert!(Checks::new(cfg).observe(&[off], z).is_empty());
+    }
+
+    #[test]
+    fn a_restart_remembers_what_was_told() {
+        let mut c = Checks::new(HealthConfig::default());
+        let s = Duration::from_secs;
+        c.observe(&[hot(90)], s(0));
+        assert_eq!(c.observe(&[hot(90)], s(300)).len(), 1);
+        let m = c.memory("b");
+        let back: Memory = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        let mut again = Checks::new(HealthConfig::default());
+        again.restore(&back);
+        assert!(again.observe(&[hot(90)], s(0)).is_empty());
+        assert!(
+            again.observe(&[hot(90)], s(400)).is_empty(),
+            "not paged again"
+        );
+        assert!(again.observe(&[hot(60)], s(430)).is_empty());
+        again.observe(&[hot(90)], s(460));
+        assert_eq!(
+            again.observe(&[hot(90)], s(760)).len(),
+            1,
+            "a new episode is"
+        );
     }
 
     #[test]

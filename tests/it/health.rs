@@ -244,7 +244,9 @@ fn a_sustained_temperature_opens_one_incident_and_a_spike_does_not() {
         ),
         "",
     );
-    let config = m.config("[health.temperature]\nsustain_secs = 3\n");
+    // Incidents close after a second, so a second report after the restart below would open a
+    // new one rather than fold into the first.
+    let config = m.config("[health.temperature]\nsustain_secs = 3\n[incidents]\nwindow_secs = 1\n");
     let d = m.start(&config);
     let hot = d.wait_for("the sustained temperature", Duration::from_secs(20), |v| {
         v["kind"] == "gpu_temperature"
@@ -275,6 +277,34 @@ fn a_sustained_temperature_opens_one_incident_and_a_spike_does_not() {
     assert!(
         text.contains("failing     gpu_temperature on 0000:2a:00.0"),
         "{text}"
+    );
+    d.stop();
+
+    // A restart in the same boot, the GPU still hot: what was told is remembered, nobody is
+    // paged again (the sustain window and two more polls pass).
+    std::fs::write(
+        m.p("nvml.script"),
+        format!(
+            "init ok\ndriver_version 550.54.14\n\
+             device pci=0000:17:00.0 serial={SERIAL0} temp=45 slowdown=92\n\
+             device pci=0000:2a:00.0 serial=1650923011299 temp=93 slowdown=92\n"
+        ),
+    )
+    .unwrap();
+    let d = m.start(&config);
+    d.wait_log("xidwatch watching", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(5500));
+    assert!(
+        d.of_kind("gpu_temperature").is_empty(),
+        "{:#?}",
+        d.incidents.lock().unwrap()
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&m.cli(&config, &["status", "--json"])).unwrap();
+    assert_eq!(
+        status["status"]["health"]["failing"],
+        serde_json::json!([["gpu_temperature", "0000:2a:00.0"]]),
+        "still failing: {status:#}"
     );
     d.stop();
 }
