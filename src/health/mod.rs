@@ -688,9 +688,9 @@ mod tests {
             persistence: Some(false),
             ..hot(40)
         };
-        let f = c.observe(&[off.clone()], z);
+        let f = c.observe(std::slice::from_ref(&off), z);
         assert_eq!(f[0].severity, Severity::Info);
-        assert!(c.observe(&[off.clone()], z).is_empty());
+        assert!(c.observe(std::slice::from_ref(&off), z).is_empty());
         let mut cfg = HealthConfig::default();
         cfg.persistence_mode.enabled = false;
         assert!(Checks::new(cfg).observe(&[off], z).is_empty());
