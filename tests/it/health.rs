@@ -566,3 +566,63 @@ fn history_counts_across_restarts_and_reboots_and_a_repeat_offender_is_escalated
     let text = m.cli(&config, &["history", "--gpu", "0000:2a:00.0"]);
     assert_eq!(text.trim(), "no events");
 }
+
+#[test]
+fn every_other_check_reaches_an_incident_with_its_severity() {
+    let m = Machine::new();
+    // One GPU with everything wrong at once: the driver asks for a reset, a row remap is
+    // pending, the hardware thermal slowdown is on, persistence mode is off, the power draw is
+    // over the limit; 1.5 s in, the uncorrectable ECC count goes up. The other GPU is healthy.
+    m.boot(
+        "88888888-8888-8888-8888-888888888888",
+        "init ok\n\
+         device pci=0000:17:00.0 serial=B0 recovery=1 remap_corr=0 remap_unc=1 remap_pending=1 \
+         throttle=0x40 persistence=0 power_mw=760000 limit_mw=700000 dbe_volatile=0\n\
+         device pci=0000:2a:00.0 serial=B1 recovery=0 remap_corr=0 throttle=0x4 persistence=1 \
+         power_mw=300000 limit_mw=700000 dbe_volatile=7\n\
+         set at_ms=1500 gpu=0 dbe_volatile=2\n",
+        "",
+    );
+    let config = m.config("[health.throttling]\npolls = 2\n[health.power]\nsustain_secs = 1\n");
+    let d = m.start(&config);
+    for (kind, severity) in [
+        ("recovery_action", "critical"),
+        ("memory_repair", "warning"),
+        ("gpu_throttling", "warning"),
+        ("persistence_mode_off", "info"),
+        ("power_over_limit", "warning"),
+        ("ecc_dbe_increase", "critical"),
+    ] {
+        let inc = d.wait_for(kind, Duration::from_secs(20), |v| v["kind"] == kind);
+        assert_eq!(inc["severity"], severity, "{inc:#}");
+        assert_eq!(inc["pci"], "0000:17:00.0", "{inc:#}");
+    }
+    let reset = &d.of_kind("recovery_action")[0];
+    assert!(
+        reset["title"]
+            .as_str()
+            .unwrap()
+            .contains("GPU reset required"),
+        "{reset:#}"
+    );
+    let dbe = &d.of_kind("ecc_dbe_increase")[0];
+    assert!(
+        dbe["findings"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("volatile double-bit ECC count 0 -> 2"),
+        "{dbe:#}"
+    );
+    // The healthy GPU (software power cap only, a DBE count left from before) raised nothing.
+    std::thread::sleep(Duration::from_millis(1200));
+    let on_other: Vec<_> = d
+        .incidents
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|v| v["pci"] == "0000:2a:00.0")
+        .cloned()
+        .collect();
+    assert!(on_other.is_empty(), "{on_other:#?}");
+    d.stop();
+}
