@@ -152,7 +152,8 @@ pub async fn start(
         }
     }
     let expected = super::health::Expected::from(cfg.inventory.expected_gpus, stored.as_ref());
-    if cfg.health.enabled || expected.count.is_some() {
+    // Nothing to poll without NVML unless a count is expected (the bus is counted then).
+    if (cfg.health.enabled && link.worker.is_some()) || expected.count.is_some() {
         link.health = tokio::spawn(super::health::health_loop(
             cfg.health.clone(),
             link.worker.clone(),

@@ -626,3 +626,37 @@ fn every_other_check_reaches_an_incident_with_its_severity() {
     assert!(on_other.is_empty(), "{on_other:#?}");
     d.stop();
 }
+
+#[test]
+fn without_nvml_the_count_is_taken_from_the_pci_bus() {
+    let m = Machine::new();
+    let dev = m.p("sys/bus/pci/devices/0000:17:00.0");
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::write(dev.join("vendor"), "0x10de\n").unwrap();
+    std::fs::write(dev.join("class"), "0x030200\n").unwrap();
+    m.boot("99999999-9999-9999-9999-999999999999", "init ok\n", "");
+    let config = m.p("xidwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kmsg]\npath = {:?}\n[nvml]\nenabled = false\nsysfs_root = {:?}\n[state]\ndir = {:?}\n[health]\ninterval_secs = 1\n[inventory]\nexpected_gpus = 2\n",
+            m.p("kmsg"),
+            m.p("sys"),
+            m.p("state"),
+        ),
+    )
+    .unwrap();
+    let d = m.start(&config);
+    let miss = d.wait_for("gpu_missing", Duration::from_secs(20), |v| {
+        v["kind"] == "gpu_missing"
+    });
+    assert_eq!(miss["severity"], "critical");
+    assert!(
+        miss["title"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 2 expected GPUs present"),
+        "{miss:#}"
+    );
+    d.stop();
+}
