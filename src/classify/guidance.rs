@@ -194,6 +194,42 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "A call into the NVIDIA driver (through NVML) did not return: the driver is wedged, often because a GPU is failing or a process is stuck in the driver. Tools such as nvidia-smi will hang too.",
             "Read the kernel log and the stuck tasks listed here (their kernel stacks show where the driver holds them); do not start more GPU tools, they will hang as well. Drain the node; recovering usually takes a reboot, at a time of your choosing. xidwatch keeps watching the kernel log meanwhile.",
         ),
+        FindingKind::GpuTemperature => (
+            "The GPU has stayed at or above its temperature threshold for the whole sustain window, close to where the hardware slows it down (and, further up, shuts it off).",
+            "Check the airflow and fans of this chassis, the inlet temperature, and whether the neighbours run hot too (a room or rack problem) or only this GPU (its heatsink, thermal paste or fan). nvidia-smi -q -d TEMPERATURE,PERFORMANCE shows the thresholds and whether it is already slowing down.",
+        ),
+        FindingKind::GpuThrottling => (
+            "The hardware itself has been slowing this GPU down (HW slowdown, HW thermal slowdown or power brake) for several polls in a row: jobs on it run slower than they should.",
+            "nvidia-smi -q -d PERFORMANCE names the active reasons. Thermal: check cooling. Power brake: the board or the chassis power supply asserted it; check the PSUs and the power cabling. HW slowdown without either: have the board checked.",
+        ),
+        FindingKind::PcieLinkDegraded => (
+            "The GPU's PCIe link trained below its maximum generation or width while the GPU was busy (an idle GPU lowers its link to save power, so idle readings are not counted). Transfers to and from the GPU are slower, and a link that lost lanes often points at a riser, cable or slot fault.",
+            "Compare LnkSta with LnkCap in lspci -vv for this address and look for AER errors on its root port. A width drop (x16 to x8 or x4) usually needs the card or riser reseated; plan it with the next maintenance.",
+        ),
+        FindingKind::MemoryRepair => (
+            "The GPU's memory needs repair: a row remap is pending (it takes effect at the next GPU reset), a remap failed (no spare rows left in that bank), or pages wait for retirement.",
+            "Pending: drain the GPU and reset it (or reboot) at a time of your choosing so the repair takes effect. Failed: the memory can no longer be repaired in place; replace the board / open an RMA. nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT shows the counters.",
+        ),
+        FindingKind::EccDbeIncrease => (
+            "The GPU's volatile double-bit (uncorrectable) ECC count went up: data in its memory was corrupted and the process using it was likely killed.",
+            "Drain the GPU, check nvidia-smi -q -d ECC,ROW_REMAPPER, and reset it so a remap takes effect; if uncorrectable errors come back, replace the board.",
+        ),
+        FindingKind::RecoveryAction => (
+            "NVML says this GPU needs a recovery action (a GPU reset, a node reboot or a P2P drain), even if no Xid in the kernel log says so.",
+            "Drain the GPU (or the node) and carry out the action NVML names, at a time of your choosing: xidwatch never resets or reboots anything itself.",
+        ),
+        FindingKind::PowerOverLimit => (
+            "The GPU has drawn more power than its enforced limit for the whole sustain window; the board is expected to cap itself at the limit, so this points at a faulty power sensor or limit.",
+            "Check nvidia-smi -q -d POWER for the limits in force and the draw, and whether the power-brake throttle reason is also active; have the board checked if it persists.",
+        ),
+        FindingKind::PersistenceModeOff => (
+            "Persistence mode is off: the driver tears the GPU down when the last client exits and initialises it again for the next one, which slows job starts and can hide a GPU that fails its initialisation until a job tries it.",
+            "Enable the NVIDIA persistence daemon (nvidia-persistenced) in the node's provisioning; xidwatch only reports it.",
+        ),
+        FindingKind::InventoryChanged => (
+            "The GPU inventory differs from the previous boot's: a board was swapped (its serial changed), a GPU is gone, the driver changed, or a link's maximum is lower than before.",
+            "Confirm the change was planned (a board replacement, a driver upgrade). An unplanned one, especially a lower maximum link or a GPU gone, needs the hardware checked; `xidwatch inventory --diff` shows the whole difference.",
+        ),
         FindingKind::Xid => ("", ""),
     };
     Guidance {

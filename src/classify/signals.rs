@@ -33,6 +33,27 @@ pub fn rate(f: &mut Finding) {
         K::KmsgOverrun | K::KmsgSequence | K::ConfigRejected => {
             (Severity::Warning, Category::Informational)
         }
+        // Health checks. Sustained heat and hardware slowdown cost speed, not jobs: a warning.
+        K::GpuTemperature | K::GpuThrottling | K::PowerOverLimit => {
+            (Severity::Warning, Category::ThermalPower)
+        }
+        K::PcieLinkDegraded => (Severity::Warning, Category::Pcie),
+        // A failed row remap means the memory can no longer be repaired in place: the board
+        // needs service. Pending repairs only need the next reset.
+        K::MemoryRepair => match f.detail {
+            Some(Detail::MemoryRepair {
+                remap_failed: true, ..
+            }) => (Severity::Critical, Category::Memory),
+            _ => (Severity::Warning, Category::Memory),
+        },
+        K::EccDbeIncrease => (Severity::Critical, Category::Memory),
+        // The driver's own verdict: a reset or reboot is critical, draining P2P a warning.
+        K::RecoveryAction => match &f.detail {
+            Some(Detail::Recovery { to, .. }) => (to.severity(), Category::Driver),
+            _ => (Severity::Critical, Category::Driver),
+        },
+        K::PersistenceModeOff => (Severity::Info, Category::Informational),
+        K::InventoryChanged => (Severity::Warning, Category::Informational),
         K::Sxid
         | K::FallenOffBus
         | K::DriverInitFailure

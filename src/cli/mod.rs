@@ -4,6 +4,7 @@
 //! are printed once, with their whole chain, by `main`.
 
 pub mod explain;
+pub mod gpus;
 pub mod install;
 pub mod json;
 pub mod logging;
@@ -63,6 +64,11 @@ pub enum Command {
     Status(status::StatusArgs),
     /// node-problem-detector custom plugin: exit 0 no GPU fault, 1 fault open, 2 unknown.
     NpdCheck(npd::NpdCheckArgs),
+    /// This boot's GPU inventory as the daemon stored it, or (--diff) what changed since the
+    /// previous boot.
+    Inventory(gpus::InventoryArgs),
+    /// Each GPU's faults across restarts and reboots.
+    History(gpus::HistoryArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -189,5 +195,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Uninstall(args) => install::uninstall(&args),
         Command::Status(args) => status::run(&args),
         Command::NpdCheck(args) => npd::run(&args),
+        Command::Inventory(args) => gpus::inventory(&args),
+        Command::History(args) => gpus::history(&args),
     }
 }

@@ -173,6 +173,13 @@ fn detail_line(f: &Finding) -> Option<String> {
                 format!("; {}", continuation.join("; "))
             }
         ),
+        Detail::MemoryRepair {
+            remap_pending,
+            remap_failed,
+            pages_pending,
+        } => format!(
+            "row remap pending: {remap_pending}, row remap failed: {remap_failed}, pages pending retirement: {pages_pending}"
+        ),
         Detail::InitFailure { code } => code.as_ref().map(|c| format!("status {c}"))?,
         Detail::Aer { reporter, class } => format!(
             "{class}{}",

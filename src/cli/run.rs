@@ -108,7 +108,11 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
     };
-    match rt.block_on(crate::alert::test_alert(&config.alerts, &config.alert_channels, opts)) {
+    match rt.block_on(crate::alert::test_alert(
+        &config.alerts,
+        &config.alert_channels,
+        opts,
+    )) {
         Ok(report) => {
             print!("{}", report.render());
             Ok(if report.all_ok() { 0 } else { 1 })

@@ -361,6 +361,16 @@ pub fn render(r: &Report, now: u64) -> String {
             g.uuid.as_deref().unwrap_or("")
         );
     }
+    if let (Some(e), Some(p)) = (s.health.expected_gpus, s.health.present_gpus) {
+        let _ = writeln!(
+            o,
+            "  GPU count   {p} of {e} expected{}",
+            if p < e { " (MISSING)" } else { "" }
+        );
+    }
+    for (check, pci) in &s.health.failing {
+        let _ = writeln!(o, "  failing     {check} on {pci}");
+    }
     if let Some(rl) = s.config.last_reload {
         let _ = writeln!(
             o,

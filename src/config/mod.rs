@@ -132,6 +132,10 @@ pub struct RawConfig {
     pub metrics: metrics::MetricsConfig,
     /// `[handoff]`: the scheduler whose drain command pages carry (suggested, never run).
     pub handoff: crate::alert::handoff::HandoffConfig,
+    /// `[health]`, `[inventory]`, `[history]`: see docs/health.md.
+    pub health: crate::health::HealthConfig,
+    pub inventory: crate::health::config::InventoryConfig,
+    pub history: crate::health::config::HistoryConfig,
 }
 
 /// A validated configuration.
@@ -154,6 +158,9 @@ pub struct Config {
     pub metrics: metrics::MetricsConfig,
     /// `[metrics]` as checked when the config was loaded.
     pub metrics_settings: metrics::MetricsSettings,
+    pub health: crate::health::HealthConfig,
+    pub inventory: crate::health::config::InventoryConfig,
+    pub history: crate::health::config::HistoryConfig,
 }
 
 /// A config error, always naming the file.
@@ -396,6 +403,8 @@ impl Config {
             ))
         })?;
         let metrics_settings = raw.metrics.validate().map_err(invalid)?;
+        crate::health::config::validate(&raw.health, &raw.inventory, &raw.history)
+            .map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {
             if let Some(name) = &o.runbook {
@@ -430,6 +439,9 @@ impl Config {
             alert_channels,
             metrics: raw.metrics,
             metrics_settings,
+            health: raw.health,
+            inventory: raw.inventory,
+            history: raw.history,
         })
     }
 }

@@ -238,6 +238,32 @@ impl Collector for SnapshotCollector {
             "GPUs reported by NVML.",
             s.gpus.len() as u64,
         )?;
+        if let (Some(expected), Some(present)) = (s.health.expected_gpus, s.health.present_gpus) {
+            gauge(
+                e,
+                "xidwatch_gpus_expected",
+                "GPUs this machine should have ([inventory] expected_gpus, or the previous boot's count).",
+                expected,
+            )?;
+            gauge(
+                e,
+                "xidwatch_gpus_present",
+                "GPUs present at the last health round (NVML's view, or the PCI bus without NVML).",
+                present,
+            )?;
+        }
+        {
+            let mut m = family(
+                e,
+                "xidwatch_health_check_failing",
+                "1 for each health check whose condition holds now on a GPU (the finding was raised and has not cleared).",
+                MetricType::Gauge,
+            )?;
+            for (check, pci) in &s.health.failing {
+                let labels: Labels = vec![("check", check), ("pci", pci)];
+                m.encode_family(&labels)?.encode_gauge(&1i64)?;
+            }
+        }
 
         counter_family(
             e,
@@ -630,6 +656,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn health_gauges_are_only_the_count_and_the_failing_checks() {
+        let t = Telemetry::started(1_700_000_000_000, 1);
+        t.set_health(crate::daemon::telemetry::HealthGauges {
+            expected_gpus: Some(8),
+            present_gpus: Some(7),
+            failing: vec![("gpu_temperature".into(), "0000:2a:00.0".into())],
+        });
+        let text = render(&t.snapshot());
+        for line in [
+            "xidwatch_gpus_expected 8",
+            "xidwatch_gpus_present 7",
+            "xidwatch_health_check_failing{check=\"gpu_temperature\",pci=\"0000:2a:00.0\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(!text.contains("celsius"), "no readings: {text}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub(crate) mod checkpoint;
 pub mod control;
+pub mod health;
 pub mod metrics;
 pub(crate) mod notify;
 pub(crate) mod nvml;
@@ -115,13 +116,21 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // NVML, on its own worker thread; the kernel log waits for its init at most
     // nvml.call_timeout_secs (capped at nvml::NVML_OPEN_LIMIT). Failures become findings, said
     // once.
-    let (mut nvml_link, nvml_now) =
-        nvml::start(cfg, &tel, &mut p.classifier, &mut p.stats, probe_memory).await?;
+    let (mut nvml_link, nvml_now) = nvml::start(
+        cfg,
+        &tel,
+        &mut p.classifier,
+        &mut p.stats,
+        probe_memory,
+        &p.ckpt.boot_hex,
+    )
+    .await?;
     for f in nvml_now {
         p.feed(f, Origin::Nvml, Now::read(), true);
     }
     // Runbook `nvml` steps are answered through the NVML worker, under its deadline.
     p.out.env.nvml = nvml_link.probe_handle();
+    p.out.pages = Some(nvml_link.pages());
 
     let ops_shutdown = start_ops(cfg, &tel).await?;
 
@@ -373,6 +382,7 @@ impl Pipeline {
             )),
             log: std::collections::VecDeque::with_capacity(LOG_RING),
             tel: tel.clone(),
+            pages: None,
             tasks: tokio::task::JoinSet::new(),
             stop_runbooks: tokio::sync::watch::channel(false).0,
         };
@@ -859,6 +869,9 @@ async fn reload(
             new.incidents.host != current.incidents.host,
         ),
         ("metrics", new.metrics != current.metrics),
+        ("health", new.health != current.health),
+        ("inventory", new.inventory != current.inventory),
+        ("history", new.history != current.history),
     ] {
         if changed {
             tracing::warn!("{what} changed: it takes effect at the next restart");
@@ -902,6 +915,9 @@ async fn reload(
     applied.nvml = current.nvml.clone();
     applied.incidents.host = current.incidents.host.clone();
     applied.metrics = current.metrics.clone();
+    applied.health = current.health.clone();
+    applied.inventory = current.inventory.clone();
+    applied.history = current.history.clone();
     *current = applied;
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());
@@ -930,6 +946,8 @@ struct Emitter {
     tasks: tokio::task::JoinSet<()>,
     /// Tells running runbooks to give up (shutdown).
     stop_runbooks: tokio::sync::watch::Sender<bool>,
+    /// The GPU's history and inventory diff, put on each page beside the runbook's evidence.
+    pages: Option<health::Pages>,
 }
 
 /// New incidents waiting for (or running) their runbook, at most; past this an incident's alert
@@ -990,8 +1008,12 @@ impl Emitter {
             let catalog = Some(catalog_text(&inc));
             let alert = crate::alert::Alert {
                 catalog,
+                evidence: self
+                    .pages
+                    .as_ref()
+                    .map(|p| p.annotate(&inc))
+                    .unwrap_or_default(),
                 incident: inc,
-                evidence: Vec::new(),
             };
             let opened =
                 alert.incident.phase == crate::model::IncidentPhase::Opened && !alert.incident.test;
@@ -1064,7 +1086,7 @@ impl Emitter {
                 });
                 tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
             }
-            alert.evidence = evidence.into_iter().collect();
+            alert.evidence = health::merge(std::mem::take(&mut alert.evidence), evidence);
             if let Err(e) = sender.attach_evidence(alert).await {
                 tracing::error!("alert stage: {e}");
             }

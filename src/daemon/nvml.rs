@@ -36,6 +36,8 @@ pub enum NvmlMsg {
     /// One probe round's findings (GPUs missing from NVML's view or gone from the bus), and
     /// what the probe remembers after it (saved with the daemon's checkpoint).
     Probe(Vec<Finding>, super::probe::Memory),
+    /// One health round's findings (checks, the GPU count) and its gauges.
+    Health(Vec<Finding>, super::telemetry::HealthGauges),
 }
 
 /// NVML as the daemon holds it.
@@ -49,6 +51,9 @@ pub struct NvmlLink {
     /// What the probe remembers, as of its last round: a GPU that stays missing across a
     /// restart is not reported again.
     pub probe_memory: super::probe::Memory,
+    health: tokio::task::JoinHandle<()>,
+    /// The history and inventory diff every page carries.
+    pages: super::health::Pages,
 }
 
 /// Starts NVML (when enabled) and the probe. Waits for NVML's init at most the call timeout
@@ -60,6 +65,7 @@ pub async fn start(
     classifier: &mut Classifier,
     stats: &mut SourceStats,
     probe_memory: Option<super::probe::Memory>,
+    boot_hex: &str,
 ) -> anyhow::Result<(NvmlLink, Vec<Finding>)> {
     let (tx, rx) = mpsc::channel::<NvmlMsg>(EVENT_QUEUE);
     let mut link = NvmlLink {
@@ -69,6 +75,8 @@ pub async fn start(
         rx,
         probe: tokio::spawn(async {}),
         probe_memory: probe_memory.clone().unwrap_or_default(),
+        health: tokio::spawn(async {}),
+        pages: super::health::Pages::open(cfg.state_dir.clone(), cfg.history.clone()),
     };
     let mut now = Vec::new();
     if cfg.nvml.enabled {
@@ -124,6 +132,39 @@ pub async fn start(
                 link.worker = Some(worker);
             }
         }
+    }
+    // This boot's inventory (stored and compared on a new boot), and the health task.
+    let mut stored = None;
+    if let Some(w) = link.worker.clone().filter(|_| link.opened) {
+        let (dir, boot) = (cfg.state_dir.clone(), boot_hex.to_string());
+        if let Ok((s, changed)) =
+            tokio::task::spawn_blocking(move || super::health::take_inventory(&w, &dir, &boot))
+                .await
+        {
+            if let Some(s) = &s {
+                link.pages.set_diff(s.diff());
+            }
+            now.extend(changed.into_iter().map(|mut f| {
+                link.identify(&mut f);
+                f
+            }));
+            stored = s;
+        }
+    }
+    let expected = super::health::Expected::from(cfg.inventory.expected_gpus, stored.as_ref());
+    // Nothing to poll without NVML unless a count is expected (the bus is counted then).
+    if (cfg.health.enabled && link.worker.is_some()) || expected.count.is_some() {
+        link.health = tokio::spawn(super::health::health_loop(
+            cfg.health.clone(),
+            link.worker.clone(),
+            expected,
+            cfg.nvml.sysfs_root.clone(),
+            super::health::Keep {
+                state_dir: cfg.state_dir.clone(),
+                boot_hex: boot_hex.to_string(),
+            },
+            tx.clone(),
+        ));
     }
     let mut probe = Probe::new(cfg.nvml.sysfs_root.clone());
     if let Some(m) = probe_memory {
@@ -225,6 +266,16 @@ impl NvmlLink {
                     })
                     .collect()
             }
+            NvmlMsg::Health(found, gauges) => {
+                tel.set_health(gauges);
+                found
+                    .into_iter()
+                    .map(|mut f| {
+                        self.identify(&mut f);
+                        (f, Origin::Nvml)
+                    })
+                    .collect()
+            }
             NvmlMsg::Event(ev) => {
                 match &ev {
                     NvmlEvent::Watching { notes } => {
@@ -274,9 +325,22 @@ impl NvmlLink {
         }
     }
 
+    /// The history and inventory diff every page carries.
+    pub fn pages(&self) -> super::health::Pages {
+        self.pages.clone()
+    }
+
+    /// Names the GPU of a finding as NVML described it at init.
+    fn identify(&self, f: &mut Finding) {
+        if let Some(g) = self.inventory.iter().find(|g| Some(g.pci) == f.pci) {
+            f.gpu = g.identity();
+        }
+    }
+
     /// Stops the probe and the worker; a worker stuck in the driver is left to the exit.
     pub fn stop(self) {
         self.probe.abort();
+        self.health.abort();
         if let Some(w) = self.worker {
             if !w.stop(Duration::from_millis(500)) {
                 tracing::warn!("the NVML worker is still in a call; leaving it");

@@ -233,6 +233,30 @@ pub struct StatusSnapshot {
     /// Set in the last snapshot a daemon writes when it stops cleanly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_ms: Option<u64>,
+    /// The health checks' state: only what adds to the findings (see docs/health.md).
+    #[serde(default, skip_serializing_if = "HealthGauges::is_empty")]
+    pub health: HealthGauges,
+}
+
+/// The health values worth a gauge: the GPU count against the expected one, and which checks
+/// are failing now on which GPU. Readings themselves (temperatures, clocks) are left to the
+/// exporters built for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthGauges {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_gpus: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub present_gpus: Option<u64>,
+    /// `(check, pci)`: the finding kind whose condition holds now, and the GPU.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<(String, String)>,
+}
+
+impl HealthGauges {
+    pub fn is_empty(&self) -> bool {
+        *self == HealthGauges::default()
+    }
 }
 
 impl StatusSnapshot {
@@ -268,6 +292,7 @@ struct Inner {
     resolved: std::collections::VecDeque<ResolvedSummary>,
     last_reload: Option<ReloadInfo>,
     alerts: Option<AlertStatus>,
+    health: HealthGauges,
 }
 
 /// Something that reports the alert stage's state on demand (an `AlertSender`, usually).
@@ -478,6 +503,12 @@ impl Telemetry {
     }
 
     /// The GPUs NVML reported (replaces the previous list).
+    /// The health checks' gauges, as of their last round.
+    pub fn set_health(&self, mut health: HealthGauges) {
+        health.failing.truncate(MAX_LISTED_GPUS * 8);
+        lock(&self.inner).health = health;
+    }
+
     pub fn set_gpus(&self, mut gpus: Vec<GpuSummary>) {
         gpus.truncate(MAX_LISTED_GPUS);
         lock(&self.inner).gpus = gpus;
@@ -616,6 +647,7 @@ impl Telemetry {
             },
             alerts: provided.or_else(|| inner.alerts.clone()),
             stopped_ms: None,
+            health: inner.health.clone(),
         }
     }
 }

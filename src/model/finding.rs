@@ -44,6 +44,25 @@ pub enum FindingKind {
     /// An NVML call did not return within its deadline: the driver is wedged (or a GPU is taking
     /// it down). The evidence names the tasks stuck in uninterruptible sleep.
     DriverUnresponsive,
+    /// A GPU at or above its temperature threshold for the whole sustain window.
+    GpuTemperature,
+    /// Hardware slowdown (thermal, power brake or HW slowdown) active for several polls.
+    GpuThrottling,
+    /// A PCIe link trained below its maximum generation or width while the GPU is busy.
+    PcieLinkDegraded,
+    /// Row remapping pending or failed, or pages waiting for retirement.
+    MemoryRepair,
+    /// The volatile double-bit (uncorrectable) ECC count went up.
+    EccDbeIncrease,
+    /// NVML's GPU recovery action is not "none": the GPU needs a reset (or more) without an Xid.
+    RecoveryAction,
+    /// Power draw above the enforced limit for the whole sustain window.
+    PowerOverLimit,
+    /// Persistence mode is off (info).
+    PersistenceModeOff,
+    /// Something in the GPU inventory changed since the previous boot (a serial, the driver, the
+    /// maximum link, a GPU gone).
+    InventoryChanged,
 }
 
 impl FindingKind {
@@ -65,10 +84,19 @@ impl FindingKind {
             FindingKind::NvmlUnavailable => "nvml_unavailable",
             FindingKind::ConfigRejected => "config_rejected",
             FindingKind::DriverUnresponsive => "driver_unresponsive",
+            FindingKind::GpuTemperature => "gpu_temperature",
+            FindingKind::GpuThrottling => "gpu_throttling",
+            FindingKind::PcieLinkDegraded => "pcie_link_degraded",
+            FindingKind::MemoryRepair => "memory_repair",
+            FindingKind::EccDbeIncrease => "ecc_dbe_increase",
+            FindingKind::RecoveryAction => "recovery_action",
+            FindingKind::PowerOverLimit => "power_over_limit",
+            FindingKind::PersistenceModeOff => "persistence_mode_off",
+            FindingKind::InventoryChanged => "inventory_changed",
         }
     }
 
-    pub const ALL: [FindingKind; 16] = [
+    pub const ALL: [FindingKind; 25] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -85,6 +113,15 @@ impl FindingKind {
         FindingKind::ConfigRejected,
         FindingKind::KmsgSequence,
         FindingKind::DriverUnresponsive,
+        FindingKind::GpuTemperature,
+        FindingKind::GpuThrottling,
+        FindingKind::PcieLinkDegraded,
+        FindingKind::MemoryRepair,
+        FindingKind::EccDbeIncrease,
+        FindingKind::RecoveryAction,
+        FindingKind::PowerOverLimit,
+        FindingKind::PersistenceModeOff,
+        FindingKind::InventoryChanged,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -265,6 +302,12 @@ pub enum Detail {
         /// D-state tasks beyond the ones listed.
         #[serde(skip_serializing_if = "is_zero")]
         blocked_omitted: usize,
+    },
+    /// The memory-repair counters behind a `memory_repair` finding.
+    MemoryRepair {
+        remap_pending: bool,
+        remap_failed: bool,
+        pages_pending: bool,
     },
 }
 

@@ -17,6 +17,7 @@
 //! severity they have is decided by `classify::signals`, not here.
 
 pub mod blocked;
+pub mod health;
 pub mod query;
 mod worker;
 

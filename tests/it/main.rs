@@ -9,6 +9,7 @@ mod daemon;
 mod e2e_alert;
 mod families;
 mod fleet;
+mod health;
 mod install;
 mod nvml;
 mod ops;

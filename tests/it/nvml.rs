@@ -194,11 +194,76 @@ fn runbook_nvml_steps_are_answered_through_the_same_handle() {
         src.query(Q::RemappedRows, pci("0000:17:00.0")),
         Err(E::NotSupported)
     );
-    // The fake exports no ECC call: the answer says why instead of inventing numbers.
+    // This script gives no ECC counts: the answer says why instead of inventing numbers.
     assert!(matches!(
         src.query(Q::EccErrors, pci("0000:17:00.0")),
         Err(E::Failed(_) | E::NotSupported)
     ));
+}
+
+#[test]
+fn health_readings_come_through_the_wrapper_and_change_on_the_scripts_time() {
+    use xidwatch::runbook::{NvmlProbe, NvmlQuery as Q};
+    use xidwatch::source::nvml::health::RemapCounts;
+    let s = scenario(&format!(
+        "{TWO_GPUS}\
+         device pci=0000:3b:00.0 temp=51 slowdown=92 shutdown=97 throttle=0x80 gen=5 gen_max=5 width=16 width_max=16 util=77 \
+         remap_corr=2 remap_unc=1 remap_pending=1 pages_pending=0 retired_sbe=3 retired_dbe=1 dbe_volatile=4 dbe_aggregate=9 \
+         recovery=1 power_mw=650000 limit_mw=700000 persistence=0 ecc=1 vbios=96.00.74.00.01\n\
+         set at_ms=400 gpu=2 temp=88 width=8 dbe_volatile=5 recovery=0\n"
+    ));
+    let (w, _rx, opened) = s.open();
+    assert_eq!(opened.inventory.len(), 3);
+    let r = w.health_readings().expect("readings");
+    // GPUs without readings answer NOT_SUPPORTED for each: every reading is absent.
+    assert_eq!(r[0].temp_c, None);
+    assert_eq!(r[0].remap, None);
+    let g = &r[2];
+    assert_eq!(g.pci, Some(pci("0000:3b:00.0")));
+    assert_eq!(
+        (g.temp_c, g.slowdown_c, g.shutdown_c),
+        (Some(51), Some(92), Some(97))
+    );
+    assert_eq!(g.throttle, Some(0x80));
+    assert_eq!(
+        (g.link_gen, g.link_gen_max, g.link_width, g.link_width_max),
+        (Some(5), Some(5), Some(16), Some(16))
+    );
+    assert_eq!(g.util_pct, Some(77));
+    assert_eq!(
+        g.remap,
+        Some(RemapCounts {
+            correctable: 2,
+            uncorrectable: 1,
+            pending: true,
+            failed: false
+        })
+    );
+    assert_eq!(g.pages_pending, Some(false));
+    assert_eq!((g.retired_sbe, g.retired_dbe), (Some(3), Some(1)));
+    assert_eq!((g.dbe_volatile, g.dbe_aggregate), (Some(4), Some(9)));
+    assert_eq!(
+        g.recovery,
+        Some(1),
+        "the field value, decoded by the wrapper"
+    );
+    assert_eq!((g.power_mw, g.limit_mw), (Some(650_000), Some(700_000)));
+    assert_eq!((g.persistence, g.ecc_enabled), (Some(false), Some(true)));
+    let rows = w
+        .query(Q::RemappedRows, pci("0000:3b:00.0"))
+        .expect("remapped rows for a runbook step");
+    assert!(
+        rows.contains("pending: true") && rows.contains("correctable: 2"),
+        "{rows}"
+    );
+    let (_, vbios) = w.inventory().expect("inventory");
+    assert_eq!(vbios[2].as_deref(), Some("96.00.74.00.01"));
+
+    // The script's `set` takes effect at its time.
+    std::thread::sleep(Duration::from_millis(450));
+    let g = w.health_readings().expect("readings").remove(2);
+    assert_eq!((g.temp_c, g.link_width), (Some(88), Some(8)));
+    assert_eq!((g.dbe_volatile, g.recovery), (Some(5), Some(0)));
 }
 
 #[test]

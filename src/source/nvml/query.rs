@@ -96,9 +96,9 @@ pub trait NvmlProbe: Send + Sync {
     fn query(&self, query: NvmlQuery, gpu: PciAddress) -> Result<String, NvmlError>;
 }
 
-/// Answers one query through the worker's NVML handle. Queries the wrapper has no call for
-/// (remapped rows, NVLink counters) say so instead of guessing; the shipped runbooks also ask
-/// nvidia-smi for those.
+/// Answers one query through the worker's NVML handle. Remapped rows, which nvml-wrapper 0.13
+/// does not wrap, are read through its loaded symbol table (see `health`); NVLink counters say
+/// "not supported" instead of guessing; the shipped runbooks also ask nvidia-smi for those.
 pub(super) fn answer(
     nvml: &nvml_wrapper::Nvml,
     opened: &super::Opened,
@@ -246,7 +246,14 @@ pub(super) fn answer(
                 line(&format!("pid {}", p.pid), mem);
             }
         }
-        Q::RemappedRows | Q::Nvlink => return Err(E::NotSupported),
+        Q::RemappedRows => {
+            let r = super::health::remapped_rows(nvml, &d).map_err(fail)?;
+            line("correctable", r.correctable.to_string());
+            line("uncorrectable", r.uncorrectable.to_string());
+            line("pending", r.pending.to_string());
+            line("failure", r.failed.to_string());
+        }
+        Q::Nvlink => return Err(E::NotSupported),
         Q::Identity => {}
     }
     Ok(out)

@@ -307,6 +307,21 @@ impl NvmlWorker {
             .map_err(CallError::Failed)
     }
 
+    /// One poll's health readings for every GPU NVML enumerated at init, in one request.
+    pub fn health_readings(&self) -> Result<Vec<super::health::GpuReading>, CallError> {
+        self.call("health readings", |nvml, opened| {
+            super::health::read_all(nvml, opened)
+        })
+    }
+
+    /// What the inventory needs beyond the readings: the init inventory (identities, driver)
+    /// and each GPU's VBIOS version.
+    pub fn inventory(&self) -> Result<(Opened, Vec<Option<String>>), CallError> {
+        self.call("inventory (VBIOS versions)", |nvml, opened| {
+            (opened.clone(), super::health::read_vbios(nvml, opened))
+        })
+    }
+
     /// How long one request may take.
     pub fn call_timeout(&self) -> Duration {
         self.inner.call_timeout

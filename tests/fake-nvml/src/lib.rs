@@ -8,7 +8,10 @@
 //! `nvmlSystemGetDriverVersion`, `nvmlDeviceGetCount_v2`, `nvmlDeviceGetHandleByIndex_v2`,
 //! `nvmlDeviceGetPciInfo_v3`, `nvmlDeviceGetUUID`, `nvmlDeviceGetSerial`, `nvmlDeviceGetName`,
 //! `nvmlDeviceGetIndex`, `nvmlDeviceGetSupportedEventTypes`, `nvmlDeviceRegisterEvents`,
-//! `nvmlEventSetCreate`, `nvmlEventSetWait_v2`, `nvmlEventSetFree`.
+//! `nvmlEventSetCreate`, `nvmlEventSetWait_v2`, `nvmlEventSetFree`, and the health readings:
+//! temperature and its thresholds, throttle reasons, PCIe link (current and maximum), utilization,
+//! remapped rows, retired pages, ECC counts and mode, the GPU recovery action (a field value),
+//! power and its enforced limit, persistence mode, VBIOS version (see [`VALUE_KEYS`]).
 //!
 //! # Script
 //!
@@ -26,7 +29,15 @@
 //! event after_ms=10 gpu=0 type=gpu_lost
 //! event after_ms=10 type=error code=999
 //! hang nvmlDeviceGetCount_v2 30000 skip=1 times=1
+//! device pci=0000:2a:00.0 temp=45 slowdown=90 gen=4 gen_max=4 width=16 width_max=16 util=90
+//! set at_ms=2000 gpu=1 temp=93 width=4          # from 2 s after init on, GPU 1 reads these
 //! ```
+//!
+//! Health readings: a `device` line takes any of the keys in [`VALUE_KEYS`] (numbers, `0x` for
+//! hex) and `vbios=TEXT`; a key never given makes its getter return NOT_SUPPORTED, as NVML does on
+//! boards without the sensor. `set at_ms=T gpu=N KEY=VALUE...` changes values from `T`
+//! milliseconds after init on, so a script can play a temperature that climbs and stays, a spike,
+//! or a link that drops under load.
 //!
 //! `device` lines define GPUs 0, 1, ... in order. Keys: `pci` (required, any width of domain),
 //! `uuid`, `serial`, `name` (`_` stands for a space) — a missing one makes its getter return
@@ -115,6 +126,51 @@ struct Device {
     supported: u64,
     register_error: Option<NvmlReturn>,
     lost: bool,
+    /// Health readings by key (see [`VALUE_KEYS`]); a key not set makes its getter return
+    /// NOT_SUPPORTED, as NVML does on boards without the sensor or feature.
+    values: HashMap<&'static str, u64>,
+    vbios: Option<String>,
+}
+
+/// The readings a `device` line or a `set` directive can give, and the NVML call that answers
+/// each.
+const VALUE_KEYS: [&str; 25] = [
+    "temp",          // nvmlDeviceGetTemperature (GPU sensor), degrees C
+    "slowdown",      // nvmlDeviceGetTemperatureThreshold (SLOWDOWN)
+    "shutdown",      // nvmlDeviceGetTemperatureThreshold (SHUTDOWN)
+    "throttle",      // nvmlDeviceGetCurrentClocksThrottleReasons, the bit mask
+    "gen",           // nvmlDeviceGetCurrPcieLinkGeneration
+    "gen_max",       // nvmlDeviceGetMaxPcieLinkGeneration
+    "width",         // nvmlDeviceGetCurrPcieLinkWidth
+    "width_max",     // nvmlDeviceGetMaxPcieLinkWidth
+    "util",          // nvmlDeviceGetUtilizationRates, GPU percent
+    "remap_corr",    // nvmlDeviceGetRemappedRows
+    "remap_unc",     // nvmlDeviceGetRemappedRows
+    "remap_pending", // nvmlDeviceGetRemappedRows (0 or 1)
+    "remap_failed",  // nvmlDeviceGetRemappedRows (0 or 1)
+    "pages_pending", // nvmlDeviceGetRetiredPagesPendingStatus (0 or 1)
+    "retired_sbe",   // nvmlDeviceGetRetiredPages(_v2), multiple single-bit cause: count
+    "retired_dbe",   // nvmlDeviceGetRetiredPages(_v2), double-bit cause: count
+    "sbe_volatile",  // nvmlDeviceGetTotalEccErrors
+    "dbe_volatile",  // nvmlDeviceGetTotalEccErrors
+    "sbe_aggregate", // nvmlDeviceGetTotalEccErrors
+    "dbe_aggregate", // nvmlDeviceGetTotalEccErrors
+    "recovery",      // nvmlDeviceGetFieldValues, field 230 (GPU recovery action)
+    "power_mw",      // nvmlDeviceGetPowerUsage
+    "limit_mw",      // nvmlDeviceGetEnforcedPowerLimit
+    "persistence",   // nvmlDeviceGetPersistenceMode (0 or 1)
+    "ecc",           // nvmlDeviceGetEccMode, current and pending (0 or 1)
+];
+
+fn value_key(k: &str) -> Option<&'static str> {
+    VALUE_KEYS.iter().copied().find(|v| *v == k)
+}
+
+/// A `set` directive: from `at` after init on, GPU `gpu` reads these values.
+struct SetValues {
+    at: Duration,
+    gpu: usize,
+    values: Vec<(&'static str, u64)>,
 }
 
 enum EventKind {
@@ -144,6 +200,7 @@ struct Script {
     driver_version: Option<String>,
     devices: Vec<Device>,
     events: Vec<Event>,
+    sets: Vec<SetValues>,
 }
 
 struct State {
@@ -157,6 +214,10 @@ struct State {
     sets: HashMap<usize, HashMap<usize, u64>>,
     next_set: usize,
     hangs: Vec<Hang>,
+    /// When init read the script: `set` directives count from here.
+    started: Instant,
+    /// `set` directives not yet due, in script order.
+    pending_sets: VecDeque<SetValues>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -229,6 +290,7 @@ fn parse_script(text: &str) -> Result<Script, String> {
         driver_version: None,
         devices: Vec::new(),
         events: Vec::new(),
+        sets: Vec::new(),
     };
     for (n, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
@@ -253,7 +315,17 @@ fn parse_script(text: &str) -> Result<Script, String> {
             "device" => script.devices.push(parse_device(&rest).map_err(at)?),
             "event" => script.events.push(parse_event(&rest).map_err(at)?),
             "hang" => script.hangs.push(parse_hang(&rest).map_err(at)?),
+            "set" => script.sets.push(parse_set(&rest).map_err(at)?),
             other => return Err(at(format!("unknown directive {other:?}"))),
+        }
+    }
+    for set in &script.sets {
+        if set.gpu >= script.devices.len() {
+            return Err(format!(
+                "set names gpu={}, but only {} devices",
+                set.gpu,
+                script.devices.len()
+            ));
         }
     }
     for e in &script.events {
@@ -292,9 +364,16 @@ fn parse_device(words: &[&str]) -> Result<Device, String> {
         supported: EVENT_XID | EVENT_SBE | EVENT_DBE,
         register_error: None,
         lost: false,
+        values: HashMap::new(),
+        vbios: None,
     };
     for (k, v) in key_values(words)? {
+        if let Some(key) = value_key(k) {
+            dev.values.insert(key, parse_value(k, v)?);
+            continue;
+        }
         match k {
+            "vbios" => dev.vbios = Some(v.to_string()),
             "pci" => pci = Some(parse_pci(v).ok_or_else(|| format!("bad pci {v:?}"))?),
             "uuid" => dev.uuid = Some(v.to_string()),
             "serial" => dev.serial = Some(v.to_string()),
@@ -310,6 +389,39 @@ fn parse_device(words: &[&str]) -> Result<Device, String> {
     dev.device = device;
     dev.function = function;
     Ok(dev)
+}
+
+fn parse_value(k: &str, v: &str) -> Result<u64, String> {
+    let parsed = match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => v.parse::<u64>().ok(),
+    };
+    parsed.ok_or_else(|| format!("{k} needs a number, got {v:?}"))
+}
+
+/// `set at_ms=T gpu=N KEY=VALUE...`
+fn parse_set(words: &[&str]) -> Result<SetValues, String> {
+    let mut at = None;
+    let mut gpu = None;
+    let mut values = Vec::new();
+    for (k, v) in key_values(words)? {
+        match k {
+            "at_ms" => at = Some(parse_value(k, v)?),
+            "gpu" => gpu = Some(usize::try_from(parse_value(k, v)?).map_err(|e| e.to_string())?),
+            other => match value_key(other) {
+                Some(key) => values.push((key, parse_value(k, v)?)),
+                None => return Err(format!("unknown set key {other:?}")),
+            },
+        }
+    }
+    if values.is_empty() {
+        return Err("set needs at least one KEY=VALUE".into());
+    }
+    Ok(SetValues {
+        at: Duration::from_millis(at.ok_or("set needs at_ms=")?),
+        gpu: gpu.ok_or("set needs gpu=")?,
+        values,
+    })
 }
 
 fn parse_event(words: &[&str]) -> Result<Event, String> {
@@ -361,7 +473,7 @@ fn parse_event(words: &[&str]) -> Result<Event, String> {
 }
 
 /// Every function this library exports, for `hang` directives.
-const EXPORTS: [&str; 17] = [
+const EXPORTS: [&str; 36] = [
     "nvmlInit_v2",
     "nvmlInitWithFlags",
     "nvmlShutdown",
@@ -379,6 +491,25 @@ const EXPORTS: [&str; 17] = [
     "nvmlEventSetCreate",
     "nvmlEventSetWait_v2",
     "nvmlEventSetFree",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPages_v2",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetVbiosVersion",
 ];
 
 fn parse_hang(words: &[&str]) -> Result<Hang, String> {
@@ -469,6 +600,13 @@ fn init() -> NvmlReturn {
             sets: HashMap::new(),
             next_set: 0,
             hangs: script.hangs,
+            started: Instant::now(),
+            pending_sets: {
+                let mut sets = script.sets;
+                // Stable: two directives for the same moment apply in script order.
+                sets.sort_by_key(|s| s.at);
+                sets.into()
+            },
         });
         SUCCESS
     })
@@ -576,9 +714,53 @@ fn device_of(s: &State, handle: *mut c_void) -> Result<usize, NvmlReturn> {
 
 /// Runs `f` on the GPU behind `handle`.
 fn with_device(handle: *mut c_void, f: impl FnOnce(usize, &mut State) -> NvmlReturn) -> NvmlReturn {
-    with_state(|s| match device_of(s, handle) {
-        Ok(i) => f(i, s),
-        Err(code) => code,
+    with_state(
+        |s| match device_of(s, handle).inspect(|_| apply_due_sets(s)) {
+            Ok(i) => f(i, s),
+            Err(code) => code,
+        },
+    )
+}
+
+/// Applies the `set` directives that have fallen due.
+fn apply_due_sets(s: &mut State) {
+    let elapsed = s.started.elapsed();
+    while s.pending_sets.front().is_some_and(|set| set.at <= elapsed) {
+        let Some(set) = s.pending_sets.pop_front() else {
+            break;
+        };
+        if let Some(d) = s.devices.get_mut(set.gpu) {
+            for (k, v) in set.values {
+                d.values.insert(k, v);
+            }
+        }
+    }
+}
+
+/// Answers a getter of one value: NOT_SUPPORTED when the script gave none.
+///
+/// # Safety
+/// `out` must be null or valid for a write.
+unsafe fn write_value<T: TryFrom<u64>>(
+    handle: *mut c_void,
+    call: &str,
+    key: &'static str,
+    out: *mut T,
+) -> NvmlReturn {
+    hang_point(call);
+    with_device(handle, |i, s| {
+        if out.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let Some(v) = s.devices[i].values.get(key).copied() else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        let Ok(v) = T::try_from(v) else {
+            return ERROR_INVALID_ARGUMENT;
+        };
+        // SAFETY: non-null and valid per the caller.
+        unsafe { out.write(v) };
+        SUCCESS
     })
 }
 
@@ -913,5 +1095,425 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                 }
             }
         }
+    })
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct Utilization {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+/// `nvmlFieldValue_t`; the value union is eight bytes, read here as its unsigned-int member.
+#[repr(C)]
+pub struct FieldValue {
+    field_id: c_uint,
+    scope_id: c_uint,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: c_uint,
+    nvml_return: NvmlReturn,
+    value: c_ulonglong,
+}
+
+/// NVML's field id for the GPU recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
+const FIELD_RECOVERY_ACTION: c_uint = 230;
+const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
+/// # Safety
+/// `temp` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: *mut c_void,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> NvmlReturn {
+    if sensor != 0 {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetTemperature", "temp", temp) }
+}
+
+/// # Safety
+/// `temp` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
+    device: *mut c_void,
+    kind: c_uint,
+    temp: *mut c_uint,
+) -> NvmlReturn {
+    let key = match kind {
+        0 => "shutdown",
+        1 => "slowdown",
+        _ => {
+            hang_point("nvmlDeviceGetTemperatureThreshold");
+            return ERROR_NOT_SUPPORTED;
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetTemperatureThreshold", key, temp) }
+}
+
+/// # Safety
+/// `reasons` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: *mut c_void,
+    reasons: *mut c_ulonglong,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_value(
+            device,
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+            "throttle",
+            reasons,
+        )
+    }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetCurrPcieLinkGeneration", "gen", out) }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetMaxPcieLinkGeneration", "gen_max", out) }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetCurrPcieLinkWidth", "width", out) }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetMaxPcieLinkWidth", "width_max", out) }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: *mut c_void,
+    out: *mut Utilization,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetUtilizationRates");
+    with_device(device, |i, s| {
+        if out.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let Some(gpu) = s.devices[i].values.get("util").copied() else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        let gpu = gpu.min(100) as c_uint;
+        // SAFETY: non-null and valid per the caller.
+        unsafe { out.write(Utilization { gpu, memory: gpu }) };
+        SUCCESS
+    })
+}
+
+/// Rows are supported when the script gave `remap_corr`; the other three default to 0.
+///
+/// # Safety
+/// Each pointer must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: *mut c_void,
+    corr: *mut c_uint,
+    unc: *mut c_uint,
+    pending: *mut c_uint,
+    failed: *mut c_uint,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetRemappedRows");
+    with_device(device, |i, s| {
+        if corr.is_null() || unc.is_null() || pending.is_null() || failed.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let v = &s.devices[i].values;
+        if !v.contains_key("remap_corr") {
+            return ERROR_NOT_SUPPORTED;
+        }
+        let get = |k| v.get(k).copied().unwrap_or(0) as c_uint;
+        // SAFETY: non-null and valid per the caller.
+        unsafe {
+            corr.write(get("remap_corr"));
+            unc.write(get("remap_unc"));
+            pending.write(get("remap_pending"));
+            failed.write(get("remap_failed"));
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_value(
+            device,
+            "nvmlDeviceGetRetiredPagesPendingStatus",
+            "pages_pending",
+            out,
+        )
+    }
+}
+
+/// The retired-page list of one cause (0: multiple single-bit, 1: double-bit): `count` pages at
+/// made-up addresses.
+///
+/// # Safety
+/// `count` must be null or valid for reads and writes; `addresses` and `timestamps` null or
+/// valid for `*count` writes.
+unsafe fn retired_pages(
+    call: &str,
+    device: *mut c_void,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> NvmlReturn {
+    hang_point(call);
+    with_device(device, |i, s| {
+        let key = match cause {
+            0 => "retired_sbe",
+            1 => "retired_dbe",
+            _ => return ERROR_INVALID_ARGUMENT,
+        };
+        if count.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let Some(n) = s.devices[i].values.get(key).copied() else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        let n = n.min(4096) as c_uint;
+        // SAFETY: valid per the caller.
+        let room = unsafe { *count };
+        // SAFETY: valid per the caller.
+        unsafe { *count = n };
+        if room < n || addresses.is_null() {
+            return if n == 0 {
+                SUCCESS
+            } else {
+                ERROR_INSUFFICIENT_SIZE
+            };
+        }
+        for k in 0..n as usize {
+            // SAFETY: the caller gave room for `room >= n` entries.
+            unsafe {
+                *addresses.add(k) = 0x1000 * (k as u64 + 1);
+                if !timestamps.is_null() {
+                    *timestamps.add(k) = 1_700_000_000 + k as u64;
+                }
+            }
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// See [`retired_pages`].
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    device: *mut c_void,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        retired_pages(
+            "nvmlDeviceGetRetiredPages",
+            device,
+            cause,
+            count,
+            addresses,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// # Safety
+/// See [`retired_pages`].
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    device: *mut c_void,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        retired_pages(
+            "nvmlDeviceGetRetiredPages_v2",
+            device,
+            cause,
+            count,
+            addresses,
+            timestamps,
+        )
+    }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: *mut c_void,
+    error_type: c_uint,
+    counter_type: c_uint,
+    out: *mut c_ulonglong,
+) -> NvmlReturn {
+    let key = match (error_type, counter_type) {
+        (0, 0) => "sbe_volatile",
+        (1, 0) => "dbe_volatile",
+        (0, 1) => "sbe_aggregate",
+        (1, 1) => "dbe_aggregate",
+        _ => return ERROR_INVALID_ARGUMENT,
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetTotalEccErrors", key, out) }
+}
+
+/// Answers the GPU recovery action field (from `recovery`); every other field is NOT_SUPPORTED
+/// in its own slot, as NVML answers fields one by one.
+///
+/// # Safety
+/// `values` must be null or point to `count` valid entries.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: *mut c_void,
+    count: i32,
+    values: *mut FieldValue,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetFieldValues");
+    with_device(device, |i, s| {
+        let Ok(n) = usize::try_from(count) else {
+            return ERROR_INVALID_ARGUMENT;
+        };
+        if values.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let recovery = s.devices[i].values.get("recovery").copied();
+        for k in 0..n {
+            // SAFETY: the caller gave `count` entries.
+            let v = unsafe { &mut *values.add(k) };
+            v.timestamp = 1_700_000_000_000_000;
+            match (v.field_id, recovery) {
+                (FIELD_RECOVERY_ACTION, Some(r)) => {
+                    v.value_type = VALUE_TYPE_UNSIGNED_INT;
+                    v.nvml_return = SUCCESS;
+                    v.value = r & 0xffff_ffff;
+                }
+                _ => v.nvml_return = ERROR_NOT_SUPPORTED,
+            }
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetPowerUsage", "power_mw", out) }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetEnforcedPowerLimit", "limit_mw", out) }
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: *mut c_void,
+    out: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_value(device, "nvmlDeviceGetPersistenceMode", "persistence", out) }
+}
+
+/// # Safety
+/// `current` and `pending` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEccMode(
+    device: *mut c_void,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetEccMode");
+    with_device(device, |i, s| {
+        if current.is_null() || pending.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let Some(v) = s.devices[i].values.get("ecc").copied() else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        // SAFETY: non-null and valid per the caller.
+        unsafe {
+            current.write(u32::from(v != 0));
+            pending.write(u32::from(v != 0));
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// `version` must be null or point to `length` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    device: *mut c_void,
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetVbiosVersion");
+    // SAFETY: forwarded from the caller.
+    with_device(device, |i, s| unsafe {
+        write_str(s.devices[i].vbios.as_deref(), version, length)
     })
 }

@@ -1,0 +1,400 @@
+//! The daemon's side of the health checks, the per-boot inventory and the history.
+//!
+//! - [`take_inventory`]: at start, this boot's inventory through the NVML worker; on a new boot it
+//!   is stored and compared with the previous boot's ("changed since last boot" findings).
+//! - [`health_loop`]: on its own task, like the lost-GPU probe: polls the readings through the
+//!   worker (off the runtime thread, under the call deadline), judges them (`crate::health`) and
+//!   checks the GPU count against the expected one; findings reach the pipeline as
+//!   [`NvmlMsg::Health`](super::nvml::NvmlMsg).
+//! - [`Pages`]: what every page gets beside its runbook's evidence: how often this happened on the
+//!   board before (the history, recorded here when an incident opens), the repeat-offender
+//!   escalation, and the inventory diff for that GPU.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::nvml::NvmlMsg;
+use super::probe::Probe;
+use super::telemetry::HealthGauges;
+use crate::health::config::HistoryConfig;
+use crate::health::{count_findings, Checks, HealthConfig};
+use crate::history::History;
+use crate::inventory::{Change, Stored};
+use crate::model::{Evidence, Finding, Incident, PciAddress, StepResult, StepStatus};
+use crate::source::nvml::NvmlWorker;
+
+/// This boot's inventory through the worker; stored on a new boot. Returns what is stored now
+/// and the "changed since last boot" findings (only on a new boot, so a restart says nothing
+/// again). Blocking: call it on a blocking thread.
+pub fn take_inventory(
+    worker: &NvmlWorker,
+    state_dir: &std::path::Path,
+    boot_hex: &str,
+) -> (Option<Stored>, Vec<Finding>) {
+    let stored = match crate::inventory::load(state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("{e:#}; the inventory starts again from this boot");
+            None
+        }
+    };
+    if stored
+        .as_ref()
+        .is_some_and(|s| s.current.boot_id == boot_hex)
+    {
+        return (stored, Vec::new());
+    }
+    let (opened, vbios) = match worker.inventory() {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!("inventory: {e}; not taken this start");
+            return (stored, Vec::new());
+        }
+    };
+    let readings = worker.health_readings().unwrap_or_default();
+    let fresh = crate::inventory::snapshot(boot_hex, now_ms(), &opened, &vbios, &readings);
+    let (stored, new_boot) = crate::inventory::roll(stored, fresh);
+    if !new_boot {
+        return (Some(stored), Vec::new());
+    }
+    if let Err(e) = crate::inventory::save(state_dir, &stored) {
+        crate::state::log_write_error("inventory", &format!("{e:#}"));
+    }
+    let diff = stored.diff();
+    tracing::info!(
+        "inventory of this boot: {} GPU(s); {} change(s) since the previous boot",
+        stored.current.gpu_count,
+        diff.len()
+    );
+    (Some(stored), crate::inventory::findings(&diff))
+}
+
+/// What the count check compares against: how many GPUs, and the addresses the baseline knew.
+#[derive(Debug, Clone, Default)]
+pub struct Expected {
+    pub count: Option<usize>,
+    pub known: Vec<PciAddress>,
+}
+
+impl Expected {
+    /// `[inventory] expected_gpus`, else the previous boot's count; the addresses of the
+    /// previous boot (and this one's) name the GPUs that are gone.
+    pub fn from(configured: Option<usize>, stored: Option<&Stored>) -> Expected {
+        let prev = stored.and_then(|s| s.previous.as_ref());
+        let mut known: Vec<PciAddress> = prev
+            .map(|p| p.gpus.iter().map(|g| g.pci).collect())
+            .unwrap_or_default();
+        if let Some(s) = stored {
+            for g in &s.current.gpus {
+                if !known.contains(&g.pci) {
+                    known.push(g.pci);
+                }
+            }
+        }
+        Expected {
+            count: configured.or_else(|| prev.map(|p| p.gpu_count)),
+            known,
+        }
+    }
+}
+
+/// The state file of the health task: what it told, for a restart in the same boot.
+pub const MEMORY_FILE: &str = "health.json";
+
+/// Where the health task keeps its memory.
+#[derive(Debug, Clone)]
+pub struct Keep {
+    pub state_dir: PathBuf,
+    pub boot_hex: String,
+}
+
+impl Keep {
+    /// What an earlier run of this boot told; nothing from another boot (or an unreadable file,
+    /// which is said).
+    fn load(&self) -> Option<crate::health::Memory> {
+        let path = self.state_dir.join(MEMORY_FILE);
+        let text = match std::fs::read(&path) {
+            Ok(t) if t.len() <= 4 << 20 => t,
+            Ok(_) => {
+                tracing::warn!("{}: too large; health checks start afresh", path.display());
+                return None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(
+                    "reading {}: {e}; health checks start afresh",
+                    path.display()
+                );
+                return None;
+            }
+        };
+        match serde_json::from_slice::<crate::health::Memory>(&text) {
+            Ok(m) if m.boot_id == self.boot_hex => Some(m),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("{}: {e}; health checks start afresh", path.display());
+                None
+            }
+        }
+    }
+
+    fn save(&self, m: &crate::health::Memory) {
+        let written = serde_json::to_vec(m)
+            .map_err(std::io::Error::from)
+            .and_then(|b| {
+                crate::state::write_atomic(
+                    &self.state_dir.join(MEMORY_FILE),
+                    &b,
+                    crate::state::STATE_FILE_MODE,
+                )
+            });
+        if let Err(e) = written {
+            crate::state::log_write_error("health", &e);
+        }
+    }
+}
+
+/// The health task: polls every `cfg.interval_secs`, judges, and checks the count.
+pub async fn health_loop(
+    cfg: HealthConfig,
+    worker: Option<NvmlWorker>,
+    expected: Expected,
+    sysfs_root: PathBuf,
+    keep: Keep,
+    tx: mpsc::Sender<NvmlMsg>,
+) {
+    let mut timer = tokio::time::interval(Duration::from_secs(cfg.interval_secs));
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let start = Instant::now();
+    let enabled = cfg.enabled;
+    let mut checks = Checks::new(cfg);
+    let mut told_missing: Vec<Option<PciAddress>> = Vec::new();
+    let k = keep.clone();
+    let mut saved = tokio::task::spawn_blocking(move || k.load())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    checks.restore(&saved);
+    told_missing.clone_from(&saved.missing);
+    let mut last_gauges = HealthGauges::default();
+    loop {
+        timer.tick().await;
+        let w = worker.clone();
+        let root = sysfs_root.clone();
+        let polled = tokio::task::spawn_blocking(move || {
+            let readings = match (&w, enabled) {
+                (Some(w), true) => w.health_readings().ok(),
+                _ => None,
+            };
+            // What is there now: NVML's view when it answers, else the bus.
+            let present: Option<Vec<PciAddress>> = match w.as_ref().map(|w| w.reachable_gpus()) {
+                Some(Ok(v)) => Some(v),
+                _ => Probe::new(root)
+                    .gpus_on_bus()
+                    .ok()
+                    .map(|s| s.into_iter().collect()),
+            };
+            (readings, present)
+        })
+        .await;
+        let Ok((readings, present)) = polled else {
+            return;
+        };
+        let mut found = match readings {
+            Some(r) => checks.observe(&r, start.elapsed()),
+            None => Vec::new(),
+        };
+        let gauges = HealthGauges {
+            expected_gpus: expected.count.map(|c| c as u64),
+            present_gpus: present.as_ref().map(|p| p.len() as u64),
+            failing: checks
+                .failing()
+                .into_iter()
+                .map(|(k, pci)| {
+                    (
+                        k.as_str().to_string(),
+                        pci.map_or_else(String::new, |p| p.to_string()),
+                    )
+                })
+                .collect(),
+        };
+        if let (Some(count), Some(present)) = (expected.count, present) {
+            let missing = count_findings(count, &expected.known, &present);
+            let now: Vec<Option<PciAddress>> = missing.iter().map(|f| f.pci).collect();
+            for f in missing {
+                if !told_missing.contains(&f.pci) {
+                    found.push(f);
+                }
+            }
+            // A GPU that came back may be reported again if it goes.
+            told_missing = now;
+        }
+        let mut memory = checks.memory(&keep.boot_hex);
+        memory.missing.clone_from(&told_missing);
+        if memory != saved {
+            let (k, m) = (keep.clone(), memory.clone());
+            // Before the findings go out: a crash after the page must not page again.
+            let _ = tokio::task::spawn_blocking(move || k.save(&m)).await;
+            saved = memory;
+        }
+        if found.is_empty() && gauges == last_gauges {
+            continue;
+        }
+        last_gauges = gauges.clone();
+        if tx.send(NvmlMsg::Health(found, gauges)).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The history and the inventory diff, shared by the pipeline (which records) and nobody else;
+/// behind a lock only so the history file is written off the runtime thread.
+#[derive(Clone)]
+pub struct Pages {
+    inner: Arc<Mutex<PagesInner>>,
+    /// Serialises history writes and drops a stale one (generation order).
+    writer: Arc<Mutex<u64>>,
+}
+
+struct PagesInner {
+    state_dir: PathBuf,
+    cfg: HistoryConfig,
+    history: History,
+    generation: u64,
+    diff: Vec<Change>,
+}
+
+impl Pages {
+    /// Loads the history from the state directory (an unreadable one starts empty, and says so).
+    pub fn open(state_dir: PathBuf, cfg: HistoryConfig) -> Pages {
+        let history = match crate::history::load(&state_dir) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!("{e:#}; the GPU history starts empty");
+                History::default()
+            }
+        };
+        Pages {
+            inner: Arc::new(Mutex::new(PagesInner {
+                state_dir,
+                cfg,
+                history,
+                generation: 0,
+                diff: Vec::new(),
+            })),
+            writer: Arc::new(Mutex::new(0)),
+        }
+    }
+
+    /// The changes since the previous boot, attached to incidents on the GPUs they name.
+    pub fn set_diff(&self, diff: Vec<Change>) {
+        self.lock().diff = diff;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PagesInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an incident that opens and returns what its page carries beside the runbook's
+    /// evidence: the history (how often before; the escalation for a repeat offender) and the
+    /// inventory diff for its GPU.
+    pub fn annotate(&self, inc: &Incident) -> Vec<Evidence> {
+        let now = now_ms();
+        let mut out = Vec::new();
+        let snapshot = {
+            let mut g = self.lock();
+            let cfg = g.cfg.clone();
+            let summary = g.history.record(inc, &cfg, now);
+            if let Some(s) = &summary {
+                tracing::info!("incident {}: {}", inc.id, s.line());
+                out.push(crate::history::evidence(s, &inc.host, now));
+            }
+            if inc.phase == crate::model::IncidentPhase::Opened && !inc.test {
+                let changes: Vec<&Change> = g
+                    .diff
+                    .iter()
+                    .filter(|c| c.pci.is_some() && c.pci == inc.pci)
+                    .collect();
+                if !changes.is_empty() {
+                    out.push(diff_evidence(&changes, &inc.host, now));
+                }
+            }
+            summary.map(|_| {
+                g.generation += 1;
+                g.generation
+            })
+        };
+        if let Some(generation) = snapshot {
+            let (writer, inner) = (self.writer.clone(), self.inner.clone());
+            // A slow disk must not hold the pipeline: serialised and written on a blocking
+            // thread, in generation order (a write overtaken by a newer one is skipped).
+            tokio::task::spawn_blocking(move || {
+                let mut last = writer.lock().unwrap_or_else(|p| p.into_inner());
+                if *last >= generation {
+                    return;
+                }
+                let (bytes, dir, now_gen) = {
+                    let g = inner.lock().unwrap_or_else(|p| p.into_inner());
+                    (
+                        serde_json::to_vec(&g.history),
+                        g.state_dir.clone(),
+                        g.generation,
+                    )
+                };
+                *last = now_gen;
+                let written = bytes
+                    .map_err(anyhow::Error::from)
+                    .and_then(|b| crate::history::save_bytes(&dir, &b));
+                if let Err(e) = written {
+                    crate::state::log_write_error("history", &format!("{e:#}"));
+                }
+            });
+        }
+        out
+    }
+}
+
+/// The page's evidence in reading order: a repeat offender's escalation first (its next steps are
+/// the page's), then the runbook's, then the history and the inventory diff.
+pub fn merge(pages: Vec<Evidence>, runbook: Option<Evidence>) -> Vec<Evidence> {
+    let (first, rest): (Vec<Evidence>, Vec<Evidence>) = pages
+        .into_iter()
+        .partition(|e| !e.next_steps.trim().is_empty());
+    first.into_iter().chain(runbook).chain(rest).collect()
+}
+
+fn diff_evidence(changes: &[&Change], host: &str, now: u64) -> Evidence {
+    let lines: Vec<String> = changes.iter().map(|c| c.describe()).collect();
+    Evidence {
+        runbook: "inventory-diff".into(),
+        meaning: String::new(),
+        next_steps: String::new(),
+        steps: vec![StepResult {
+            name: "changed since last boot".into(),
+            kind: "inventory".into(),
+            target: Vec::new(),
+            status: StepStatus::Done { exit_code: None },
+            output: lines.join("\n") + "\n",
+            bytes_dropped: 0,
+            duration_ms: 0,
+            notes: lines
+                .iter()
+                .map(|l| format!("changed since last boot: {l}"))
+                .collect(),
+        }],
+        started_ms: now,
+        duration_ms: 0,
+        host: host.to_string(),
+    }
+}

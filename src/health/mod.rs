@@ -1,0 +1,734 @@
+//! Health checks: NVML readings polled on an interval (by `daemon::health`), judged here.
+//!
+//! Pure: [`Checks::observe`] takes one poll's readings and the monotonic time, and returns the
+//! findings. Every check has a sustain rule (a window of time, or a number of polls in a row), so
+//! one hot or throttled sample is not a page; a check reports once when its condition has held for
+//! the whole window, and again only after the condition has cleared. Severities come from
+//! `classify::signals`, the words for the on-call from `classify::guidance`.
+//!
+//! The PCIe rule: a GPU at idle lowers its link (generation, sometimes width) to save power, so a
+//! link below its maximum at idle is normal. The link is judged only while the GPU is busy
+//! (utilization at or above `busy_util_percent`), for `polls` busy polls in a row. A busy GPU
+//! trains its link back to the maximum within milliseconds, so a busy GPU below its maximum is
+//! really degraded. The highest link seen since start is kept and named in the finding.
+
+pub mod config;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use config::HealthConfig;
+
+use crate::classify::signals;
+use crate::model::{Detail, Finding, FindingKind, Origin, PciAddress, RecoveryAction};
+use crate::source::nvml::health::{
+    GpuReading, THROTTLE_HW_POWER_BRAKE, THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL,
+};
+
+/// What is remembered per GPU between polls.
+#[derive(Debug, Default, Clone)]
+struct GpuState {
+    pci: Option<PciAddress>,
+    hot_since: Option<Duration>,
+    hot_told: bool,
+    throttle_polls: u32,
+    throttle_told: bool,
+    link_polls: u32,
+    link_told: bool,
+    best_gen: u32,
+    best_width: u32,
+    repair_told: Option<(bool, bool, bool)>,
+    dbe_last: Option<u64>,
+    recovery_told: Option<u32>,
+    power_since: Option<Duration>,
+    power_told: bool,
+    persistence_told: bool,
+}
+
+/// What a restart in the same boot must not forget: which findings were raised (and not yet
+/// cleared), so a condition that still holds is not paged again, and the last DBE count, so an
+/// increase during the restart is still seen. Sustain timers start again (a restart delays a
+/// first report; it never repeats one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Memory {
+    pub boot_id: String,
+    pub gpus: Vec<GpuMemory>,
+    /// GPUs reported missing by the count check (`None`: the host-wide finding).
+    #[serde(default)]
+    pub missing: Vec<Option<PciAddress>>,
+}
+
+/// One GPU's part of [`Memory`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuMemory {
+    pub index: u32,
+    pub pci: Option<PciAddress>,
+    /// Finding kinds (`gpu_temperature`, ...) raised and not cleared.
+    #[serde(default)]
+    pub told: Vec<String>,
+    #[serde(default)]
+    pub repair: Option<(bool, bool, bool)>,
+    #[serde(default)]
+    pub recovery: Option<u32>,
+    #[serde(default)]
+    pub dbe_last: Option<u64>,
+}
+
+/// The checks and their memory.
+#[derive(Debug)]
+pub struct Checks {
+    cfg: HealthConfig,
+    gpus: BTreeMap<u32, GpuState>,
+}
+
+impl Checks {
+    pub fn new(cfg: HealthConfig) -> Checks {
+        Checks {
+            cfg,
+            gpus: BTreeMap::new(),
+        }
+    }
+
+    /// What to keep across a restart in this boot (the count check's part is the caller's).
+    pub fn memory(&self, boot_id: &str) -> Memory {
+        Memory {
+            boot_id: boot_id.to_string(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|(index, st)| GpuMemory {
+                    index: *index,
+                    pci: st.pci,
+                    told: [
+                        (st.hot_told, FindingKind::GpuTemperature),
+                        (st.throttle_told, FindingKind::GpuThrottling),
+                        (st.link_told, FindingKind::PcieLinkDegraded),
+                        (st.power_told, FindingKind::PowerOverLimit),
+                        (st.persistence_told, FindingKind::PersistenceModeOff),
+                    ]
+                    .into_iter()
+                    .filter(|(on, _)| *on)
+                    .map(|(_, k)| k.as_str().to_string())
+                    .collect(),
+                    repair: st.repair_told,
+                    recovery: st.recovery_told,
+                    dbe_last: st.dbe_last,
+                })
+                .collect(),
+            missing: Vec::new(),
+        }
+    }
+
+    /// Takes back what an earlier run of this boot saved (GPUs matched by index and address).
+    pub fn restore(&mut self, m: &Memory) {
+        for g in &m.gpus {
+            let st = self.gpus.entry(g.index).or_default();
+            if st.pci.is_some() && st.pci != g.pci {
+                continue;
+            }
+            st.pci = g.pci;
+            let told = |k: FindingKind| g.told.iter().any(|t| t == k.as_str());
+            st.hot_told = told(FindingKind::GpuTemperature);
+            st.throttle_told = told(FindingKind::GpuThrottling);
+            st.link_told = told(FindingKind::PcieLinkDegraded);
+            st.power_told = told(FindingKind::PowerOverLimit);
+            st.persistence_told = told(FindingKind::PersistenceModeOff);
+            st.repair_told = g.repair;
+            st.recovery_told = g.recovery;
+            st.dbe_last = g.dbe_last;
+        }
+    }
+
+    /// The checks in force.
+    pub fn config(&self) -> &HealthConfig {
+        &self.cfg
+    }
+
+    /// The checks whose finding was raised and whose condition still holds, per GPU: the
+    /// `xidwatch_health_check_failing` gauge. The ECC check reports increases, not a state.
+    pub fn failing(&self) -> Vec<(FindingKind, Option<PciAddress>)> {
+        let mut out = Vec::new();
+        for st in self.gpus.values() {
+            for (on, kind) in [
+                (st.hot_told, FindingKind::GpuTemperature),
+                (st.throttle_told, FindingKind::GpuThrottling),
+                (st.link_told, FindingKind::PcieLinkDegraded),
+                (st.repair_told.is_some(), FindingKind::MemoryRepair),
+                (st.recovery_told.is_some(), FindingKind::RecoveryAction),
+                (st.power_told, FindingKind::PowerOverLimit),
+                (st.persistence_told, FindingKind::PersistenceModeOff),
+            ] {
+                if on {
+                    out.push((kind, st.pci));
+                }
+            }
+        }
+        out
+    }
+
+    /// Judges one poll. `now` is monotonic time (any origin, never going back).
+    pub fn observe(&mut self, readings: &[GpuReading], now: Duration) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for r in readings {
+            if r.lost {
+                // The lost-GPU probe and NVML's own event report that; readings of a lost GPU
+                // mean nothing.
+                continue;
+            }
+            let st = self.gpus.entry(r.index).or_default();
+            st.pci = r.pci;
+            let cfg = &self.cfg;
+            if cfg.temperature.enabled {
+                temperature(cfg, st, r, now, &mut out);
+            }
+            if cfg.throttling.enabled {
+                throttling(cfg, st, r, &mut out);
+            }
+            if cfg.pcie_link.enabled {
+                pcie_link(cfg, st, r, &mut out);
+            }
+            if cfg.memory_repair.enabled {
+                memory_repair(st, r, &mut out);
+            }
+            if cfg.ecc.enabled {
+                ecc(st, r, &mut out);
+            }
+            if cfg.recovery_action.enabled {
+                recovery(st, r, &mut out);
+            }
+            if cfg.power.enabled {
+                power(cfg, st, r, now, &mut out);
+            }
+            if r.persistence == Some(true) {
+                st.persistence_told = false;
+            }
+            if cfg.persistence_mode.enabled && r.persistence == Some(false) && !st.persistence_told
+            {
+                st.persistence_told = true;
+                out.push(finding(
+                    FindingKind::PersistenceModeOff,
+                    None,
+                    r,
+                    "Persistence mode is off".into(),
+                    "persistence mode: disabled".into(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The temperature a GPU must reach: the configured threshold, or the GPU's own slowdown
+/// threshold minus the margin, whichever is lower.
+pub fn temperature_limit(cfg: &HealthConfig, r: &GpuReading) -> u32 {
+    let own = r
+        .slowdown_c
+        .map(|s| s.saturating_sub(cfg.temperature.slowdown_margin_celsius));
+    own.map_or(cfg.temperature.threshold_celsius, |o| {
+        o.min(cfg.temperature.threshold_celsius)
+    })
+}
+
+fn temperature(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let Some(t) = r.temp_c else { return };
+    let limit = temperature_limit(cfg, r);
+    if t < limit {
+        st.hot_since = None;
+        st.hot_told = false;
+        return;
+    }
+    let since = *st.hot_since.get_or_insert(now);
+    let held = now.saturating_sub(since);
+    if !st.hot_told && held >= Duration::from_secs(cfg.temperature.sustain_secs) {
+        st.hot_told = true;
+        let slowdown = r
+            .slowdown_c
+            .map_or(String::new(), |s| format!(", slowdown at {s} °C"));
+        out.push(finding(
+            FindingKind::GpuTemperature,
+            None,
+            r,
+            format!("GPU at {t} °C for {} s (limit {limit} °C)", held.as_secs()),
+            format!(
+                "temperature {t} °C, at or above {limit} °C for {} s{slowdown}",
+                held.as_secs()
+            ),
+        ));
+    }
+}
+
+fn throttling(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let Some(bits) = r.throttle else { return };
+    let hw = bits & (THROTTLE_HW_SLOWDOWN | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE);
+    if hw == 0 {
+        st.throttle_polls = 0;
+        st.throttle_told = false;
+        return;
+    }
+    st.throttle_polls += 1;
+    if !st.throttle_told && st.throttle_polls >= cfg.throttling.polls {
+        st.throttle_told = true;
+        let mut names = Vec::new();
+        if hw & THROTTLE_HW_SLOWDOWN != 0 {
+            names.push("HW slowdown");
+        }
+        if hw & THROTTLE_HW_THERMAL != 0 {
+            names.push("HW thermal slowdown");
+        }
+        if hw & THROTTLE_HW_POWER_BRAKE != 0 {
+            names.push("HW power brake");
+        }
+        let names = names.join(", ");
+        out.push(finding(
+            FindingKind::GpuThrottling,
+            None,
+            r,
+            format!("GPU slowed down by the hardware: {names}"),
+            format!(
+                "throttle reasons {bits:#x} ({names}) active for {} polls in a row",
+                st.throttle_polls
+            ),
+        ));
+    }
+}
+
+fn pcie_link(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let (Some(g), Some(gm), Some(w), Some(wm)) =
+        (r.link_gen, r.link_gen_max, r.link_width, r.link_width_max)
+    else {
+        return;
+    };
+    st.best_gen = st.best_gen.max(g);
+    st.best_width = st.best_width.max(w);
+    let busy = r
+        .util_pct
+        .is_some_and(|u| u >= cfg.pcie_link.busy_util_percent);
+    if !busy {
+        // Idle: the link may be down to save power. Neither counts nor clears.
+        return;
+    }
+    if g >= gm && w >= wm {
+        st.link_polls = 0;
+        st.link_told = false;
+        return;
+    }
+    st.link_polls += 1;
+    if !st.link_told && st.link_polls >= cfg.pcie_link.polls {
+        st.link_told = true;
+        out.push(finding(
+            FindingKind::PcieLinkDegraded,
+            None,
+            r,
+            format!("PCIe link at Gen{g} x{w}, below its maximum Gen{gm} x{wm}, under load"),
+            format!(
+                "PCIe link Gen{g} x{w} of Gen{gm} x{wm} with the GPU {}% busy, for {} busy polls; highest seen since start Gen{} x{}",
+                r.util_pct.unwrap_or(0),
+                st.link_polls,
+                st.best_gen,
+                st.best_width
+            ),
+        ));
+    }
+}
+
+fn memory_repair(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let pending = r.remap.is_some_and(|m| m.pending);
+    let failed = r.remap.is_some_and(|m| m.failed);
+    let pages = r.pages_pending == Some(true);
+    let now = (pending, failed, pages);
+    if !pending && !failed && !pages {
+        st.repair_told = None;
+        return;
+    }
+    if st.repair_told == Some(now) {
+        return;
+    }
+    st.repair_told = Some(now);
+    let mut what = Vec::new();
+    if failed {
+        what.push("row remapping failed");
+    }
+    if pending {
+        what.push("row remapping pending");
+    }
+    if pages {
+        what.push("pages pending retirement");
+    }
+    let counts = r.remap.map_or(String::new(), |m| {
+        format!(
+            "; remapped rows: {} correctable, {} uncorrectable",
+            m.correctable, m.uncorrectable
+        )
+    });
+    out.push(finding(
+        FindingKind::MemoryRepair,
+        Some(Detail::MemoryRepair {
+            remap_pending: pending,
+            remap_failed: failed,
+            pages_pending: pages,
+        }),
+        r,
+        format!("GPU memory needs repair: {}", what.join(", ")),
+        format!("{}{counts}", what.join(", ")),
+    ));
+}
+
+fn ecc(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let Some(n) = r.dbe_volatile else { return };
+    let before = st.dbe_last.replace(n);
+    if let Some(b) = before {
+        if n > b {
+            out.push(finding(
+                FindingKind::EccDbeIncrease,
+                None,
+                r,
+                format!("Uncorrectable ECC errors went up by {}", n - b),
+                format!("volatile double-bit ECC count {b} -> {n}"),
+            ));
+        }
+    }
+}
+
+/// NVML's recovery action values.
+fn recovery_of(v: u32) -> RecoveryAction {
+    match v {
+        0 => RecoveryAction::None,
+        1 => RecoveryAction::GpuReset,
+        2 => RecoveryAction::NodeReboot,
+        3 => RecoveryAction::DrainP2p,
+        4 => RecoveryAction::DrainAndReset,
+        other => RecoveryAction::Other(format!("recovery action {other}")),
+    }
+}
+
+fn recovery(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+    let Some(v) = r.recovery else { return };
+    if v == 0 {
+        st.recovery_told = None;
+        return;
+    }
+    if st.recovery_told == Some(v) {
+        return;
+    }
+    st.recovery_told = Some(v);
+    let to = recovery_of(v);
+    let words = to.describe();
+    out.push(finding(
+        FindingKind::RecoveryAction,
+        Some(Detail::Recovery {
+            from: RecoveryAction::None,
+            to,
+        }),
+        r,
+        format!("NVML asks for a recovery action: {words}"),
+        format!("GPU recovery action (field {}) = {v}: {words}", 230),
+    ));
+}
+
+fn power(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let (Some(p), Some(l)) = (r.power_mw, r.limit_mw) else {
+        return;
+    };
+    let over = u64::from(l) * (100 + u64::from(cfg.power.margin_percent)) / 100;
+    if u64::from(p) <= over || l == 0 {
+        st.power_since = None;
+        st.power_told = false;
+        return;
+    }
+    let since = *st.power_since.get_or_insert(now);
+    let held = now.saturating_sub(since);
+    if !st.power_told && held >= Duration::from_secs(cfg.power.sustain_secs) {
+        st.power_told = true;
+        out.push(finding(
+            FindingKind::PowerOverLimit,
+            None,
+            r,
+            format!(
+                "GPU draws {} W over its {} W limit for {} s",
+                p / 1000,
+                l / 1000,
+                held.as_secs()
+            ),
+            format!(
+                "power draw {p} mW above the enforced limit {l} mW (+{}%) for {} s",
+                cfg.power.margin_percent,
+                held.as_secs()
+            ),
+        ));
+    }
+}
+
+fn finding(
+    kind: FindingKind,
+    detail: Option<Detail>,
+    r: &GpuReading,
+    title: String,
+    what: String,
+) -> Finding {
+    let mut f = signals::finding(kind, detail, title);
+    f.pci = r.pci;
+    let at = r
+        .pci
+        .map_or_else(|| format!("GPU {}", r.index), |p| p.to_string());
+    f.message = format!("NVML health check: {what}");
+    f.origin = Origin {
+        line: 0,
+        lines: 1,
+        raw: vec![format!("NVML: {what} on {at}")],
+        ..Origin::default()
+    };
+    f
+}
+
+/// GPUs expected but not present, by PCI address (when the baseline names them), for the
+/// critical `gpu_missing` finding. `present` is what NVML (or, without NVML, the bus) shows now.
+pub fn missing_gpus(
+    expected: usize,
+    known: &[PciAddress],
+    present: &[PciAddress],
+) -> (usize, Vec<PciAddress>) {
+    let gone: Vec<PciAddress> = known
+        .iter()
+        .filter(|p| !present.contains(p))
+        .copied()
+        .collect();
+    (expected.saturating_sub(present.len()), gone)
+}
+
+/// The `gpu_missing` findings for a count below the expected one: one per address that is gone
+/// (named from the baseline), or one host-wide finding when the baseline cannot name them.
+pub fn count_findings(
+    expected: usize,
+    known: &[PciAddress],
+    present: &[PciAddress],
+) -> Vec<Finding> {
+    let (short, gone) = missing_gpus(expected, known, present);
+    if short == 0 {
+        return Vec::new();
+    }
+    let head = format!("{} of {expected} expected GPUs present", present.len());
+    let mk = |pci: Option<PciAddress>, title: String| {
+        let mut f = signals::finding(FindingKind::GpuMissing, None, title);
+        f.pci = pci;
+        f.message = format!("GPU count check: {head}");
+        f.origin = Origin {
+            line: 0,
+            lines: 1,
+            raw: vec![format!(
+                "GPU count: {head}; gone: {}",
+                if gone.is_empty() {
+                    "(the baseline does not name them)".to_string()
+                } else {
+                    gone.iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )],
+            ..Origin::default()
+        };
+        f
+    };
+    if gone.is_empty() {
+        return vec![mk(None, format!("GPU missing: {head}"))];
+    }
+    gone.iter()
+        .map(|p| mk(Some(*p), format!("GPU {p} is missing: {head}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hot(t: u32) -> GpuReading {
+        GpuReading {
+            index: 0,
+            pci: PciAddress::parse("0000:17:00.0").ok(),
+            temp_c: Some(t),
+            slowdown_c: Some(92),
+            ..GpuReading::default()
+        }
+    }
+
+    #[test]
+    fn temperature_needs_the_whole_window_and_reports_once() {
+        let mut c = Checks::new(HealthConfig::default());
+        let s = Duration::from_secs;
+        // Limit: min(85, 92 - 5) = 85.
+        assert_eq!(temperature_limit(c.config(), &hot(0)), 85);
+        assert!(c.observe(&[hot(90)], s(0)).is_empty());
+        assert!(c.observe(&[hot(90)], s(200)).is_empty());
+        assert!(c.observe(&[hot(70)], s(230)).is_empty(), "cleared");
+        assert!(c.observe(&[hot(90)], s(260)).is_empty());
+        assert!(c.observe(&[hot(90)], s(500)).is_empty());
+        let f = c.observe(&[hot(91)], s(560));
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].kind, FindingKind::GpuTemperature);
+        assert!(c.observe(&[hot(91)], s(590)).is_empty(), "said once");
+    }
+
+    #[test]
+    fn an_idle_link_is_not_degraded_and_a_busy_one_is() {
+        let mut c = Checks::new(HealthConfig::default());
+        let link = |w, util| GpuReading {
+            link_gen: Some(if util > 0 { 5 } else { 1 }),
+            link_gen_max: Some(5),
+            link_width: Some(w),
+            link_width_max: Some(16),
+            util_pct: Some(util),
+            ..hot(40)
+        };
+        for _ in 0..5 {
+            assert!(c.observe(&[link(4, 0)], Duration::ZERO).is_empty());
+        }
+        assert!(c.observe(&[link(4, 95)], Duration::ZERO).is_empty());
+        let f = c.observe(&[link(4, 95)], Duration::ZERO);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].title.contains("x4"), "{}", f[0].title);
+    }
+
+    #[test]
+    fn throttling_ecc_repair_recovery_power_and_persistence() {
+        use crate::model::Severity;
+        use crate::source::nvml::health::RemapCounts;
+        let mut c = Checks::new(HealthConfig::default());
+        let z = Duration::ZERO;
+        let kinds = |f: &[Finding]| f.iter().map(|f| f.kind).collect::<Vec<_>>();
+        // Throttling: software power capping (0x4) is policy; power brake for 4 polls is a finding.
+        let thr = |bits| GpuReading {
+            throttle: Some(bits),
+            ..hot(40)
+        };
+        for _ in 0..6 {
+            assert!(c.observe(&[thr(0x4)], z).is_empty());
+        }
+        for _ in 0..3 {
+            assert!(c.observe(&[thr(0x80)], z).is_empty());
+        }
+        assert_eq!(
+            kinds(&c.observe(&[thr(0x80)], z)),
+            [FindingKind::GpuThrottling]
+        );
+        assert_eq!(c.failing(), [(FindingKind::GpuThrottling, hot(0).pci)]);
+        assert!(c.observe(&[thr(0)], z).is_empty());
+        assert!(c.failing().is_empty(), "cleared");
+
+        // ECC: an increase over the previous poll, not a count left from before.
+        let dbe = |n| GpuReading {
+            dbe_volatile: Some(n),
+            ..hot(40)
+        };
+        assert!(c.observe(&[dbe(3)], z).is_empty());
+        assert!(c.observe(&[dbe(3)], z).is_empty());
+        let f = c.observe(&[dbe(5)], z);
+        assert_eq!(kinds(&f), [FindingKind::EccDbeIncrease]);
+        assert_eq!(f[0].severity, Severity::Critical);
+
+        // Memory repair: pending is a warning, failed critical; said when the state changes.
+        let rep = |pending, failed| GpuReading {
+            remap: Some(RemapCounts {
+                correctable: 0,
+                uncorrectable: 1,
+                pending,
+                failed,
+            }),
+            ..hot(40)
+        };
+        let f = c.observe(&[rep(true, false)], z);
+        assert_eq!(f[0].severity, Severity::Warning);
+        assert!(c.observe(&[rep(true, false)], z).is_empty());
+        let f = c.observe(&[rep(true, true)], z);
+        assert_eq!(f[0].severity, Severity::Critical, "{f:?}");
+
+        // Recovery action: a GPU reset asked for, at the first poll.
+        let mut c = Checks::new(HealthConfig::default());
+        let rec = |v| GpuReading {
+            recovery: Some(v),
+            ..hot(40)
+        };
+        assert!(c.observe(&[rec(0)], z).is_empty());
+        let f = c.observe(&[rec(1)], z);
+        assert_eq!(f[0].severity, Severity::Critical);
+        assert!(f[0].title.contains("GPU reset"), "{}", f[0].title);
+        assert!(c.observe(&[rec(1)], z).is_empty());
+
+        // Power: over the limit by more than 5 % for 300 s.
+        let pw = |mw| GpuReading {
+            power_mw: Some(mw),
+            limit_mw: Some(700_000),
+            ..hot(40)
+        };
+        let s = Duration::from_secs;
+        assert!(
+            c.observe(&[pw(720_000)], s(0)).is_empty(),
+            "within the margin"
+        );
+        assert!(c.observe(&[pw(760_000)], s(10)).is_empty());
+        assert!(c.observe(&[pw(760_000)], s(200)).is_empty());
+        assert_eq!(
+            kinds(&c.observe(&[pw(760_000)], s(310))),
+            [FindingKind::PowerOverLimit]
+        );
+
+        // Persistence off: info, once; each check can be turned off.
+        let off = GpuReading {
+            persistence: Some(false),
+            ..hot(40)
+        };
+        let f = c.observe(std::slice::from_ref(&off), z);
+        assert_eq!(f[0].severity, Severity::Info);
+        assert!(c.observe(std::slice::from_ref(&off), z).is_empty());
+        let mut cfg = HealthConfig::default();
+        cfg.persistence_mode.enabled = false;
+        assert!(Checks::new(cfg).observe(&[off], z).is_empty());
+    }
+
+    #[test]
+    fn a_restart_remembers_what_was_told() {
+        let mut c = Checks::new(HealthConfig::default());
+        let s = Duration::from_secs;
+        c.observe(&[hot(90)], s(0));
+        assert_eq!(c.observe(&[hot(90)], s(300)).len(), 1);
+        let m = c.memory("b");
+        let back: Memory = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        let mut again = Checks::new(HealthConfig::default());
+        again.restore(&back);
+        assert!(again.observe(&[hot(90)], s(0)).is_empty());
+        assert!(
+            again.observe(&[hot(90)], s(400)).is_empty(),
+            "not paged again"
+        );
+        assert!(again.observe(&[hot(60)], s(430)).is_empty());
+        again.observe(&[hot(90)], s(460));
+        assert_eq!(
+            again.observe(&[hot(90)], s(760)).len(),
+            1,
+            "a new episode is"
+        );
+    }
+
+    #[test]
+    fn count_names_the_gone_addresses() {
+        let a = PciAddress::parse("0000:17:00.0").unwrap();
+        let b = PciAddress::parse("0000:2a:00.0").unwrap();
+        let f = count_findings(2, &[a, b], &[a]);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].pci, Some(b));
+        assert_eq!(f[0].severity, crate::model::Severity::Critical);
+        assert!(count_findings(2, &[a, b], &[a, b]).is_empty());
+        assert_eq!(count_findings(3, &[], &[a]).len(), 1);
+    }
+}
