@@ -789,7 +789,10 @@ impl AlertConfig {
         }
         for (i, a) in self.alertmanager.iter().enumerate() {
             for (j, u) in a.urls.iter().enumerate() {
-                check(format!("alerts.alertmanager[{i}] ({}).urls[{j}]", a.name), u);
+                check(
+                    format!("alerts.alertmanager[{i}] ({}).urls[{j}]", a.name),
+                    u,
+                );
             }
         }
         out

@@ -91,7 +91,6 @@ impl StateDir {
         })
     }
 
-
     pub fn load_position(&self) -> anyhow::Result<Option<Position>> {
         self.load_json("position.json")
     }

@@ -548,7 +548,10 @@ fn golden_page_with_the_slurm_hand_off() {
     assert!(text.contains(want), "{text}");
     check_golden("report_xid79_slurm.txt", &text);
     let slack = serde_json::to_string(&slack::payload(&doc)).unwrap();
-    assert!(slack.contains("scontrol update NodeName=gpu-node-7 State=DRAIN"), "{slack}");
+    assert!(
+        slack.contains("scontrol update NodeName=gpu-node-7 State=DRAIN"),
+        "{slack}"
+    );
 }
 
 /// The resolved notice as Slack shows it: short, green, `phase: resolved`, the same incident.
@@ -1444,7 +1447,11 @@ async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while states().await != ["active"] {
-        assert!(Instant::now() < deadline, "never active: {:?}", states().await);
+        assert!(
+            Instant::now() < deadline,
+            "never active: {:?}",
+            states().await
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
@@ -1498,7 +1505,10 @@ async fn resolved_notices_reach_webhooks_per_channel() {
     );
     let slack = rx.requests_to("/slack")[0].json();
     assert_eq!(slack["phase"], "resolved");
-    assert!(slack["text"].as_str().unwrap().contains(":white_check_mark:"));
+    assert!(slack["text"]
+        .as_str()
+        .unwrap()
+        .contains(":white_check_mark:"));
     assert!(rx.requests_to("/quiet").is_empty(), "send_resolved = false");
     run.stop().await;
     assert!(rx.requests_to("/quiet").is_empty());
@@ -1533,12 +1543,20 @@ fn page_details_say_each_thing_once() {
     assert_eq!(gpu, "*GPU*\nindex unknown (NVIDIA H100 80GB HBM3)");
     alert.incident.gpu.name = None;
     let bare = serde_json::to_string(&slack::payload(&AlertDocument::build(&alert))).unwrap();
-    assert!(bare.contains("*GPU*\\nindex unknown (NVML cannot name it)"), "{bare}");
+    assert!(
+        bare.contains("*GPU*\\nindex unknown (NVML cannot name it)"),
+        "{bare}"
+    );
     assert!(fields.iter().any(|f| f == "*PCI*\n`0000:17:00.0`"));
     let text = report::render(&doc);
     assert!(text.contains("\n  Xid 45: 2 time(s)\n"), "{text}");
     assert!(!text.contains("xid Xid"), "{text}");
-    assert_eq!(doc.notes().len(), 1, "one note, not one per step: {:?}", doc.notes());
+    assert_eq!(
+        doc.notes().len(),
+        1,
+        "one note, not one per step: {:?}",
+        doc.notes()
+    );
 
     let mut aer = xid79_alert();
     aer.incident.kind = FindingKind::PcieAer;

@@ -798,7 +798,9 @@ fn as_an_ordinary_user() {
         std::fs::write(
             &p,
             // No settle delay: the test stops the daemon as soon as the record is read.
-            format!("[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[incidents]\nsettle_ms = 0\n"),
+            format!(
+                "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[incidents]\nsettle_ms = 0\n"
+            ),
         )
         .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -652,8 +652,14 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     let resolved: Vec<_> = docs.iter().filter(|d| d["phase"] == "resolved").collect();
     assert_eq!(resolved.len(), 1, "{docs:#?}");
     assert_eq!(resolved[0]["id"], page["id"]);
-    assert!(resolved[0]["handoff"].is_null(), "nothing to drain once resolved");
-    assert_eq!(listed[0]["id"], page["id"], "status lists the resolved incident");
+    assert!(
+        resolved[0]["handoff"].is_null(),
+        "nothing to drain once resolved"
+    );
+    assert_eq!(
+        listed[0]["id"], page["id"],
+        "status lists the resolved incident"
+    );
     assert!(resolved[0]["headline"]
         .as_str()
         .unwrap()
@@ -718,7 +724,10 @@ fn a_refused_config_page_names_the_key_not_the_value() {
     );
     assert!(!body.contains("987654321"), "never the value: {body}");
     for gpu_word in ["GPU", "Xid", "nvidia-smi", "lspci"] {
-        assert!(!body.contains(gpu_word), "no {gpu_word:?} in the page: {doc:#}");
+        assert!(
+            !body.contains(gpu_word),
+            "no {gpu_word:?} in the page: {doc:#}"
+        );
     }
     assert_eq!(doc["evidence"][0]["runbook"], "config-rejected");
 }
@@ -761,13 +770,19 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
     child.wait_with_output().unwrap();
     let doc = overrun().unwrap();
     assert!(
-        doc["headline"].as_str().unwrap().contains("599 records lost"),
+        doc["headline"]
+            .as_str()
+            .unwrap()
+            .contains("599 records lost"),
         "{doc:#}"
     );
     assert_eq!(doc["evidence"][0]["runbook"], "kernel-log-watch");
     assert!(doc["gpu"].is_null());
     let words = format!("{} {}", doc["meaning"], doc["next_steps"]);
-    assert!(!words.contains("Xid catalog"), "not the GPU fallback's words: {words}");
+    assert!(
+        !words.contains("Xid catalog"),
+        "not the GPU fallback's words: {words}"
+    );
     let steps = doc["evidence"][0]["steps"].as_array().unwrap();
     let excerpt = steps
         .iter()
@@ -775,5 +790,8 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
         .map(|s| s["output"].as_str().unwrap_or_default().to_string())
         .unwrap();
     assert!(excerpt.contains("flood of link state"), "{excerpt}");
-    assert!(!excerpt.contains("Xid"), "no unrelated Xid lines: {excerpt}");
+    assert!(
+        !excerpt.contains("Xid"),
+        "no unrelated Xid lines: {excerpt}"
+    );
 }

@@ -144,7 +144,10 @@ fn install_puts_every_file_in_place_with_its_mode() {
     // same program, a fraction of the size.
     let running = fs::read(BIN).unwrap();
     let copy = fs::read(&bin).unwrap();
-    assert!(xidwatch::cli::install::has_debug_info(&running), "a test build has debug info");
+    assert!(
+        xidwatch::cli::install::has_debug_info(&running),
+        "a test build has debug info"
+    );
     assert!(
         !xidwatch::cli::install::has_debug_info(&copy),
         "installed without debug info:\n{out}"

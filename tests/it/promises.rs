@@ -99,7 +99,10 @@ fn serve(conn: TcpStream, got: &Mutex<Vec<Got>>, seen: &AtomicUsize, hang: usize
 fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -203,23 +206,35 @@ fn sigkill_during_a_burst_of_2000_incidents_loses_none() {
     }
     s.append(&burst);
     let mut first = s.spawn(&[]);
-    wait_until("a first part of the alerts", Duration::from_secs(60), || {
-        rx.opened().len() >= 150
-    });
+    wait_until(
+        "a first part of the alerts",
+        Duration::from_secs(60),
+        || rx.opened().len() >= 150,
+    );
     first.kill().unwrap();
     first.wait().unwrap();
     let before = rx.all().len();
-    assert!(before < N as usize, "killed in the middle of the burst, not after it");
+    assert!(
+        before < N as usize,
+        "killed in the middle of the burst, not after it"
+    );
 
     let mut second = s.spawn(&[]);
-    wait_until("every incident after the restart", Duration::from_secs(90), || {
-        rx.opened().len() >= N as usize
-    });
+    wait_until(
+        "every incident after the restart",
+        Duration::from_secs(90),
+        || rx.opened().len() >= N as usize,
+    );
     super::support::sigterm(&second);
     second.wait().unwrap();
     let all = rx.all();
     let opened = rx.opened();
-    assert_eq!(opened.len(), N as usize, "lost: {}", N as usize - opened.len());
+    assert_eq!(
+        opened.len(),
+        N as usize,
+        "lost: {}",
+        N as usize - opened.len()
+    );
     let resent = all.len() - opened.len();
     // Sent again at most what the first run had in flight (4 sends) or not yet acknowledged
     // (one batch of the reader).
@@ -279,7 +294,11 @@ fn sighup_while_a_runbook_runs_delivers_the_alert_once_with_its_evidence() {
     let all = rx.all();
     assert_eq!(all.len(), 1, "{all:#?}\n{}", s.stderr());
     assert_eq!(all[0].doc["xid"], 48);
-    assert_eq!(all[0].doc["evidence"][0]["runbook"], "rb", "{:#}", all[0].doc);
+    assert_eq!(
+        all[0].doc["evidence"][0]["runbook"], "rb",
+        "{:#}",
+        all[0].doc
+    );
     assert_eq!(all[0].doc["evidence"][0]["steps"][0]["name"], "wait");
     let err = s.stderr();
     assert!(err.contains("config reloaded"), "{err}");
@@ -330,10 +349,12 @@ fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
     )
     .unwrap();
     let lib = super::support::fake_nvml_library();
-    let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap().replace(
-        "[nvml]\nenabled = false\n",
-        &format!("[nvml]\nenabled = true\nlibrary = {lib:?}\nprobe_interval_secs = 1\n"),
-    );
+    let cfg = std::fs::read_to_string(s.path("xidwatch.toml"))
+        .unwrap()
+        .replace(
+            "[nvml]\nenabled = false\n",
+            &format!("[nvml]\nenabled = true\nlibrary = {lib:?}\nprobe_interval_secs = 1\n"),
+        );
     std::fs::write(s.path("xidwatch.toml"), cfg).unwrap();
     let env: [(&str, &Path); 1] = [("XIDWATCH_FAKE_NVML_SCRIPT", &script)];
 
@@ -361,11 +382,10 @@ fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
     d.wait().unwrap();
     let pages = missing(&rx.all());
     assert_eq!(pages.len(), 1, "{pages:?}\n{}", s.stderr());
-    let by_pci: BTreeMap<String, usize> =
-        rx.all().iter().fold(BTreeMap::new(), |mut m, g| {
-            *m.entry(g.doc["gpu"]["pci"].to_string()).or_default() += 1;
-            m
-        });
+    let by_pci: BTreeMap<String, usize> = rx.all().iter().fold(BTreeMap::new(), |mut m, g| {
+        *m.entry(g.doc["gpu"]["pci"].to_string()).or_default() += 1;
+        m
+    });
     assert_eq!(by_pci.len(), 1, "{by_pci:?}");
 }
 
@@ -378,7 +398,9 @@ fn a_crash_loop_does_not_send_an_alert_again() {
     let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
     s.append(&xid_on(0, 7, 79));
     let mut d = s.spawn(&[]);
-    wait_until("the alert", Duration::from_secs(20), || !rx.all().is_empty());
+    wait_until("the alert", Duration::from_secs(20), || {
+        !rx.all().is_empty()
+    });
     for i in 0..6u64 {
         // Killed at a different moment of its start each time.
         std::thread::sleep(Duration::from_millis(150 + 60 * i));

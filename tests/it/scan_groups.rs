@@ -170,7 +170,13 @@ Aug 07 17:19:18 ubuntu kernel: NVRM:     Reported by libos partition:2#4 kernel 
     assert_eq!(h.len(), 3, "{out}");
     assert!(h[0].starts_with("WARNING  nvidia-modeset error"), "{out}");
     assert!(h[1].starts_with("WARNING  nvidia-drm error"), "{out}");
-    assert!(h[2].starts_with("CRITICAL GSP firmware crash report"), "{out}");
+    assert!(
+        h[2].starts_with("CRITICAL GSP firmware crash report"),
+        "{out}"
+    );
     assert!(out.contains("repeats  2 times"), "{out}");
-    assert!(out.contains("GSP firmware on the GPU crashed"), "its own guidance: {out}");
+    assert!(
+        out.contains("GSP firmware on the GPU crashed"),
+        "its own guidance: {out}"
+    );
 }
