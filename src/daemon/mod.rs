@@ -624,15 +624,8 @@ struct Fingerprint(u64);
 
 impl Fingerprint {
     fn of(cfg: &Config) -> Fingerprint {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |bytes: &[u8]| {
-            for b in bytes {
-                h ^= u64::from(*b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        };
+        let mut h = crate::model::Fnv::default();
+        let mut eat = |bytes: &[u8]| h.eat(bytes);
         let read = |p: &std::path::Path| {
             // Bounded: a runbook or config larger than this is refused by the loader anyway.
             use std::io::Read;
@@ -662,7 +655,7 @@ impl Fingerprint {
                 eat(&read(&f));
             }
         }
-        Fingerprint(h)
+        Fingerprint(h.finish())
     }
 }
 

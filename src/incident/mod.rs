@@ -957,21 +957,13 @@ fn first_clause(s: &str) -> String {
 /// A stable id from what the incident is: FNV-1a over (boot, GPU, kind, Xid, first sequence).
 /// Not `DefaultHasher`: its output may change between Rust releases, and ids must not.
 pub fn incident_id(boot: &str, key: &Key, first: u64) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    };
-    eat(boot.as_bytes());
-    eat(key.0.map(|p| p.to_string()).unwrap_or_default().as_bytes());
-    eat(key.1.as_str().as_bytes());
-    eat(&key.2.unwrap_or(u32::MAX).to_le_bytes());
-    eat(&first.to_le_bytes());
-    format!("{h:016x}")
+    let mut h = crate::model::Fnv::default();
+    h.eat(boot.as_bytes());
+    h.eat(key.0.map(|p| p.to_string()).unwrap_or_default().as_bytes());
+    h.eat(key.1.as_str().as_bytes());
+    h.eat(&key.2.unwrap_or(u32::MAX).to_le_bytes());
+    h.eat(&first.to_le_bytes());
+    format!("{:016x}", h.finish())
 }
 
 #[cfg(test)]

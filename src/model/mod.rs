@@ -134,3 +134,31 @@ impl fmt::Display for Category {
 
 /// The longest correlation window (and probe interval) accepted anywhere: 30 days.
 pub const MAX_WINDOW_SECS: u64 = 30 * 24 * 3600;
+
+/// FNV-1a over a sequence of fields (each closed by a separator byte, so ("ab", "c") and
+/// ("a", "bc") differ): for ids and fingerprints that must stay the same across Rust releases,
+/// which `DefaultHasher` does not promise.
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    /// Adds one field.
+    pub fn eat(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 ^= 0xff;
+        self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+    }
+
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+}
