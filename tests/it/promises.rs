@@ -417,3 +417,29 @@ fn a_crash_loop_does_not_send_an_alert_again() {
     let all = rx.all();
     assert_eq!(all.len(), 1, "{all:#?}");
 }
+
+/// A reload happens when what is in force changed: not when some other `.toml` appears beside
+/// the config, nor when the config is saved unchanged; a real edit reloads.
+#[test]
+fn only_a_real_change_of_what_is_in_force_reloads() {
+    let rx = Receiver::start(0);
+    let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
+    let mut d = s.spawn(&[]);
+    wait_until("start-up", Duration::from_secs(20), || {
+        s.stderr().contains("caught up")
+    });
+    let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap();
+    std::fs::write(s.path("other.toml"), "[kmsg]\npath = \"/nowhere\"\n").unwrap();
+    std::fs::write(s.path("xidwatch.toml.new"), &cfg).unwrap();
+    std::fs::rename(s.path("xidwatch.toml.new"), s.path("xidwatch.toml")).unwrap();
+    // The watcher waits 300 ms for editors to finish: give it well past that.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!s.stderr().contains("config reloaded"), "{}", s.stderr());
+    std::fs::write(s.path("xidwatch.toml.new"), format!("{cfg}\n# edited\n")).unwrap();
+    std::fs::rename(s.path("xidwatch.toml.new"), s.path("xidwatch.toml")).unwrap();
+    wait_until("the reload", Duration::from_secs(10), || {
+        s.stderr().contains("config reloaded")
+    });
+    super::support::sigterm(&d);
+    d.wait().unwrap();
+}
