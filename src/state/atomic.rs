@@ -53,6 +53,17 @@ pub fn write_atomic_with(
     mode: u32,
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
+    replace(path, mode, Durability::Synced, fill)
+}
+
+/// The steps of the module doc; the flushes only when `durability` asks for them.
+fn replace(
+    path: &Path,
+    mode: u32,
+    durability: Durability,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
+    let synced = durability == Durability::Synced;
     let tmp = temp_name(path)?;
     let step = |what: &str, p: &Path, e: io::Error| {
         io::Error::new(e.kind(), format!("{what} {}: {e}", p.display()))
@@ -68,13 +79,18 @@ pub fn write_atomic_with(
         f.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(|e| step("setting the mode of", &tmp, e))?;
         fill(&mut f).map_err(|e| step("writing", path, e))?;
-        f.sync_all().map_err(|e| step("syncing", path, e))?;
+        if synced {
+            f.sync_all().map_err(|e| step("syncing", path, e))?;
+        }
         drop(f);
         fs::rename(&tmp, path).map_err(|e| step("renaming into place", path, e))
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
         return Err(e);
+    }
+    if !synced {
+        return Ok(());
     }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -144,26 +160,7 @@ pub fn write_atomic_as(
     mode: u32,
     durability: Durability,
 ) -> io::Result<()> {
-    if durability == Durability::Synced {
-        return write_atomic(path, bytes, mode);
-    }
-    let tmp = temp_name(path)?;
-    let written = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
-    }
-    Ok(())
+    replace(path, mode, durability, |f| f.write_all(bytes))
 }
 
 /// Whether `name` is a temporary file [`write_atomic`] left behind (only a crash can do that).
