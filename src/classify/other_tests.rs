@@ -233,3 +233,36 @@ fn the_new_message_starts_do_not_take_host_names_or_other_modules() {
         assert_eq!(message_start(l), None, "{l}");
     }
 }
+
+#[test]
+fn every_module_loader_failure_for_an_nvidia_module_is_read() {
+    for l in [
+        "modprobe: ERROR: ../libkmod/libkmod-module.c:809 kmod_module_insert_module() could not find module by name='nvidia_331_uvm'",
+        "modprobe: ERROR: could not insert 'nvidia_331_uvm': Function not implemented",
+        "modprobe: FATAL: Module nvidia-uvm not found.",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}");
+        assert_eq!(f[0].kind, FindingKind::DriverInitFailure, "{l}");
+    }
+    assert!(loud("modprobe: FATAL: Module loop not found.").is_empty());
+}
+
+#[test]
+fn a_failed_power_management_callback_in_nvidia_code_is_an_error() {
+    let f = loud("PM: pci_pm_suspend(): nv_pmops_suspend+0x0/0x40 [nvidia] returns -5");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].title, "nvidia error");
+    for l in [
+        "PM: dpm_run_callback(): pci_pm_suspend+0x0/0x150 returns -5",
+        "PM: suspend entry (deep)",
+    ] {
+        assert!(loud(l).is_empty(), "{l}");
+    }
+}
+
+#[test]
+fn a_driver_self_test_that_reads_back_garbage_is_an_error() {
+    let f = loud("[   67.529695] NVRM kbusVerifyBar2_GM107: MMUTest BAR0 window offset 0x70f000 returned garbage 0x0");
+    assert_eq!(f.len(), 1, "{f:?}");
+}

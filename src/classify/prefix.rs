@@ -183,8 +183,7 @@ fn other_start(line: &str) -> Option<usize> {
         "Call trace:",
         "RIP: ",
         "Bad or missing usercopy",
-        "Failed to insert module '",
-        "could not insert '",
+        "PM: ",
     ];
     let b = line.as_bytes();
     for a in ANCHORS {
@@ -195,9 +194,7 @@ fn other_start(line: &str) -> Option<usize> {
         let ok = match *a {
             "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
             "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
-            "Failed to insert module '" | "could not insert '" => {
-                rest[a.len()..].starts_with("nvidia")
-            }
+            "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
             "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
             "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
             "Bad or missing usercopy" => rest.contains("'nvidia"),
@@ -207,7 +204,9 @@ fn other_start(line: &str) -> Option<usize> {
             return Some(i);
         }
     }
-    frame_start(line).or_else(|| symbol_start(line))
+    frame_start(line)
+        .or_else(|| symbol_start(line))
+        .or_else(|| crate::classify::shapes::module_loader_failure(line).map(|(at, _, _)| at))
 }
 
 /// Where a module-loader line about NVIDIA's symbols starts when the module is not NVIDIA's own

@@ -341,7 +341,10 @@ pub fn parse(msg: &str) -> Shape {
     if let Some(rest) = msg.strip_prefix("[drm] [nvidia-drm] ") {
         return drm_notice(rest);
     }
-    if let Some(s) = module_symbol(msg).or_else(|| module_insert(msg)) {
+    if let Some(s) = module_symbol(msg)
+        .or_else(|| module_insert(msg))
+        .or_else(|| pm_callback(msg))
+    {
         return s;
     }
     if let Some(s) = parse_tool(msg) {
@@ -403,27 +406,60 @@ fn module_symbol(m: &str) -> Option<Shape> {
     })
 }
 
-/// A module loader that could not insert an NVIDIA module: `systemd-modules-load[1054]: Failed to
-/// insert module 'nvidia_uvm': Cannot allocate memory`, `modprobe: ERROR: could not insert
-/// 'nvidia': No such device`. The kernel often logs nothing of its own for these.
+/// What module loaders print when they cannot load a module, each with the character that ends
+/// the module name: `systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot
+/// allocate memory`, `modprobe: ERROR: could not insert 'nvidia': No such device`, `modprobe:
+/// ERROR: ... could not find module by name='nvidia_331_uvm'`, `modprobe: FATAL: Module
+/// nvidia-uvm not found.`. The kernel often logs nothing of its own for these.
+const MODULE_LOADER: &[(&str, char)] = &[
+    ("Failed to insert module '", '\''),
+    ("could not insert '", '\''),
+    ("could not find module by name='", '\''),
+    ("FATAL: Module ", ' '),
+];
+
+/// Where a module loader's failure for an NVIDIA module starts in `line` (at the phrase), with
+/// the module and the rest of the line.
+pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
+    MODULE_LOADER.iter().find_map(|(phrase, end)| {
+        let at = line.find(phrase)?;
+        let after = &line[at + phrase.len()..];
+        let (module, rest) = after.split_once(*end)?;
+        is_nvidia_name(module).then_some((at, module, rest))
+    })
+}
+
+/// A module loader that could not load an NVIDIA module (see [`MODULE_LOADER`]).
 fn module_insert(m: &str) -> Option<Shape> {
-    let i = m
-        .find("Failed to insert module '")
-        .map(|i| i + "Failed to insert module '".len())
-        .or_else(|| {
-            m.find("could not insert '")
-                .map(|i| i + "could not insert '".len())
-        })?;
-    let (module, reason) = m[i..].split_once('\'')?;
-    if !is_nvidia_name(module) {
-        return None;
-    }
-    let reason = reason.trim_start_matches(':').trim();
+    let (_, module, rest) = module_loader_failure(m)?;
+    let reason = rest.trim_start_matches(':').trim().trim_end_matches('.');
+    let what = if reason.is_empty() || reason == "not found" {
+        format!("module {module} could not be loaded (not found)")
+    } else {
+        format!("module {module} could not be loaded ({reason})")
+    };
     Some(Shape::InitFailure {
         pci: None,
-        what: format!("module {module} could not be loaded ({reason})"),
+        what,
         code: None,
         folds: false,
+    })
+}
+
+/// The power-management core reporting that an NVIDIA callback failed: `PM: pci_pm_suspend():
+/// nv_pmops_suspend+0x0/0x40 [nvidia] returns -5` (suspend or resume of the GPU failed).
+pub fn pm_callback_module(m: &str) -> Option<&'static str> {
+    let rest = m.strip_prefix("PM: ")?;
+    let i = rest.find(" returns -")?;
+    frame_module(&rest[..i])
+}
+
+fn pm_callback(m: &str) -> Option<Shape> {
+    let module = pm_callback_module(m)?;
+    Some(Shape::ModuleError {
+        module,
+        pci: None,
+        text: m.trim_end().to_string(),
     })
 }
 
@@ -580,6 +616,9 @@ const ERROR_WORDS: &[&str] = &[
     "kgsphealthcheck",
     "bad state",
     "not supported",
+    // Self-tests that read back nonsense: `kbusVerifyBar2_GM107: MMUTest BAR0 window offset
+    // 0x70f000 returned garbage 0x0`.
+    "garbage",
 ];
 
 /// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
