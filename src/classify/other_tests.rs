@@ -266,3 +266,15 @@ fn a_driver_self_test_that_reads_back_garbage_is_an_error() {
     let f = loud("[   67.529695] NVRM kbusVerifyBar2_GM107: MMUTest BAR0 window offset 0x70f000 returned garbage 0x0");
     assert_eq!(f.len(), 1, "{f:?}");
 }
+
+#[test]
+fn gpu_removal_in_use_and_broken_suspend_setups_are_errors() {
+    for l in [
+        "[ 12.2] NVRM: Attempting to remove device 0000:01:00.0 with non-zero usage count!",
+        "[ 12.3] NVRM: GPU 0000:01:00.0: PreserveVideoMemoryAllocations module parameter is set. System Power Management attempted without driver procfs suspend interface. Please refer to the 'Configuring Power Management Support' section in the driver README.",
+        "[ 14.1] nvidia 0000:01:00.0: PM: dpm_run_callback(): pci_pm_suspend+0x0/0x170 returns -5",
+    ] {
+        assert_eq!(loud(l).len(), 1, "{l}");
+    }
+    assert!(loud("[ 14.1] nvidia 0000:01:00.0: PM: calling pci_pm_suspend+0x0/0x170 @ 1, parent: 0000:00:01.0").is_empty());
+}

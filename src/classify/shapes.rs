@@ -619,6 +619,11 @@ const ERROR_WORDS: &[&str] = &[
     // Self-tests that read back nonsense: `kbusVerifyBar2_GM107: MMUTest BAR0 window offset
     // 0x70f000 returned garbage 0x0`.
     "garbage",
+    // A GPU removed from the bus while still in use (surprise removal, a lost eGPU).
+    "non-zero usage count",
+    // `System Power Management attempted without driver procfs suspend interface`: suspend
+    // will fail with PreserveVideoMemoryAllocations set.
+    "attempted without",
 ];
 
 /// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
@@ -1245,9 +1250,12 @@ fn parse_nvidia_other(m: &str) -> Shape {
                 folds: false,
             };
         }
-        // `nvidia 0000:17:00.0: text`: the PCI core speaking for the GPU.
+        // `nvidia 0000:17:00.0: text`: the PCI core speaking for the GPU. A power-management
+        // callback of the GPU that returned an error (`PM: dpm_run_callback(): pci_pm_suspend+
+        // 0x0/0x170 returns -5`) is an error too.
         let (addr, text) = after.split_once(": ").unwrap_or(("", ""));
-        if is_harmless(text) || !has_error_signal(text) {
+        let pm_failed = text.starts_with("PM: ") && text.contains(" returns -");
+        if !pm_failed && (is_harmless(text) || !has_error_signal(text)) {
             return Shape::Harmless;
         }
         return Shape::ModuleError {
