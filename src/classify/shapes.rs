@@ -384,6 +384,10 @@ fn drm_notice(rest: &str) -> Shape {
 /// using GPL-only symbols uses symbols nvidia_p2p_get_pages from proprietary module nvidia.`.
 /// Either the module or the symbol is NVIDIA's; other modules' symbol trouble is not ours.
 fn module_symbol(m: &str) -> Option<Shape> {
+    // Both wordings say "symbol"; the regexes run only on lines that do (not on every frame).
+    if !m.contains(" symbol") {
+        return None;
+    }
     let (module, what, symbol) = if let Some(c) = re_module_sym().captures(m) {
         (c[1].to_string(), c[2].to_string(), c[3].to_string())
     } else if let Some(c) = re_gpl_only().captures(m) {
