@@ -476,7 +476,18 @@ const HARMLESS: &[&str] = &[
     "[drm] ",
     "skipping",
     "Unloading",
+    // The PCI core's legacy-interrupt routing notices for the GPU ("can't derive routing for PCI
+    // INT A", "PCI INT A: no GSI"): the driver uses MSI, and a VM without INTx routing prints them
+    // on every boot.
+    "PCI INT ",
 ];
+
+/// An RM status check (`nvCheckOkFailedNoLog: Check failed: ...`) answered "not supported": the
+/// driver asked whether the GPU or platform has a capability, was told no, and carried on. Checks
+/// (unlike assertions) mark failures the code handles; any other status stays an error.
+fn is_unsupported_check(text: &str) -> bool {
+    text.contains("Check failed") && text.contains("[NV_ERR_NOT_SUPPORTED]")
+}
 
 fn has_error_signal(text: &str) -> bool {
     // Lower-case only the first 256 bytes: the signal is in the words, not in register dumps.
@@ -488,11 +499,37 @@ fn has_error_signal(text: &str) -> bool {
     let lower = &buf[..n];
     ERROR_WORDS
         .iter()
-        .any(|w| memchr::memmem::find(lower, w.as_bytes()).is_some())
+        .any(|w| memchr::memmem::find_iter(lower, w.as_bytes()).any(|i| !in_member_path(lower, i)))
+}
+
+/// Whether the word at `i` is a member of a dotted field path (`threadStateDatabase.timeout.flags`)
+/// rather than a word of the sentence: debug prints name fields, and a field called "timeout" or
+/// "error" says nothing went wrong.
+fn in_member_path(lower: &[u8], i: usize) -> bool {
+    i >= 2 && lower[i - 1] == b'.' && lower[i - 2].is_ascii_alphanumeric()
 }
 
 fn is_harmless(text: &str) -> bool {
     HARMLESS.iter().any(|h| text.contains(h))
+}
+
+/// Whether an `NVRM: ` message body carries on the sentence of the line before it: the driver
+/// prints a long notice as several lines, and a tail line ("corruption and stability problems, and
+/// is not supported.") means nothing on its own. It starts with a lower-case word that is not a
+/// function name (`nvAssertFailedNoLog:`, `os_schedule:`) and not itself an error word ("failed
+/// to ...", which starts a message of its own).
+pub fn continues_sentence(body: &str) -> bool {
+    let first = body.split(' ').next().unwrap_or("");
+    first.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && !first.contains([':', '_', '(', '='])
+        && !ERROR_WORDS
+            .iter()
+            .any(|w| first.to_ascii_lowercase().starts_with(w))
+}
+
+/// Whether an `NVRM: ` message body ends its sentence (so the next line starts a new message).
+pub fn ends_sentence(body: &str) -> bool {
+    body.trim_end().ends_with(['.', '!', '?'])
 }
 
 /// Lines naming GSP firmware boot steps that failed: GSP never came up, so the GPU is unusable.
@@ -673,7 +710,9 @@ fn parse_nvrm(m: &str) -> Shape {
             text: body.to_string(),
         };
     }
-    if body.starts_with("The NVIDIA ") && body.contains("installed in this system") {
+    if (body.starts_with("The NVIDIA ") && body.contains("installed in this system"))
+        || body.starts_with("Open nvidia.ko is only ready for use on")
+    {
         // `The NVIDIA NVIDIA GeForce GTX 1050 GPU installed in this system is supported through
         // the NVIDIA 580.xx Legacy drivers`: the explanation follows.
         return Shape::NotSupported {
@@ -681,7 +720,7 @@ fn parse_nvrm(m: &str) -> Shape {
             text: body.to_string(),
         };
     }
-    if is_harmless(body) {
+    if is_harmless(body) || is_unsupported_check(body) {
         return Shape::Harmless;
     }
     if has_error_signal(body) {
@@ -1061,7 +1100,10 @@ fn parse_nvidia_other(m: &str) -> Shape {
         }
         // `nvidia 0000:17:00.0: text`: the PCI core speaking for the GPU.
         let (addr, text) = after.split_once(": ").unwrap_or(("", ""));
-        if is_harmless(text) || !has_error_signal(text) {
+        // The PM core prints "PM: <callback> returns -N" only when the driver's suspend or
+        // resume callback failed: the GPU did not follow the system into or out of sleep.
+        let pm_failed = text.starts_with("PM: ") && text.contains(" returns -");
+        if !pm_failed && (is_harmless(text) || !has_error_signal(text)) {
             return Shape::Harmless;
         }
         return Shape::ModuleError {
