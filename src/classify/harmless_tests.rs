@@ -95,6 +95,13 @@ fn the_tail_of_a_quiet_multi_line_notice_is_part_of_it() {
 [   12.692778] NVRM: drivers including, but not limited to, vesafb, may result in
 [   12.692782] NVRM: corruption and stability problems, and is not supported.";
     assert!(loud(&classify(vga)).is_empty(), "{:#?}", classify(vga));
+    // The same notice as one rsyslog line with `#012` between its lines.
+    let one_line = "Jan  1 00:00:12 h kernel: NVRM: Your system is not currently configured to drive a VGA console#012NVRM: on the primary VGA device. The NVIDIA Linux graphics driver#012NVRM: requires the use of a text-mode VGA console. Use of other console#012NVRM: drivers including, but not limited to, vesafb, may result in#012NVRM: corruption and stability problems, and is not supported.";
+    assert!(
+        loud(&classify(one_line)).is_empty(),
+        "{:#?}",
+        classify(one_line)
+    );
 
     // A new message after a quiet line is judged on its own: a function name, an error word
     // first, a line not directly after, or a finished sentence before it.

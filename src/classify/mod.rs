@@ -209,7 +209,9 @@ impl Classifier {
     fn notice_tail(&mut self, shape: Shape, msg: &str, at: &LineOrigin) -> Shape {
         let follows = self.open_notice.take().is_some_and(|(line, ts)| {
             if at.line > 0 {
-                at.line == line + 1
+                // The next physical line, or the same one (a record or rsyslog line that holds
+                // several message lines).
+                at.line == line || at.line == line + 1
             } else {
                 // Live records carry no line numbers: the lines of one notice come within
                 // microseconds of each other.
