@@ -57,9 +57,14 @@ fn pci_interrupt_routing_notices_are_not_errors() {
 }
 
 #[test]
-fn a_check_answered_not_supported_is_a_capability_probe() {
+fn capability_probes_answered_no_are_not_errors() {
     assert_eq!(
         shapes::parse("NVRM: nvCheckOkFailedNoLog: Check failed: Call not supported [NV_ERR_NOT_SUPPORTED] (0x00000056) returned from pEntry->pCallback(pGpu, pEntry->pCallbackParam) @ kernel_fifo.c:3021"),
+        Shape::Harmless
+    );
+    // https://github.com/NVIDIA/open-gpu-kernel-modules/issues/421 and /489: working laptops.
+    assert_eq!(
+        shapes::parse("NVRM objClInitPcieChipset: *** Chipset Setup Function Error!"),
         Shape::Harmless
     );
     // A check with any other status, and an assertion even on "not supported", stay errors.

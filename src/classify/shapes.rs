@@ -482,11 +482,16 @@ const HARMLESS: &[&str] = &[
     "PCI INT ",
 ];
 
-/// An RM status check (`nvCheckOkFailedNoLog: Check failed: ...`) answered "not supported": the
-/// driver asked whether the GPU or platform has a capability, was told no, and carried on. Checks
-/// (unlike assertions) mark failures the code handles; any other status stays an error.
-fn is_unsupported_check(text: &str) -> bool {
-    text.contains("Check failed") && text.contains("[NV_ERR_NOT_SUPPORTED]")
+/// A probe of what the GPU or the platform can do, answered "no", that the driver handles by
+/// carrying on without the feature:
+/// - an RM status check (`nvCheckOkFailedNoLog: Check failed: ...`) answered
+///   `NV_ERR_NOT_SUPPORTED`. Checks, unlike assertions, mark failures the code handles; a check
+///   with any other status stays an error.
+/// - the PCIe chipset setup at load (`objClInitPcieChipset: *** Chipset Setup Function Error!`):
+///   on a chipset it has no setup for, the driver keeps generic PCIe settings and the GPU works.
+fn is_capability_probe(text: &str) -> bool {
+    (text.contains("Check failed") && text.contains("[NV_ERR_NOT_SUPPORTED]"))
+        || (text.contains("objClInitPcieChipset") && text.contains("Chipset Setup Function"))
 }
 
 fn has_error_signal(text: &str) -> bool {
@@ -720,7 +725,7 @@ fn parse_nvrm(m: &str) -> Shape {
             text: body.to_string(),
         };
     }
-    if is_harmless(body) || is_unsupported_check(body) {
+    if is_harmless(body) || is_capability_probe(body) {
         return Shape::Harmless;
     }
     if has_error_signal(body) {
