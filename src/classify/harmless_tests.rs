@@ -62,6 +62,11 @@ fn capability_probes_answered_no_are_not_errors() {
         shapes::parse("NVRM: nvCheckOkFailedNoLog: Check failed: Call not supported [NV_ERR_NOT_SUPPORTED] (0x00000056) returned from pEntry->pCallback(pGpu, pEntry->pCallbackParam) @ kernel_fifo.c:3021"),
         Shape::Harmless
     );
+    // https://github.com/NVIDIA/dcgm-exporter/issues/657: a monitoring agent on a MIG node.
+    assert_eq!(
+        shapes::parse("NVRM: GPU0 nvCheckOkFailedNoLog: Check failed: Requested object not found [NV_ERR_OBJECT_NOT_FOUND] (0x00000057) returned from gisubscriptionGetGPUInstanceSubscription(pRsClient, RES_GET_HANDLE(pSubdevice), &pGPUInstanceSubscription) @ kernel_mig_manager.c:3105"),
+        Shape::Harmless
+    );
     // https://github.com/NVIDIA/open-gpu-kernel-modules/issues/421 and /489: working laptops.
     assert_eq!(
         shapes::parse("NVRM objClInitPcieChipset: *** Chipset Setup Function Error!"),
@@ -71,6 +76,7 @@ fn capability_probes_answered_no_are_not_errors() {
     for m in [
         "NVRM: nvCheckOkFailedNoLog: Check failed: Invalid data passed [NV_ERR_INVALID_DATA] (0x00000025) returned from kgspPrepareForBootstrap_HAL(pGpu, pKernelGsp, KGSP_BOOT_MODE_NORMAL) @ kernel_gsp.c:3664",
         "NVRM: GPU0 nvAssertOkFailedNoLog: Assertion failed: Call not supported [NV_ERR_NOT_SUPPORTED] (0x00000056) returned from status @ kernel_channel.c:2827",
+        "NVRM: nvCheckOkFailedNoLog: Check failed: Ran out of a critical resource, other than memory [NV_ERR_INSUFFICIENT_RESOURCES] (0x0000001A) returned from kfspSendBootCommands_HAL(pGpu, pKernelFsp) @ kernel_fsp.c:1", 
     ] {
         assert!(is_error(&shapes::parse(m)), "{m}");
     }

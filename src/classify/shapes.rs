@@ -482,15 +482,18 @@ const HARMLESS: &[&str] = &[
     "PCI INT ",
 ];
 
-/// A probe of what the GPU or the platform can do, answered "no", that the driver handles by
-/// carrying on without the feature:
+/// A probe of what the GPU or the platform can do, or a lookup, answered "no", that the driver
+/// handles by carrying on without it:
 /// - an RM status check (`nvCheckOkFailedNoLog: Check failed: ...`) answered
-///   `NV_ERR_NOT_SUPPORTED`. Checks, unlike assertions, mark failures the code handles; a check
-///   with any other status stays an error.
+///   `NV_ERR_NOT_SUPPORTED` or `NV_ERR_OBJECT_NOT_FOUND` (monitoring agents on MIG nodes ask
+///   for a GPU-instance subscription their client does not have, every few seconds). Checks,
+///   unlike assertions, mark failures the code handles; a check with any other status (invalid
+///   data, no resources) stays an error.
 /// - the PCIe chipset setup at load (`objClInitPcieChipset: *** Chipset Setup Function Error!`):
 ///   on a chipset it has no setup for, the driver keeps generic PCIe settings and the GPU works.
 fn is_capability_probe(text: &str) -> bool {
-    (text.contains("Check failed") && text.contains("[NV_ERR_NOT_SUPPORTED]"))
+    (text.contains("Check failed")
+        && (text.contains("[NV_ERR_NOT_SUPPORTED]") || text.contains("[NV_ERR_OBJECT_NOT_FOUND]")))
         || (text.contains("objClInitPcieChipset") && text.contains("Chipset Setup Function"))
 }
 
