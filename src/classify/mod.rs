@@ -8,6 +8,8 @@
 
 pub mod catalog;
 pub mod guidance;
+#[cfg(test)]
+mod harmless_tests;
 pub mod overrides;
 pub mod prefix;
 pub mod shapes;
@@ -143,6 +145,9 @@ pub struct Classifier {
     /// follows the Xid N it is about.
     last_xid: Option<(u32, PciAddress)>,
     driver_version: Option<String>,
+    /// A quiet `NVRM: ` notice whose sentence goes on in the next line (its line and timestamp):
+    /// the tail lines are part of the same notice, not messages of their own.
+    open_notice: Option<(u64, Option<u64>)>,
     /// Lines that matched a tag but no shape, counted for `--verbose` style reporting.
     pub unclassified: u64,
 }
@@ -187,7 +192,7 @@ impl Classifier {
 
     /// Feeds one message line (starting at its tag, prefix removed).
     pub fn push(&mut self, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
-        let shape = shapes::parse(msg);
+        let shape = self.notice_tail(shapes::parse(msg), msg, at);
         if let Some(p) = &self.pending {
             if at.line > p.last_line() + p.gap() {
                 self.flush(out);
@@ -198,6 +203,39 @@ impl Classifier {
             None => return,
         };
         self.handle(shape, msg, at, out);
+    }
+
+    /// Reads the tail lines of a quiet multi-line `NVRM: ` notice as part of it: "is not supported"
+    /// at the end of the driver's advice about the VGA console is not an error, since the notice it
+    /// ends is not one. Only the generic error-word verdict is taken back; a line in any shape of
+    /// its own keeps it.
+    fn notice_tail(&mut self, shape: Shape, msg: &str, at: &LineOrigin) -> Shape {
+        let follows = self.open_notice.take().is_some_and(|(line, ts)| {
+            if at.line > 0 {
+                // The next physical line, or the same one (a record or rsyslog line that holds
+                // several message lines).
+                at.line == line || at.line == line + 1
+            } else {
+                // Live records carry no line numbers: the lines of one notice come within
+                // microseconds of each other.
+                matches!((ts, at.ts_usec), (Some(a), Some(b)) if b >= a && b - a <= 1_000)
+            }
+        });
+        let Some(body) = msg.strip_prefix("NVRM: ") else {
+            return shape;
+        };
+        let tail = follows && shapes::continues_sentence(body);
+        let quiet = matches!(shape, Shape::Harmless | Shape::Other);
+        let shape = match shape {
+            Shape::DriverError {
+                critical: false, ..
+            } if tail => Shape::Harmless,
+            s => s,
+        };
+        if (quiet || tail) && !shapes::ends_sentence(body) {
+            self.open_notice = Some((at.line, at.ts_usec));
+        }
+        shape
     }
 
     /// Finishes any multi-line finding with what it has (end of input, or the live source went
@@ -393,10 +431,17 @@ impl Classifier {
                         self.port_gpu.insert(*reporter, a.reporter);
                         finding.pci = Some(a.reporter);
                     }
+                    if a.driver == "nvidia" {
+                        // As for a line of its own: a port's status line next names this GPU.
+                        self.last_nvidia_aer = Some((a.reporter, line));
+                    }
                     finding.severity = aer_severity(class_of(finding), true);
                 }
                 if let Some(st) = a.status {
-                    finding.severity = finding.severity.max(status_severity(st, true));
+                    let nvidia = finding
+                        .pci
+                        .is_some_and(|p| self.nvidia_devices.contains(&p));
+                    finding.severity = finding.severity.max(status_severity(st, nvidia));
                 }
                 fold_raw(finding, msg, line, last_line);
                 None
@@ -1025,10 +1070,16 @@ impl Classifier {
 }
 
 /// How bad an AER recovery status is: a GPU whose link could not be recovered is gone.
+/// A failed recovery or link reset on an NVIDIA device, or on the port above one, costs the GPU.
+/// On a device the log never ties to an NVIDIA GPU it is another driver's problem: when a GPU
+/// is below, the nvidia driver's own "can't recover" line comes first (it has no AER callbacks)
+/// and ties the port to it; without it the device that could not recover is a disk, a NIC, a
+/// USB or Thunderbolt controller. Recorded, not raised.
 fn status_severity(st: AerStatus, nvidia: bool) -> Severity {
     match (st, nvidia) {
         (AerStatus::RecoveryFailed | AerStatus::CantRecover, true) => Severity::Critical,
-        _ => Severity::Warning,
+        (_, true) => Severity::Warning,
+        (_, false) => Severity::Info,
     }
 }
 
@@ -1160,6 +1211,11 @@ fn class_of(f: &Finding) -> &str {
     }
 }
 
+/// A fatal error takes the link down: critical on a GPU, and still a warning on a device not
+/// (yet) known to be one, since the GPU may be below. A non-fatal uncorrected error loses one
+/// transaction and the link stays up: a warning on a GPU, and on other devices (NVMe, NICs,
+/// USB and Thunderbolt controllers) another driver's business. A later line naming the GPU
+/// raises the folded finding to the GPU's severity.
 fn aer_severity(class: &str, nvidia: bool) -> Severity {
     if class.starts_with("Uncorrected (Fatal)") {
         if nvidia {
@@ -1167,7 +1223,7 @@ fn aer_severity(class: &str, nvidia: bool) -> Severity {
         } else {
             Severity::Warning
         }
-    } else if class.starts_with("Uncorrected") {
+    } else if class.starts_with("Uncorrected") && nvidia {
         Severity::Warning
     } else {
         Severity::Info

@@ -649,10 +649,29 @@ const HARMLESS: &[&str] = &[
     "[drm] ",
     "skipping",
     "Unloading",
-    // PCI core notices about legacy INTx routing under the GPU's name (`can't derive routing for
-    // PCI INT A`, `PCI INT A: no GSI` in VMs): the driver uses MSI, nothing is wrong.
+    // The PCI core's legacy-interrupt routing notices for the GPU ("can't derive routing for PCI
+    // INT A", "PCI INT A: no GSI"): the driver uses MSI, and a VM without INTx routing prints them
+    // on every boot.
     "PCI INT ",
+    // `free_os_event: failed to find OS event`: a client freed an event handle the driver no
+    // longer knows (monitoring agents do this on healthy GPUs); nothing about the GPU.
+    "free_os_event",
 ];
+
+/// A probe of what the GPU or the platform can do, or a lookup, answered "no", that the driver
+/// handles by carrying on without it:
+/// - an RM status check (`nvCheckOkFailedNoLog: Check failed: ...`) answered
+///   `NV_ERR_NOT_SUPPORTED` or `NV_ERR_OBJECT_NOT_FOUND` (monitoring agents on MIG nodes ask
+///   for a GPU-instance subscription their client does not have, every few seconds). Checks,
+///   unlike assertions, mark failures the code handles; a check with any other status (invalid
+///   data, no resources) stays an error.
+/// - the PCIe chipset setup at load (`objClInitPcieChipset: *** Chipset Setup Function Error!`):
+///   on a chipset it has no setup for, the driver keeps generic PCIe settings and the GPU works.
+fn is_capability_probe(text: &str) -> bool {
+    (text.contains("Check failed")
+        && (text.contains("[NV_ERR_NOT_SUPPORTED]") || text.contains("[NV_ERR_OBJECT_NOT_FOUND]")))
+        || (text.contains("objClInitPcieChipset") && text.contains("Chipset Setup Function"))
+}
 
 fn has_error_signal(text: &str) -> bool {
     // Lower-case only the first 256 bytes: the signal is in the words, not in register dumps.
@@ -664,11 +683,37 @@ fn has_error_signal(text: &str) -> bool {
     let lower = &buf[..n];
     ERROR_WORDS
         .iter()
-        .any(|w| memchr::memmem::find(lower, w.as_bytes()).is_some())
+        .any(|w| memchr::memmem::find_iter(lower, w.as_bytes()).any(|i| !in_member_path(lower, i)))
+}
+
+/// Whether the word at `i` is a member of a dotted field path (`threadStateDatabase.timeout.flags`)
+/// rather than a word of the sentence: debug prints name fields, and a field called "timeout" or
+/// "error" says nothing went wrong.
+fn in_member_path(lower: &[u8], i: usize) -> bool {
+    i >= 2 && lower[i - 1] == b'.' && lower[i - 2].is_ascii_alphanumeric()
 }
 
 fn is_harmless(text: &str) -> bool {
     HARMLESS.iter().any(|h| text.contains(h))
+}
+
+/// Whether an `NVRM: ` message body carries on the sentence of the line before it: the driver
+/// prints a long notice as several lines, and a tail line ("corruption and stability problems, and
+/// is not supported.") means nothing on its own. It starts with a lower-case word that is not a
+/// function name (`nvAssertFailedNoLog:`, `os_schedule:`) and not itself an error word ("failed
+/// to ...", which starts a message of its own).
+pub fn continues_sentence(body: &str) -> bool {
+    let first = body.split(' ').next().unwrap_or("");
+    first.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && !first.contains([':', '_', '(', '='])
+        && !ERROR_WORDS
+            .iter()
+            .any(|w| first.to_ascii_lowercase().starts_with(w))
+}
+
+/// Whether an `NVRM: ` message body ends its sentence (so the next line starts a new message).
+pub fn ends_sentence(body: &str) -> bool {
+    body.trim_end().ends_with(['.', '!', '?'])
 }
 
 /// Lines naming GSP firmware boot steps that failed: GSP never came up, so the GPU is unusable.
@@ -712,7 +757,10 @@ fn module_line(module: &'static str, msg: &str) -> Shape {
         .split_whitespace()
         .take(3)
         .any(|w| w.trim_end_matches(':') == "ERROR");
-    if !level_error && (is_harmless(text) || !has_error_signal(text)) {
+    // A known-harmless notice stays quiet whatever its level: nvidia-peermem logs the free
+    // callback of a context already torn down ("ERROR detected invalid context, skipping further
+    // processing") at ERROR, and its maintainers call it harmless.
+    if is_harmless(text) || (!level_error && !has_error_signal(text)) {
         return Shape::Harmless;
     }
     Shape::ModuleError {
@@ -871,7 +919,7 @@ fn parse_nvrm(m: &str) -> Shape {
             text: body.to_string(),
         };
     }
-    if is_harmless(body) {
+    if is_harmless(body) || is_capability_probe(body) {
         return Shape::Harmless;
     }
     if has_error_signal(body) {
@@ -966,6 +1014,23 @@ fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> {
         || body.starts_with("No NVIDIA GPU found")
     {
         return fail("no NVIDIA GPU was found or probed".into(), None, false);
+    }
+    // `NVIDIA init module failed!`: the kernel module itself did not initialise, so no GPU is
+    // usable (the lines before say why). Any spelling of "init module failed".
+    let lower = body.to_ascii_lowercase();
+    if [
+        "init module failed",
+        "init_module failed",
+        "module init failed",
+    ]
+    .iter()
+    .any(|k| lower.contains(k))
+    {
+        return fail(
+            "the NVIDIA kernel module failed to initialise".into(),
+            None,
+            false,
+        );
     }
     if body.contains("does not have the necessary power cables connected") {
         return fail(
