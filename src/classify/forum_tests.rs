@@ -100,3 +100,23 @@ fn nvidia_smi_reports_of_any_nvml_call_failing_are_read() {
     assert!(loud("NVML: Failed to query fan speed, using default").is_empty());
     assert!(loud("Failed to create directory /var/run/nvidia-persistenced: NVML: n/a").is_empty());
 }
+
+#[test]
+fn a_line_pasted_as_inline_code_is_read_as_without_the_backticks() {
+    // Comments paste single log lines in backticks; the closing one hid the module of a frame.
+    let f = scan(&[
+        "`[  136.672490] RIP: 0010:GrabOwnership+0x4/0x40 [nvidia_modeset]`",
+        "`May 11 10:54:31 localhost kernel: [<ffffffffc074c130>] ? nvidia_unlocked_ioctl+0x20/0x30 [nvidia]`",
+    ]);
+    assert!(
+        f.iter()
+            .any(|f| f.severity >= Severity::Warning && f.origin.line == 1),
+        "{f:?}"
+    );
+    // What the message says in quotes is kept: only the backticks after it go.
+    let f = loud("`nvidia: version magic '5.4.18-100.fc30.x86_64 SMP mod_unload ' should be '5.4.18-200.fc31.x86_64 SMP mod_unload '`");
+    assert!(
+        f.iter().any(|f| f.kind == FindingKind::DriverInitFailure),
+        "{f:?}"
+    );
+}

@@ -61,6 +61,9 @@ pub fn split_borrowed(line: &str) -> Option<(Prefix, Messages<'_>)> {
     if let Some(split) = split_kmsg(line) {
         return Some((split.prefix, Messages::Many(split.messages)));
     }
+    // A line pasted as inline code (`` `[ 136.67] RIP: ... [nvidia_modeset]` ``) ends in backticks
+    // that no kernel message has.
+    let line = line.trim_end().trim_end_matches('`');
     let start = message_start(line)?;
     let (head, msg) = line.split_at(start);
     let prefix = parse_prefix(head);
