@@ -18,6 +18,8 @@ pub mod sxid;
 
 #[cfg(test)]
 mod other_tests;
+#[cfg(test)]
+mod forum_tests;
 
 use std::collections::{HashMap, HashSet};
 

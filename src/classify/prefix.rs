@@ -61,6 +61,9 @@ pub fn split_borrowed(line: &str) -> Option<(Prefix, Messages<'_>)> {
     if let Some(split) = split_kmsg(line) {
         return Some((split.prefix, Messages::Many(split.messages)));
     }
+    // A line pasted as inline code (`` `[ 136.67] RIP: ... [nvidia_modeset]` ``) ends in backticks
+    // that no kernel message has.
+    let line = line.trim_end().trim_end_matches('`');
     let start = message_start(line)?;
     let (head, msg) = line.split_at(start);
     let prefix = parse_prefix(head);
@@ -154,7 +157,13 @@ fn tag_start(line: &str) -> Option<usize> {
             }
         }
         let at = at?;
-        let boundary = at == 0 || matches!(b[at - 1], b' ' | b';' | b']' | b':' | b'\t');
+        // A tag also starts a message right after a quote or an opening bracket: other tools and
+        // reports quote kernel lines (`[XID found] (5 minutes ago) "NVRM: Xid ..."`).
+        let boundary = at == 0
+            || matches!(
+                b[at - 1],
+                b' ' | b';' | b']' | b':' | b'\t' | b'"' | b'\'' | b'`' | b'('
+            );
         if boundary && tag_shape_ok(&line[at..]) {
             return Some(at);
         }
@@ -172,7 +181,7 @@ fn other_start(line: &str) -> Option<usize> {
         "[drm:",
         "[drm] [nvidia-drm] ",
         "NVIDIA-SMI has failed",
-        "Failed to initialize NVML",
+        crate::classify::shapes::NVML_MISMATCH,
         "Unable to determine the device handle",
         "Unable to detect the device handle",
         "No devices were found",
@@ -204,7 +213,8 @@ fn other_start(line: &str) -> Option<usize> {
             return Some(i);
         }
     }
-    frame_start(line)
+    crate::classify::shapes::nvml_failure_start(line)
+        .or_else(|| frame_start(line))
         .or_else(|| symbol_start(line))
         .or_else(|| crate::classify::shapes::module_loader_failure(line).map(|(at, _, _)| at))
 }
@@ -216,6 +226,7 @@ fn symbol_start(line: &str) -> Option<usize> {
         ": disagrees about version of symbol nvidia",
         ": Unknown symbol nvidia",
         ": module using GPL-only symbols uses symbols nvidia",
+        ": module using GPL-only symbols uses symbols from proprietary module nvidia",
     ];
     let i = NEEDLES
         .iter()

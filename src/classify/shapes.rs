@@ -240,7 +240,7 @@ lazy_re!(
 );
 lazy_re!(
     re_gpl_only,
-    r"^([\w-]+): module using GPL-only symbols uses symbols (\S+) from proprietary module (\S+?)\.?$"
+    r"^([\w-]+): module using GPL-only symbols uses symbols (?:(\S+) )?from proprietary module (\S+?)\.?$"
 );
 lazy_re!(
     re_version_magic,
@@ -388,23 +388,31 @@ fn module_symbol(m: &str) -> Option<Shape> {
     if !m.contains(" symbol") {
         return None;
     }
-    let (module, what, symbol) = if let Some(c) = re_module_sym().captures(m) {
-        (c[1].to_string(), c[2].to_string(), c[3].to_string())
+    let (module, what, nvidia) = if let Some(c) = re_module_sym().captures(m) {
+        let what = format!("{} {}", &c[2], &c[3]);
+        (c[1].to_string(), what, is_nvidia_name(&c[3]))
     } else if let Some(c) = re_gpl_only().captures(m) {
-        (
-            c[1].to_string(),
-            format!("may not use the GPL-only symbols of {}:", &c[3]),
-            c[2].to_string(),
-        )
+        // Newer kernels name the symbol, older ones only the module that owns it: `nvidia_fs:
+        // module using GPL-only symbols uses symbols from proprietary module nvidia.`
+        let owner = &c[3];
+        let what = match c.get(2) {
+            Some(sym) => format!(
+                "may not use the GPL-only symbols of {owner}: {}",
+                sym.as_str()
+            ),
+            None => format!("may not use the GPL-only symbols of {owner}"),
+        };
+        let nvidia = is_nvidia_name(owner) || c.get(2).is_some_and(|s| is_nvidia_name(s.as_str()));
+        (c[1].to_string(), what, nvidia)
     } else {
         return None;
     };
-    if !(is_nvidia_name(&module) || is_nvidia_name(&symbol)) {
+    if !(nvidia || is_nvidia_name(&module)) {
         return None;
     }
     Some(Shape::InitFailure {
         pci: None,
-        what: format!("module {module}: {what} {symbol}"),
+        what: format!("module {module}: {what}"),
         code: None,
         folds: false,
     })
@@ -561,8 +569,15 @@ fn parse_tool(msg: &str) -> Option<Shape> {
     let t = msg.trim();
     let (critical, pci) = if t.starts_with("NVIDIA-SMI has failed because it couldn") {
         (true, None)
-    } else if let Some(rest) = t.strip_prefix("Failed to initialize NVML: ") {
-        (rest.starts_with("Driver/library version mismatch"), None)
+    } else if nvml_failure_start(t) == Some(0) {
+        // `Failed to initialize NVML: ...`, `Failed to properly shut down NVML: ...`: a kernel
+        // module and a library of different versions stop every NVML client (critical), the
+        // other reasons stop this one.
+        let reason = t.split_once(NVML_COLON).map_or("", |(_, r)| r);
+        (reason.starts_with("Driver/library version mismatch"), None)
+    } else if t.starts_with(NVML_MISMATCH) {
+        // nvidia-smi and libnvidia-ml from different driver versions: nvidia-smi stops.
+        (false, None)
     } else if let Some(rest) = t
         .strip_prefix("Unable to determine the device handle for ")
         .or_else(|| t.strip_prefix("Unable to detect the device handle for "))
@@ -590,6 +605,22 @@ fn parse_tool(msg: &str) -> Option<Shape> {
         text: t.to_string(),
         critical,
     })
+}
+
+const NVML_COLON: &str = " NVML: ";
+/// What nvidia-smi prints when its own NVML library is from another driver version.
+pub const NVML_MISMATCH: &str = "Mismatch in versions between nvidia-smi and NVML";
+
+/// Where an NVML call failure as nvidia-smi words it starts in `line`: `Failed to <what> NVML:
+/// <reason>`, `<what>` being a few plain words (`initialize`, `properly shut down`).
+pub fn nvml_failure_start(line: &str) -> Option<usize> {
+    let colon = memchr::memmem::find(line.as_bytes(), NVML_COLON.as_bytes())?;
+    let start = line[..colon].rfind("Failed to ")?;
+    let what = &line[start + "Failed to ".len()..colon];
+    (!what.is_empty()
+        && what.len() <= 32
+        && what.bytes().all(|b| b.is_ascii_lowercase() || b == b' '))
+    .then_some(start)
 }
 
 /// Error signals in a driver line, lower-case. Conservative on purpose: each was seen in a real
