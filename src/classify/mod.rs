@@ -422,7 +422,7 @@ impl Classifier {
                     last_line,
                 },
                 Shape::Other | Shape::Harmless | Shape::GspDump { opens: false, .. },
-            ) if msg.starts_with("NVRM") => {
+            ) if msg.starts_with("NVRM") || same_x_driver(finding, msg) => {
                 if finding.pci.is_none() {
                     finding.pci = shapes::find_address(msg);
                 }
@@ -1121,6 +1121,16 @@ fn base_owned(
         raw: vec![msg.to_string()],
     };
     f
+}
+
+/// Whether `msg` is the X server NVIDIA driver's, as the first line of `f` is: its explanation
+/// lines fold into its finding as the kernel driver's do.
+fn same_x_driver(f: &Finding, msg: &str) -> bool {
+    msg.starts_with("NVIDIA")
+        && f.origin
+            .raw
+            .first()
+            .is_some_and(|r| r.starts_with("NVIDIA"))
 }
 
 /// Adds a physical line to a folded finding: counted always, kept up to the bound.

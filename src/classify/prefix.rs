@@ -154,8 +154,7 @@ fn tag_start(line: &str) -> Option<usize> {
             }
         }
         let at = at?;
-        let boundary = at == 0 || matches!(b[at - 1], b' ' | b';' | b']' | b':' | b'\t');
-        if boundary && tag_shape_ok(&line[at..]) {
+        if at_word_start(b, at) && tag_shape_ok(&line[at..]) {
             return Some(at);
         }
         from = at + 1;
@@ -163,11 +162,23 @@ fn tag_start(line: &str) -> Option<usize> {
     None
 }
 
+/// Whether a tag at byte `at` starts a word: the line starts there, or the byte before is neither
+/// part of a name (`libnvidia`, `x_NVRM`, `foo-nvidia`) nor of a path (`/lib/nvidia`,
+/// `nvidia.ko`). Spaces and timestamps come before a tag, and so do the quotes, backticks,
+/// markdown `>`, `<4>` priorities and `key=` or `"key":"` wrappers that pasted and re-emitted logs
+/// put around the kernel's text; the tag's exact shape is checked after.
+fn at_word_start(b: &[u8], at: usize) -> bool {
+    at == 0
+        || !(b[at - 1].is_ascii_alphanumeric()
+            || matches!(b[at - 1], b'_' | b'-' | b'.' | b'/' | b'\\'))
+}
+
 /// Messages that carry no driver tag: the GSP crash report's first line, nvidia-drm's
 /// `[drm:nv_drm_...]` errors, nvidia-smi and NVML error texts, hung-task reports and call-trace
 /// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
 fn other_start(line: &str) -> Option<usize> {
     const ANCHORS: &[&str] = &[
+        "(EE) NVIDIA",
         "GSP task ",
         "[drm:",
         "NVIDIA-SMI has failed",
@@ -190,6 +201,13 @@ fn other_start(line: &str) -> Option<usize> {
         };
         let rest = &line[i..];
         let ok = match *a {
+            // The X server's NVIDIA driver: its message starts after the `(EE) ` marker.
+            "(EE) NVIDIA" => {
+                if crate::classify::shapes::xorg_tag_ok(&rest[5..]) {
+                    return Some(i + 5);
+                }
+                false
+            }
             "[drm:" => rest.contains("[nvidia_drm]"),
             "INFO: task " => rest.contains(" blocked for more than"),
             "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
@@ -372,6 +390,56 @@ mod tests {
         );
         assert_eq!(message_start("python3[22]: my Xid 79 test"), None);
         assert_eq!(message_start(""), None);
+    }
+
+    /// The wrappers pastes and log shippers put around the kernel's text: backticks, quotes,
+    /// markdown quotes, priorities, `key=` and JSON. Names and paths that merely contain a tag
+    /// stay out.
+    #[test]
+    fn tags_inside_quotes_and_wrappers() {
+        const X: &str = "NVRM: Xid (PCI:0000:01:00): 79, pid=589, GPU has fallen off the bus.";
+        for line in [
+            format!("`{X}`"),
+            format!("```[93297.027938] {X}"),
+            format!("<4>{X}"),
+            format!("> [6781741.548779] {X}"),
+            format!("MESSAGE={X}"),
+            format!("{{\"log\":\"{X}\",\"stream\":\"stdout\"}}"),
+            format!("'{X}'"),
+            format!("|{X}"),
+        ] {
+            let s = split(&line).unwrap_or_else(|| panic!("no message in {line:?}"));
+            assert!(s.messages[0].starts_with(X), "{line}: {:?}", s.messages);
+        }
+        for line in [
+            "libnvidia-ml.so: cannot open shared object file",
+            "ldconfig: /usr/lib/nvidia: No such file or directory",
+            "x_NVRM: Xid (PCI:0000:01:00): 79",
+            "foo-nvidia: error",
+            "insmod nvidia.ko: Invalid module format",
+        ] {
+            assert_eq!(message_start(line), None, "{line}");
+        }
+    }
+
+    /// The X server's NVIDIA driver: its error lines only, the message after `(EE) `.
+    #[test]
+    fn x_driver_error_lines() {
+        let line = "15712:Nov  3 12:31:22 h /usr/libexec/gdm-x-session[1605]: (EE) NVIDIA(GPU-0): Failed to initialize the NVIDIA GPU at PCI:82:0:0.  Please";
+        let s = split(line).unwrap();
+        assert!(
+            s.messages[0].starts_with("NVIDIA(GPU-0): Failed"),
+            "{:?}",
+            s.messages
+        );
+        let s = split("[   159.042] (EE) NVIDIA: Failed to initialize the NVIDIA kernel module.")
+            .unwrap();
+        assert!(s.messages[0].starts_with("NVIDIA: Failed"));
+        assert_eq!(
+            message_start("[   159.043] (II) NVIDIA(0): NVIDIA GPU at PCI:1:0:0"),
+            None
+        );
+        assert_eq!(message_start("(EE) NVIDIAX: not the driver"), None);
     }
 
     #[test]

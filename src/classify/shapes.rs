@@ -315,6 +315,11 @@ pub fn parse(msg: &str) -> Shape {
     if msg.starts_with("nvidia") {
         return parse_nvidia_other(msg);
     }
+    if msg.starts_with("NVIDIA") {
+        if let Some(s) = parse_xorg(msg) {
+            return s;
+        }
+    }
     if msg.starts_with("GSP task ") {
         return Shape::GspCrash {
             text: msg.trim_end().to_string(),
@@ -838,6 +843,71 @@ fn is_gsp_dump_line(body: &str) -> bool {
         || (body.starts_with(char::is_whitespace) && t.starts_with(['#', '-']))
 }
 
+/// Whether `s` starts with the X server NVIDIA driver's tag: `NVIDIA: ` or `NVIDIA(SCREEN): `
+/// with a short screen name (`0`, `G0`, `GPU-0`).
+pub fn xorg_tag_ok(s: &str) -> bool {
+    xorg_body(s).is_some()
+}
+
+/// The text after the X driver's tag.
+fn xorg_body(s: &str) -> Option<&str> {
+    let rest = s.strip_prefix("NVIDIA")?;
+    if let Some(body) = rest.strip_prefix(": ") {
+        return Some(body);
+    }
+    let screen = rest.strip_prefix('(')?;
+    let close = screen.find("): ")?;
+    let name = &screen[..close];
+    (!name.is_empty()
+        && name.len() <= 16
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    .then(|| &screen[close + 3..])
+}
+
+/// An error from the X server's NVIDIA driver (`(EE) NVIDIA(GPU-0): ...`, the marker already
+/// removed). The X driver reports the kernel driver's failure to bring a GPU up in its own words;
+/// the lines indented after it explain and are folded into it.
+fn parse_xorg(msg: &str) -> Option<Shape> {
+    let body = xorg_body(msg)?;
+    if body.starts_with(char::is_whitespace) {
+        return Some(Shape::Other);
+    }
+    let body = body.trim_end_matches(['`', ' ']);
+    if let Some(at) = body.strip_prefix("Failed to initialize the NVIDIA GPU at ") {
+        return Some(Shape::InitFailure {
+            pci: xorg_pci(at),
+            what: "the X server's NVIDIA driver failed to initialise the GPU (the kernel log says why)"
+                .into(),
+            code: None,
+            folds: true,
+        });
+    }
+    if body.starts_with("Failed to initialize the NVIDIA kernel module") {
+        return Some(Shape::InitFailure {
+            pci: None,
+            what: "the X server's NVIDIA driver could not initialise the NVIDIA kernel module"
+                .into(),
+            code: None,
+            folds: true,
+        });
+    }
+    Some(Shape::Other)
+}
+
+/// The X server's `PCI:BUS:DEVICE:FUNCTION` (decimal, domain 0, or `BUS@DOMAIN:DEVICE:FUNCTION`).
+fn xorg_pci(s: &str) -> Option<PciAddress> {
+    let s = s.strip_prefix("PCI:")?;
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == ':' || c == '@'))
+        .unwrap_or(s.len());
+    let mut parts = s[..end].split(':');
+    let first = parts.next()?;
+    let (bus, domain) = first.split_once('@').unwrap_or((first, "0"));
+    let device = parts.next()?.parse().ok()?;
+    let function = parts.next()?.parse().ok()?;
+    PciAddress::new(domain.parse().ok()?, bus.parse().ok()?, device, function)
+}
+
 /// Parses an Xid line after `NVRM: `.
 pub fn parse_xid(m: &str) -> Option<XidLine> {
     parse_xid_after(m.strip_prefix("Xid ")?)
@@ -850,19 +920,14 @@ fn parse_xid_after(x: &str) -> Option<XidLine> {
     let inner = x.strip_prefix('(')?;
     let close = inner.find("):")?;
     let addr = &inner[..close];
-    let addr = addr.strip_prefix("PCI:").unwrap_or(addr);
-    let pci = match PciAddress::parse(addr) {
-        Ok(p) => Some(p),
-        // Redacted by the reporter: dots, x's, stars or nothing at all.
-        Err(_)
-            if addr
-                .bytes()
-                .all(|b| matches!(b, b'.' | b'x' | b'X' | b'*' | b'_' | b':')) =>
-        {
-            None
-        }
-        Err(_) => return None,
-    };
+    if addr.contains('(') {
+        return None;
+    }
+    // The address is the first word: on a MIG GPU the driver adds the instances after it
+    // (`PCI:0000:01:00 GPU-I:05 GPU-CI:02`). An address the reporter redacted (`PCI:...`,
+    // `PCI:0000:XX:00`, `PCI:<redacted>`) or the driver left out still gives the Xid number.
+    let addr = addr.split_whitespace().next().unwrap_or("");
+    let pci = PciAddress::parse(addr.strip_prefix("PCI:").unwrap_or(addr)).ok();
     let after = inner[close + 2..].trim_start_matches(' ');
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
@@ -1185,8 +1250,8 @@ mod tests {
     fn unreadable_xid_lines_are_not_dropped() {
         for m in [
             "NVRM: Xid (PCI:0000:17:00) 79 no colon",
-            "NVRM: Xid (garbage): 79, x",
             "NVRM: Xid (PCI:0000:17:00): 99999999999, x",
+            "NVRM: Xid (PCI:0000:17:00 (x)): 79, x",
         ] {
             assert_eq!(parse(m), Shape::UnreadableXid, "{m}");
         }
@@ -1203,6 +1268,122 @@ mod tests {
         assert_eq!(
             xid("NVRM: Xid (PCI:0000:17:00): 13, pid='1234', name=x, y").pid,
             Some(1234)
+        );
+    }
+
+    /// What is in the parentheses besides an address does not cost the Xid number: the MIG
+    /// instances the driver adds, and every way reporters redact the address.
+    #[test]
+    fn xid_number_survives_mig_attribution_and_redaction() {
+        let x = xid("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No");
+        assert_eq!(
+            (x.pci.map(|p| p.to_string()), x.xid, x.pid),
+            (Some("0000:01:00.0".into()), 94, Some(7194))
+        );
+        assert_eq!(
+            xid("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=a, b").xid,
+            13
+        );
+        for m in [
+            "NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)",
+            "NVRM: Xid (PCI:0000:XX:00): 48, pid=1, name=x, An uncorrectable double bit error",
+            "NVRM: Xid (PCI:0000:xx:xx): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (PCI:<redacted>): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (PCI:****:**:**): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (garbage): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (): 79, GPU has fallen off the bus.",
+        ] {
+            let x = xid(m);
+            assert!(
+                x.pci.is_none() && [145, 48, 79].contains(&x.xid),
+                "{m}: {x:?}"
+            );
+        }
+    }
+
+    /// The X server's NVIDIA driver reports a GPU the kernel driver could not bring up as
+    /// "Failed to initialize the NVIDIA GPU at PCI:B:D:F" (decimal bus), with explanation lines.
+    #[test]
+    fn x_driver_initialisation_failures() {
+        assert_eq!(
+            xorg_pci("PCI:82:0:0.  Please"),
+            PciAddress::parse("0000:52:00.0").ok()
+        );
+        assert_eq!(
+            xorg_pci("PCI:1:0:0."),
+            PciAddress::parse("0000:01:00.0").ok()
+        );
+        assert_eq!(
+            xorg_pci("PCI:65@1:0:1"),
+            PciAddress::parse("0001:41:00.1").ok()
+        );
+        assert_eq!(xorg_pci("PCI:x"), None);
+        for (m, pci) in [
+            (
+                "NVIDIA(GPU-0): Failed to initialize the NVIDIA GPU at PCI:82:0:0.  Please",
+                Some("0000:52:00.0"),
+            ),
+            (
+                "NVIDIA(0): Failed to initialize the NVIDIA GPU at PCI:1:0:0.`",
+                Some("0000:01:00.0"),
+            ),
+            (
+                "NVIDIA: Failed to initialize the NVIDIA kernel module. Please see the",
+                None,
+            ),
+        ] {
+            match parse(m) {
+                Shape::InitFailure { pci: p, folds, .. } => {
+                    assert_eq!(p.map(|p| p.to_string()).as_deref(), pci, "{m}");
+                    assert!(folds, "{m}");
+                }
+                other => panic!("{m}: {other:?}"),
+            }
+        }
+        // Explanation lines, other X driver errors and tags of another shape.
+        assert_eq!(
+            parse("NVIDIA(GPU-0):     check your system's kernel log"),
+            Shape::Other
+        );
+        assert_eq!(
+            parse("NVIDIA(0): Failing initialization of X screen 0"),
+            Shape::Other
+        );
+        assert!(!xorg_tag_ok(
+            "NVIDIA-SMI has failed because it couldn't communicate"
+        ));
+        assert!(!xorg_tag_ok("NVIDIA(a very long screen name): x"));
+        assert!(xorg_tag_ok("NVIDIA(G0): x"));
+
+        // As a log: one finding, the explanation folded into it.
+        let log = "[   159.042] (EE) NVIDIA(0): Failed to initialize the NVIDIA GPU at PCI:1:0:0.  Please\n\
+                   [   159.042] (EE) NVIDIA(0):     check your system's kernel log for additional error\n\
+                   [   159.042] (II) UnloadModule: \"nvidia\"\n\
+                   [   159.042] (EE) NVIDIA(0): Failed to initialize the NVIDIA graphics device!\n\
+                   [   159.043] (II) NVIDIA(0): NVIDIA GPU GeForce GT 650M at PCI:1:0:0";
+        let mut c = crate::classify::Classifier::new();
+        let mut out = Vec::new();
+        for (i, line) in log.lines().enumerate() {
+            let Some(split) = crate::classify::prefix::split(line) else {
+                continue;
+            };
+            let at = crate::classify::LineOrigin {
+                line: i as u64 + 1,
+                seq: None,
+                ts_usec: None,
+                timestamp: None,
+            };
+            for m in &split.messages {
+                c.push(m, &at, &mut out);
+            }
+        }
+        c.flush(&mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].kind, crate::model::FindingKind::DriverInitFailure);
+        assert_eq!(out[0].origin.raw.len(), 3, "{:?}", out[0].origin.raw);
+        assert_eq!(
+            out[0].pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:01:00.0")
         );
     }
 

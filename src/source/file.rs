@@ -12,7 +12,8 @@ use std::path::Path;
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 
 /// Literals at least one of which every line we classify contains: the driver tags, and for the
-/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts and hung-task reports.
+/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports and the
+/// X server NVIDIA driver's errors.
 pub const CANDIDATE_LITERALS: &[&str] = &[
     "NVRM",
     "SXid",
@@ -29,6 +30,7 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "state:D",
     "Call Trace",
     "Call trace",
+    "(EE) NVIDIA",
 ];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
