@@ -481,7 +481,11 @@ impl Classifier {
     fn handle(&mut self, shape: Shape, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
         match shape {
             Shape::Xid(x) => {
-                let f = self.xid_finding(x, msg, at);
+                let uuid = x.uuid.clone();
+                let mut f = self.xid_finding(x, msg, at);
+                if f.gpu.uuid.is_none() {
+                    f.gpu.uuid = uuid;
+                }
                 out.push(f);
             }
             Shape::GpuUuid { pci, uuid } => {

@@ -173,12 +173,14 @@ fn at_word_start(b: &[u8], at: usize) -> bool {
             || matches!(b[at - 1], b'_' | b'-' | b'.' | b'/' | b'\\'))
 }
 
-/// Messages that carry no driver tag: the GSP crash report's first line, nvidia-drm's
+/// Messages that carry no driver tag: the X server NVIDIA driver's errors, NVML Xid events as the
+/// Kubernetes device plugin logs them, the GSP crash report's first line, nvidia-drm's
 /// `[drm:nv_drm_...]` errors, nvidia-smi and NVML error texts, hung-task reports and call-trace
 /// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
 fn other_start(line: &str) -> Option<usize> {
     const ANCHORS: &[&str] = &[
         "(EE) NVIDIA",
+        "XidCriticalError: Xid=",
         "GSP task ",
         "[drm:",
         "NVIDIA-SMI has failed",
@@ -440,6 +442,14 @@ mod tests {
             None
         );
         assert_eq!(message_start("(EE) NVIDIAX: not the driver"), None);
+    }
+
+    /// The Kubernetes device plugin's Xid event lines carry no driver tag.
+    #[test]
+    fn device_plugin_xid_events() {
+        let line = "2024-08-09T13:32:51.873588972Z I0809 13:32:51.873541       1 health.go:185] XidCriticalError: Xid=94 on Device=GPU-3b6e; marking device as unhealthy.";
+        let s = split(line).unwrap();
+        assert!(s.messages[0].starts_with("XidCriticalError: Xid=94"));
     }
 
     #[test]

@@ -138,6 +138,9 @@ pub struct XidLine {
     pub process: Option<String>,
     /// The message after the address, Xid, pid and name.
     pub rest: String,
+    /// The GPU's UUID, when the line names the GPU by it rather than by address (an NVML Xid
+    /// event as the Kubernetes device plugin logs it).
+    pub uuid: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -338,6 +341,9 @@ pub fn parse(msg: &str) -> Shape {
             };
         }
         return Shape::Harmless;
+    }
+    if let Some(x) = parse_xid_event(msg) {
+        return Shape::Xid(x);
     }
     if let Some(s) = parse_tool(msg) {
         return s;
@@ -973,6 +979,43 @@ fn parse_xid_after(x: &str) -> Option<XidLine> {
         pid,
         process,
         rest: tail.trim().to_string(),
+        uuid: None,
+    })
+}
+
+/// An NVML Xid event as the Kubernetes device plugin logs it:
+/// `XidCriticalError: Xid=94 on Device=GPU-3b6e...; marking device as unhealthy.` The driver
+/// printed the same Xid to the kernel log, which the pasted log often lacks.
+fn parse_xid_event(msg: &str) -> Option<XidLine> {
+    let rest = msg.strip_prefix("XidCriticalError: Xid=")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    let xid = rest[..digits].parse().ok()?;
+    let after = rest[digits..].trim_start();
+    let device = after
+        .strip_prefix("on")
+        .map(str::trim_start)
+        .and_then(|d| d.strip_prefix("Device="))
+        .unwrap_or("");
+    let uuid: String = device
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    // A UUID the reporter redacted (`GPU-XXXX`) names no GPU.
+    let uuid = (uuid.starts_with("GPU-") || uuid.starts_with("MIG-"))
+        .then_some(uuid)
+        .filter(|u| u[4..].bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') && u.len() > 12);
+    Some(XidLine {
+        pci: None,
+        xid,
+        pid: None,
+        process: None,
+        rest:
+            "Xid event reported through NVML (the Kubernetes device plugin marks the GPU unhealthy)"
+                .into(),
+        uuid,
     })
 }
 
@@ -1299,6 +1342,23 @@ mod tests {
                 "{m}: {x:?}"
             );
         }
+    }
+
+    /// The Kubernetes device plugin logs the NVML Xid events it acts on; the GPU is named by UUID.
+    #[test]
+    fn xid_events_logged_by_the_device_plugin() {
+        let Shape::Xid(x) = parse("XidCriticalError: Xid=94 on Device=GPU-3b6ec030-5adc-1847-e155-79f635584b4e; marking device as unhealthy.") else {
+            panic!("not an Xid");
+        };
+        assert_eq!(
+            (x.xid, x.pci, x.uuid.as_deref()),
+            (94, None, Some("GPU-3b6ec030-5adc-1847-e155-79f635584b4e"))
+        );
+        let Shape::Xid(x) = parse("XidCriticalError: Xid=999 on  Device=GPU-XXXX, but") else {
+            panic!("not an Xid");
+        };
+        assert_eq!((x.xid, x.uuid), (999, None), "a redacted UUID names no GPU");
+        assert!(!matches!(parse("XidCriticalError: Xid=, x"), Shape::Xid(_)));
     }
 
     /// The X server's NVIDIA driver reports a GPU the kernel driver could not bring up as

@@ -12,8 +12,8 @@ use std::path::Path;
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 
 /// Literals at least one of which every line we classify contains: the driver tags, and for the
-/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports and the
-/// X server NVIDIA driver's errors.
+/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports, the X
+/// server NVIDIA driver's errors and the Xid events the Kubernetes device plugin logs.
 pub const CANDIDATE_LITERALS: &[&str] = &[
     "NVRM",
     "SXid",
@@ -31,6 +31,7 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "Call Trace",
     "Call trace",
     "(EE) NVIDIA",
+    "XidCriticalError",
 ];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
