@@ -353,7 +353,7 @@ impl Classifier {
                 },
                 Shape::Sxid(s),
             ) if s.switch == *switch
-                && Some(s.pci) == finding.pci
+                && s.pci == finding.pci
                 && Some(s.sxid) == finding.xid
                 && (s.fatal.is_none() || finding_sxid_unknown(finding)) =>
             {
@@ -901,7 +901,7 @@ impl Classifier {
             at,
         );
         f.xid = Some(s.sxid);
-        f.pci = Some(s.pci);
+        f.pci = s.pci;
         f.detail = Some(Detail::Sxid {
             fatal: s.fatal.unwrap_or(false),
             link: link_number(&s.rest),

@@ -146,7 +146,8 @@ pub struct XidLine {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SxidLine {
     pub switch: String,
-    pub pci: PciAddress,
+    /// `None` when the reporter redacted the address (`PCI:...`).
+    pub pci: Option<PciAddress>,
     pub sxid: u32,
     /// `Some(true)` Fatal, `Some(false)` Non-fatal, `None` for a continuation line.
     pub fatal: Option<bool>,
@@ -1027,7 +1028,8 @@ fn parse_sxid(m: &str) -> Option<SxidLine> {
     }
     let close = rest.find("):")?;
     let addr = &rest[..close];
-    let pci = pci(addr.strip_prefix("PCI:").unwrap_or(addr))?;
+    // As for Xid lines: a redacted address still leaves the SXid number to read.
+    let pci = pci(addr.strip_prefix("PCI:").unwrap_or(addr));
     let after = rest[close + 2..].trim_start();
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
@@ -1342,6 +1344,32 @@ mod tests {
                 "{m}: {x:?}"
             );
         }
+    }
+
+    /// An SXid line whose address the reporter redacted still gives the switch and SXid number.
+    #[test]
+    fn sxid_number_survives_redaction() {
+        for m in [
+            "nvidia-nvswitch1: SXid (PCI:...): 20034, Fatal, Link 48 LTSSM Fault Up",
+            "nvidia-nvswitch1: SXid (PCI:0000:XX:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+        ] {
+            let Shape::Sxid(x) = parse(m) else {
+                panic!("{m}: not an SXid");
+            };
+            assert_eq!(
+                (x.switch.as_str(), x.pci, x.sxid, x.fatal),
+                ("nvidia-nvswitch1", None, 20034, Some(true)),
+                "{m}"
+            );
+        }
+        let Shape::Sxid(x) = parse("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Data {0x1}")
+        else {
+            panic!("not an SXid");
+        };
+        assert_eq!(
+            x.pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:05:00.0")
+        );
     }
 
     /// The Kubernetes device plugin logs the NVML Xid events it acts on; the GPU is named by UUID.
