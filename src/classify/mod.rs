@@ -666,6 +666,28 @@ impl Classifier {
                 });
                 out.push(f);
             }
+            Shape::ModuleVersionMismatch {
+                module,
+                kernel,
+                module_version,
+            } => {
+                // The companion module refuses to load: the same failure as an API mismatch.
+                let mut f = base(
+                    FindingKind::ApiMismatch,
+                    Severity::Critical,
+                    Category::Driver,
+                    &format!(
+                        "driver version mismatch: {module} {module_version} does not match nvidia.ko {kernel}"
+                    ),
+                    msg,
+                    at,
+                );
+                f.detail = Some(Detail::ApiMismatch {
+                    client_version: module_version,
+                    kernel_version: kernel,
+                });
+                out.push(f);
+            }
             Shape::ApiMismatchClient { .. } | Shape::ApiMismatchTail { .. } => {}
             Shape::GspDump { opens, text } => {
                 if !opens && !text.contains("_kgsp") && !text.contains("GSP") {

@@ -69,6 +69,13 @@ pub enum Shape {
     ApiMismatchTail {
         last: bool,
     },
+    /// A companion module built for another driver version than nvidia.ko:
+    /// `nvidia-modeset: Version mismatch: nvidia.ko(410.73) nvidia-modeset.ko(390.87)`.
+    ModuleVersionMismatch {
+        module: String,
+        kernel: String,
+        module_version: String,
+    },
     /// A GSP / RPC diagnostic line: opens or continues a GSP dump.
     GspDump {
         opens: bool,
@@ -247,6 +254,10 @@ lazy_re!(
     r"^(nvidia[\w-]*): version magic '([^']*)' should be '([^']*)'"
 );
 lazy_re!(re_any_addr, r"PCI:(ADDR)");
+lazy_re!(
+    re_module_version_mismatch,
+    r"^(nvidia[\w-]*): Version mismatch: nvidia\.ko\(([^()\s]+)\) ([\w-]+?)(?:\.ko)?\(([^()\s]+)\)"
+);
 
 fn pci(s: &str) -> Option<PciAddress> {
     PciAddress::parse(s).ok()
@@ -1209,6 +1220,13 @@ fn parse_nvidia_other(m: &str) -> Shape {
             folds: false,
         };
     }
+    if let Some(c) = re_module_version_mismatch().captures(m) {
+        return Shape::ModuleVersionMismatch {
+            module: c[3].to_string(),
+            kernel: c[2].to_string(),
+            module_version: c[4].to_string(),
+        };
+    }
     if let Some(rest) = m.strip_prefix("nvidia-modeset: ") {
         if let Some(t) = rest
             .strip_prefix("ERROR: ")
@@ -1370,6 +1388,39 @@ mod tests {
             x.pci.map(|p| p.to_string()).as_deref(),
             Some("0000:05:00.0")
         );
+    }
+
+    /// A companion module at another version than nvidia.ko is a version mismatch, `.ko` or not.
+    #[test]
+    fn module_version_mismatch() {
+        for (m, module, kernel, other) in [
+            (
+                "nvidia-modeset: Version mismatch: nvidia.ko(410.73) nvidia-modeset.ko(390.87)",
+                "nvidia-modeset",
+                "410.73",
+                "390.87",
+            ),
+            (
+                "nvidia-modeset: Version mismatch: nvidia.ko(378.13) nvidia-modeset(375.26)",
+                "nvidia-modeset",
+                "378.13",
+                "375.26",
+            ),
+        ] {
+            assert_eq!(
+                parse(m),
+                Shape::ModuleVersionMismatch {
+                    module: module.into(),
+                    kernel: kernel.into(),
+                    module_version: other.into()
+                },
+                "{m}"
+            );
+        }
+        assert!(!matches!(
+            parse("nvidia-modeset: Version mismatch: garbled"),
+            Shape::ModuleVersionMismatch { .. }
+        ));
     }
 
     /// The Kubernetes device plugin logs the NVML Xid events it acts on; the GPU is named by UUID.
