@@ -179,7 +179,7 @@ fn at_word_start(b: &[u8], at: usize) -> bool {
 /// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
 fn other_start(line: &str) -> Option<usize> {
     const ANCHORS: &[&str] = &[
-        "(EE) NVIDIA",
+        "(EE)",
         "XidCriticalError: Xid=",
         "GSP task ",
         "[drm:",
@@ -204,9 +204,9 @@ fn other_start(line: &str) -> Option<usize> {
         let rest = &line[i..];
         let ok = match *a {
             // The X server's NVIDIA driver: its message starts after the `(EE) ` marker.
-            "(EE) NVIDIA" => {
-                if crate::classify::shapes::xorg_tag_ok(&rest[5..]) {
-                    return Some(i + 5);
+            "(EE)" => {
+                if let Some(at) = x_driver_tag(rest) {
+                    return Some(i + at);
                 }
                 false
             }
@@ -222,6 +222,31 @@ fn other_start(line: &str) -> Option<usize> {
         }
     }
     frame_start(line)
+}
+
+/// Where the X server NVIDIA driver's tag starts after an `(EE)` marker: right after it, or after
+/// the `Mon DD HH:MM:SS` stamp older X servers put between the two.
+fn x_driver_tag(marked: &str) -> Option<usize> {
+    let after = marked.strip_prefix("(EE)")?;
+    let mut at = 4 + after.len() - after.trim_start().len();
+    let rest = &marked[at..];
+    if !rest.starts_with("NVIDIA") {
+        // `May 25 07:28:50 `: a month, a day and a time.
+        let mut words = rest.split_whitespace();
+        let (month, day, time) = (words.next()?, words.next()?, words.next()?);
+        let stamp = month.len() == 3
+            && month.bytes().all(|b| b.is_ascii_alphabetic())
+            && day.len() <= 2
+            && is_digits(day)
+            && time.len() == 8
+            && time.bytes().all(|b| b.is_ascii_digit() || b == b':');
+        if !stamp {
+            return None;
+        }
+        let t = rest.find(time)? + time.len();
+        at += t + rest[t..].len() - rest[t..].trim_start().len();
+    }
+    crate::classify::shapes::xorg_tag_ok(&marked[at..]).then_some(at)
 }
 
 /// Where a call-trace frame in an NVIDIA module starts: the spaces, `[<address>]` and `? ` before
@@ -442,6 +467,18 @@ mod tests {
             None
         );
         assert_eq!(message_start("(EE) NVIDIAX: not the driver"), None);
+        // Older X servers: a stamp after the marker, a space before the screen.
+        for line in [
+            "(EE) May 25 07:28:50 NVIDIA(0): Failed to initialize the NVIDIA kernel module. Please see the",
+            "(EE) NVIDIA (0): Failed to initialize the NVIDIA kernel module! Please ensure",
+            "(EE) Jun  5 07:28:50 NVIDIA(0): Failed to initialize the NVIDIA kernel module.",
+            "[   494.427](EE) NVIDIA(0): Failed to initialize the NVIDIA graphics device PCI:1:0:0.",
+        ] {
+            let s = split(line).unwrap_or_else(|| panic!("{line}"));
+            assert!(s.messages[0].starts_with("NVIDIA"), "{line}: {:?}", s.messages);
+        }
+        assert_eq!(message_start("(EE) Failed to load module \"mouse\""), None);
+        assert_eq!(message_start("(EE) May 25 07:28:50 Screen(s) found"), None);
     }
 
     /// The Kubernetes device plugin's Xid event lines carry no driver tag.

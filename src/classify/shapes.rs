@@ -870,6 +870,11 @@ pub fn xorg_tag_ok(s: &str) -> bool {
 /// The text after the X driver's tag.
 fn xorg_body(s: &str) -> Option<&str> {
     let rest = s.strip_prefix("NVIDIA")?;
+    // Some X servers wrote `NVIDIA (0):`.
+    let rest = rest
+        .strip_prefix(' ')
+        .filter(|r| r.starts_with('('))
+        .unwrap_or(rest);
     if let Some(body) = rest.strip_prefix(": ") {
         return Some(body);
     }
@@ -891,7 +896,15 @@ fn parse_xorg(msg: &str) -> Option<Shape> {
         return Some(Shape::Other);
     }
     let body = body.trim_end_matches(['`', ' ']);
-    if let Some(at) = body.strip_prefix("Failed to initialize the NVIDIA GPU at ") {
+    // Older drivers: "Failed to initialize the NVIDIA graphics device PCI:1:0:0." (the line
+    // "... graphics device!" that follows it explains, and folds).
+    let gpu_at = body
+        .strip_prefix("Failed to initialize the NVIDIA GPU at ")
+        .or_else(|| {
+            body.strip_prefix("Failed to initialize the NVIDIA graphics device ")
+                .filter(|at| at.starts_with("PCI:"))
+        });
+    if let Some(at) = gpu_at {
         return Some(Shape::InitFailure {
             pci: xorg_pci(at),
             what: "the X server's NVIDIA driver failed to initialise the GPU (the kernel log says why)"
@@ -1479,6 +1492,17 @@ mod tests {
                 other => panic!("{m}: {other:?}"),
             }
         }
+        // Older X servers and drivers.
+        match parse("NVIDIA (0): Failed to initialize the NVIDIA graphics device PCI:1:0:0. ") {
+            Shape::InitFailure { pci, .. } => {
+                assert_eq!(pci.map(|p| p.to_string()).as_deref(), Some("0000:01:00.0"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse("NVIDIA(0): Failed to initialize the NVIDIA graphics device!"),
+            Shape::Other
+        );
         // Explanation lines, other X driver errors and tags of another shape.
         assert_eq!(
             parse("NVIDIA(GPU-0):     check your system's kernel log"),

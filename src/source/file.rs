@@ -30,7 +30,7 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "state:D",
     "Call Trace",
     "Call trace",
-    "(EE) NVIDIA",
+    "(EE)",
     "XidCriticalError",
 ];
 
