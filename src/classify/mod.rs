@@ -666,25 +666,28 @@ impl Classifier {
                 });
                 out.push(f);
             }
-            Shape::ModuleVersionMismatch {
-                module,
+            Shape::VersionMismatch {
+                component,
+                component_version,
                 kernel,
-                module_version,
             } => {
-                // The companion module refuses to load: the same failure as an API mismatch.
+                // The component refuses to work with the loaded kernel module: the same split as
+                // the kernel's own API mismatch message.
                 let mut f = base(
                     FindingKind::ApiMismatch,
                     Severity::Critical,
                     Category::Driver,
                     &format!(
-                        "driver version mismatch: {module} {module_version} does not match nvidia.ko {kernel}"
+                        "driver version mismatch: {component} {} does not match the kernel module {}",
+                        component_version.as_deref().unwrap_or("(version not in the log)"),
+                        kernel.as_deref().unwrap_or("(version not in the log)")
                     ),
                     msg,
                     at,
                 );
                 f.detail = Some(Detail::ApiMismatch {
-                    client_version: module_version,
-                    kernel_version: kernel,
+                    client_version: component_version.unwrap_or_default(),
+                    kernel_version: kernel.unwrap_or_default(),
                 });
                 out.push(f);
             }

@@ -181,6 +181,8 @@ fn other_start(line: &str) -> Option<usize> {
     const ANCHORS: &[&str] = &[
         "(EE)",
         "XidCriticalError: Xid=",
+        "API mismatch",
+        "API Mismatch",
         "GSP task ",
         "[drm:",
         "NVIDIA-SMI has failed",
@@ -210,6 +212,7 @@ fn other_start(line: &str) -> Option<usize> {
                 }
                 false
             }
+            "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
             "[drm:" => rest.contains("[nvidia_drm]"),
             "INFO: task " => rest.contains(" blocked for more than"),
             "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
@@ -479,6 +482,14 @@ mod tests {
         }
         assert_eq!(message_start("(EE) Failed to load module \"mouse\""), None);
         assert_eq!(message_start("(EE) May 25 07:28:50 Screen(s) found"), None);
+    }
+
+    /// NVIDIA's user-space components report an API mismatch without a driver tag.
+    #[test]
+    fn user_space_api_mismatch() {
+        let s = split("ali@ali-desktop:~$ Error: API mismatch: the NVIDIA kernel module has version 173.14.05,").unwrap();
+        assert!(s.messages[0].starts_with("API mismatch: the NVIDIA kernel module"));
+        assert_eq!(message_start("Error: API mismatch in libfoo"), None);
     }
 
     /// The Kubernetes device plugin's Xid event lines carry no driver tag.

@@ -69,12 +69,14 @@ pub enum Shape {
     ApiMismatchTail {
         last: bool,
     },
-    /// A companion module built for another driver version than nvidia.ko:
-    /// `nvidia-modeset: Version mismatch: nvidia.ko(410.73) nvidia-modeset.ko(390.87)`.
-    ModuleVersionMismatch {
-        module: String,
-        kernel: String,
-        module_version: String,
+    /// A driver component at another version than the kernel module, told in one line: a
+    /// companion module (`nvidia-modeset: Version mismatch: nvidia.ko(410.73)
+    /// nvidia-modeset.ko(390.87)`) or a user-space component (`Error: API mismatch: the NVIDIA
+    /// kernel module has version 177.80, but this NVIDIA driver component has version 177.82.`).
+    VersionMismatch {
+        component: String,
+        component_version: Option<String>,
+        kernel: Option<String>,
     },
     /// A GSP / RPC diagnostic line: opens or continues a GSP dump.
     GspDump {
@@ -255,6 +257,14 @@ lazy_re!(
 );
 lazy_re!(re_any_addr, r"PCI:(ADDR)");
 lazy_re!(
+    re_user_api_kernel_first,
+    r"^API [Mm]ismatch[:,] the NVIDIA kernel module has (?:the )?version ([^\s,]+),?(?:\s+but this (NVIDIA driver component|X module) has (?:the )?version ([^\s,]+?)\.?(?:\s|$))?"
+);
+lazy_re!(
+    re_user_api_component_first,
+    r"^API [Mm]ismatch[:,] [Tt]his NVIDIA driver component has (?:the )?version ([^\s,]+),? but the NVIDIA kernel module's version does not match"
+);
+lazy_re!(
     re_module_version_mismatch,
     r"^(nvidia[\w-]*): Version mismatch: nvidia\.ko\(([^()\s]+)\) ([\w-]+?)(?:\.ko)?\(([^()\s]+)\)"
 );
@@ -356,6 +366,9 @@ pub fn parse(msg: &str) -> Shape {
     }
     if let Some(x) = parse_xid_event(msg) {
         return Shape::Xid(x);
+    }
+    if let Some(s) = parse_user_api(msg) {
+        return s;
     }
     if let Some(s) = parse_tool(msg) {
         return s;
@@ -887,6 +900,27 @@ fn xorg_body(s: &str) -> Option<&str> {
     .then(|| &screen[close + 3..])
 }
 
+/// The API mismatch as NVIDIA's user-space components (the X driver, GLX, nvidia-settings) tell
+/// it, the kernel module's version first or their own first.
+fn parse_user_api(msg: &str) -> Option<Shape> {
+    if let Some(c) = re_user_api_kernel_first().captures(msg) {
+        return Some(Shape::VersionMismatch {
+            component: c
+                .get(2)
+                .map_or("NVIDIA driver component", |m| m.as_str())
+                .to_string(),
+            component_version: c.get(3).map(|m| m.as_str().to_string()),
+            kernel: Some(c[1].to_string()),
+        });
+    }
+    let c = re_user_api_component_first().captures(msg)?;
+    Some(Shape::VersionMismatch {
+        component: "NVIDIA driver component".into(),
+        component_version: Some(c[1].to_string()),
+        kernel: None,
+    })
+}
+
 /// An error from the X server's NVIDIA driver (`(EE) NVIDIA(GPU-0): ...`, the marker already
 /// removed). The X driver reports the kernel driver's failure to bring a GPU up in its own words;
 /// the lines indented after it explain and are folded into it.
@@ -896,6 +930,9 @@ fn parse_xorg(msg: &str) -> Option<Shape> {
         return Some(Shape::Other);
     }
     let body = body.trim_end_matches(['`', ' ']);
+    if let Some(s) = parse_user_api(body) {
+        return Some(s);
+    }
     // Older drivers: "Failed to initialize the NVIDIA graphics device PCI:1:0:0." (the line
     // "... graphics device!" that follows it explains, and folds).
     let gpu_at = body
@@ -1234,10 +1271,10 @@ fn parse_nvidia_other(m: &str) -> Shape {
         };
     }
     if let Some(c) = re_module_version_mismatch().captures(m) {
-        return Shape::ModuleVersionMismatch {
-            module: c[3].to_string(),
-            kernel: c[2].to_string(),
-            module_version: c[4].to_string(),
+        return Shape::VersionMismatch {
+            component: c[3].to_string(),
+            component_version: Some(c[4].to_string()),
+            kernel: Some(c[2].to_string()),
         };
     }
     if let Some(rest) = m.strip_prefix("nvidia-modeset: ") {
@@ -1422,17 +1459,56 @@ mod tests {
         ] {
             assert_eq!(
                 parse(m),
-                Shape::ModuleVersionMismatch {
-                    module: module.into(),
-                    kernel: kernel.into(),
-                    module_version: other.into()
+                Shape::VersionMismatch {
+                    component: module.into(),
+                    component_version: Some(other.into()),
+                    kernel: Some(kernel.into()),
                 },
                 "{m}"
             );
         }
         assert!(!matches!(
             parse("nvidia-modeset: Version mismatch: garbled"),
-            Shape::ModuleVersionMismatch { .. }
+            Shape::VersionMismatch { .. }
+        ));
+    }
+
+    /// NVIDIA's user-space components (X driver, GLX, nvidia-settings) tell the API mismatch in
+    /// their own words, with or without an X driver tag, on one line or wrapped.
+    #[test]
+    fn user_space_api_mismatch() {
+        let v = |component: &str, c: Option<&str>, k: Option<&str>| Shape::VersionMismatch {
+            component: component.into(),
+            component_version: c.map(Into::into),
+            kernel: k.map(Into::into),
+        };
+        for (m, want) in [
+            (
+                "API mismatch: the NVIDIA kernel module has version 169.12, but this NVIDIA driver component has version 173.14.09. Please make sure",
+                v("NVIDIA driver component", Some("173.14.09"), Some("169.12")),
+            ),
+            (
+                "API mismatch: the NVIDIA kernel module has the version 1.0-9755, but this X module has the version 1.0-9631. Please make sure",
+                v("X module", Some("1.0-9631"), Some("1.0-9755")),
+            ),
+            (
+                "API mismatch: the NVIDIA kernel module has version 177.80,",
+                v("NVIDIA driver component", None, Some("177.80")),
+            ),
+            (
+                "API mismatch: this NVIDIA driver component has version 100.14.11, but the NVIDIA kernel module's version does not match. Please",
+                v("NVIDIA driver component", Some("100.14.11"), None),
+            ),
+            (
+                "NVIDIA: API mismatch: the NVIDIA kernel module has version 304.88, but",
+                v("NVIDIA driver component", None, Some("304.88")),
+            ),
+        ] {
+            assert_eq!(parse(m), want, "{m}");
+        }
+        assert!(!matches!(
+            parse("API mismatch: something else entirely"),
+            Shape::VersionMismatch { .. }
         ));
     }
 

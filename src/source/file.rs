@@ -13,7 +13,8 @@ use aho_corasick::{AhoCorasick, Input, MatchKind};
 
 /// Literals at least one of which every line we classify contains: the driver tags, and for the
 /// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports, the X
-/// server NVIDIA driver's errors and the Xid events the Kubernetes device plugin logs.
+/// server NVIDIA driver's errors, the Xid events the Kubernetes device plugin logs and the API
+/// mismatch as NVIDIA's user-space components report it.
 pub const CANDIDATE_LITERALS: &[&str] = &[
     "NVRM",
     "SXid",
@@ -32,6 +33,8 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "Call trace",
     "(EE)",
     "XidCriticalError",
+    "API mismatch",
+    "API Mismatch",
 ];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
