@@ -14,6 +14,9 @@ pub mod shapes;
 pub mod signals;
 pub mod sxid;
 
+#[cfg(test)]
+mod other_tests;
+
 use std::collections::{HashMap, HashSet};
 
 use crate::model::{
@@ -458,9 +461,10 @@ impl Classifier {
                     module: m,
                     ..
                 },
-            ) if t.is_none() || task.is_none() || task == t => {
+            ) if t.is_none() || task.is_none() || task == t || held_by(finding, t) => {
                 // "task:NAME state:D" after "INFO: task NAME blocked", then "Call Trace:", then
-                // a "RIP:" line: one report.
+                // a "RIP:" line: one report. "INFO: task A blocked on a semaphore likely last
+                // held by task B" is followed by B's stack: the same report.
                 if task.is_none() {
                     task.clone_from(t);
                 }
@@ -1160,6 +1164,21 @@ fn same_x_driver(f: &Finding, msg: &str) -> bool {
             .raw
             .first()
             .is_some_and(|r| r.starts_with("NVIDIA"))
+}
+
+/// Whether a hung-task report says its task waits on `task` ("likely last held by task B:123"),
+/// so that B's stack that follows belongs to the report.
+fn held_by(f: &Finding, task: &Option<String>) -> bool {
+    let (Some(t), Some(first)) = (task, f.origin.raw.first()) else {
+        return false;
+    };
+    first
+        .split_once("last held by task ")
+        .is_some_and(|(_, holder)| {
+            holder
+                .strip_prefix(t.as_str())
+                .is_some_and(|r| r.starts_with(':'))
+        })
 }
 
 /// Adds a physical line to a folded finding: counted always, kept up to the bound.

@@ -185,6 +185,7 @@ fn other_start(line: &str) -> Option<usize> {
         "API Mismatch",
         "GSP task ",
         "[drm:",
+        "[drm] [nvidia-drm] ",
         "NVIDIA-SMI has failed",
         "Failed to initialize NVML",
         "Unable to determine the device handle",
@@ -197,6 +198,7 @@ fn other_start(line: &str) -> Option<usize> {
         "Call trace:",
         "RIP: ",
         "Bad or missing usercopy",
+        "PM: ",
     ];
     let b = line.as_bytes();
     for a in ANCHORS {
@@ -213,8 +215,9 @@ fn other_start(line: &str) -> Option<usize> {
                 false
             }
             "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
-            "[drm:" => rest.contains("[nvidia_drm]"),
-            "INFO: task " => rest.contains(" blocked for more than"),
+            "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
+            "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
+            "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
             "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
             "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
             "Bad or missing usercopy" => rest.contains("'nvidia"),
@@ -225,6 +228,28 @@ fn other_start(line: &str) -> Option<usize> {
         }
     }
     frame_start(line)
+        .or_else(|| symbol_start(line))
+        .or_else(|| crate::classify::shapes::module_loader_failure(line).map(|(at, _, _)| at))
+}
+
+/// Where a module-loader line about NVIDIA's symbols starts when the module is not NVIDIA's own
+/// (`nv_peer_mem: Unknown symbol nvidia_p2p_get_pages (err -22)`): at the module name.
+fn symbol_start(line: &str) -> Option<usize> {
+    const NEEDLES: &[&str] = &[
+        ": disagrees about version of symbol nvidia",
+        ": Unknown symbol nvidia",
+        ": module using GPL-only symbols uses symbols nvidia",
+    ];
+    let i = NEEDLES
+        .iter()
+        .find_map(|n| memchr::memmem::find(line.as_bytes(), n.as_bytes()))?;
+    let start = line[..i].rfind([' ', ']', '\t']).map_or(0, |j| j + 1);
+    let name = &line[start..i];
+    (!name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    .then_some(start)
 }
 
 /// Where the X server NVIDIA driver's tag starts after an `(EE)` marker: right after it, or after
@@ -300,6 +325,24 @@ fn tag_shape_ok(s: &str) -> bool {
     let after = &rest[name_end..];
     if after.starts_with(": ") || after == ":" {
         return true;
+    }
+    // `nvidia-peermem nv_get_p2p_free_callback:127 ERROR ...`: an NVIDIA module (by name, so
+    // that a host name such as `nvidia-node-7` is not one), then `function:line `.
+    const MODULES: &[&str] = &["peermem", "fs", "uvm", "drm", "modeset", "nvlink"];
+    let module = rest[..name_end].trim_start_matches(['-', '_']);
+    if name_end > 0 && MODULES.contains(&module) {
+        if let Some(func) = after.strip_prefix(' ') {
+            if let Some((f, rest)) = func.split_once(':') {
+                let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+                if !f.is_empty()
+                    && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                    && digits > 0
+                    && rest[digits..].starts_with(' ')
+                {
+                    return true;
+                }
+            }
+        }
     }
     // `nvidia 0000:17:00.0: ...` (the PCI driver core naming the device).
     name_end == 0 && after.strip_prefix(' ').is_some_and(device_then_colon)

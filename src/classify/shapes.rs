@@ -249,7 +249,11 @@ lazy_re!(
 );
 lazy_re!(
     re_module_sym,
-    r"^(nvidia[\w-]*): (disagrees about version of symbol|Unknown symbol) (\S+)"
+    r"^([\w-]+): (disagrees about version of symbol|Unknown symbol) (\S+)"
+);
+lazy_re!(
+    re_gpl_only,
+    r"^([\w-]+): module using GPL-only symbols uses symbols (\S+) from proprietary module (\S+?)\.?$"
 );
 lazy_re!(
     re_version_magic,
@@ -351,7 +355,7 @@ pub fn parse(msg: &str) -> Shape {
         };
     }
     if msg.starts_with("[drm:") {
-        if msg.contains("[nvidia_drm]") && msg.contains("*ERROR*") {
+        if is_nvidia_drm(msg) && msg.contains("*ERROR*") {
             return Shape::ModuleError {
                 module: "nvidia-drm",
                 pci: None,
@@ -370,33 +374,165 @@ pub fn parse(msg: &str) -> Shape {
     if let Some(s) = parse_user_api(msg) {
         return s;
     }
+    if let Some(rest) = msg.strip_prefix("[drm] [nvidia-drm] ") {
+        return drm_notice(rest);
+    }
+    if let Some(s) = module_symbol(msg)
+        .or_else(|| module_insert(msg))
+        .or_else(|| pm_callback(msg))
+    {
+        return s;
+    }
     if let Some(s) = parse_tool(msg) {
         return s;
     }
     parse_trace(msg).unwrap_or(Shape::Other)
 }
 
+/// Whether a `[drm:func [module]] *ERROR*` line is nvidia-drm's: the function is in
+/// `[nvidia_drm]`, or the DRM core printed it for nvidia-drm (`... *ERROR* [nvidia-drm] ...`,
+/// as `drm_new_set_master [drm]` does when nvidia-drm refuses modeset ownership).
+pub fn is_nvidia_drm(msg: &str) -> bool {
+    msg.contains("[nvidia_drm]") || msg.contains("[nvidia-drm]")
+}
+
+/// nvidia-drm's own notices, `[drm] [nvidia-drm] [GPU ID 0x00000100] TEXT`: most are harmless
+/// ("Loading driver"), the ones with an error signal are errors (`nv_drm_reset_input_colorspace
+/// failed with error code: -35`).
+fn drm_notice(rest: &str) -> Shape {
+    let text = match rest.strip_prefix("[GPU ID ") {
+        Some(r) => r.split_once("] ").map_or(r, |(_, t)| t),
+        None => rest,
+    }
+    .trim();
+    if is_harmless(text) || !has_error_signal(text) {
+        return Shape::Harmless;
+    }
+    Shape::ModuleError {
+        module: "nvidia-drm",
+        pci: None,
+        text: text.to_string(),
+    }
+}
+
+/// A module that cannot load because of NVIDIA's symbols: `nvidia: disagrees about version of
+/// symbol X`, `nv_peer_mem: Unknown symbol nvidia_p2p_get_pages (err -22)`, `nvidia_fs: module
+/// using GPL-only symbols uses symbols nvidia_p2p_get_pages from proprietary module nvidia.`.
+/// Either the module or the symbol is NVIDIA's; other modules' symbol trouble is not ours.
+fn module_symbol(m: &str) -> Option<Shape> {
+    // Both wordings say "symbol"; the regexes run only on lines that do (not on every frame).
+    if !m.contains(" symbol") {
+        return None;
+    }
+    let (module, what, symbol) = if let Some(c) = re_module_sym().captures(m) {
+        (c[1].to_string(), c[2].to_string(), c[3].to_string())
+    } else if let Some(c) = re_gpl_only().captures(m) {
+        (
+            c[1].to_string(),
+            format!("may not use the GPL-only symbols of {}:", &c[3]),
+            c[2].to_string(),
+        )
+    } else {
+        return None;
+    };
+    if !(is_nvidia_name(&module) || is_nvidia_name(&symbol)) {
+        return None;
+    }
+    Some(Shape::InitFailure {
+        pci: None,
+        what: format!("module {module}: {what} {symbol}"),
+        code: None,
+        folds: false,
+    })
+}
+
+/// What module loaders print when they cannot load a module, each with the character that ends
+/// the module name: `systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot
+/// allocate memory`, `modprobe: ERROR: could not insert 'nvidia': No such device`, `modprobe:
+/// ERROR: ... could not find module by name='nvidia_331_uvm'`, `modprobe: FATAL: Module
+/// nvidia-uvm not found.`. The kernel often logs nothing of its own for these.
+const MODULE_LOADER: &[(&str, char)] = &[
+    ("Failed to insert module '", '\''),
+    ("could not insert '", '\''),
+    ("could not find module by name='", '\''),
+    ("FATAL: Module ", ' '),
+];
+
+/// Where a module loader's failure for an NVIDIA module starts in `line` (at the phrase), with
+/// the module and the rest of the line.
+pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
+    MODULE_LOADER.iter().find_map(|(phrase, end)| {
+        let at = line.find(phrase)?;
+        let after = &line[at + phrase.len()..];
+        let (module, rest) = after.split_once(*end)?;
+        is_nvidia_name(module).then_some((at, module, rest))
+    })
+}
+
+/// A module loader that could not load an NVIDIA module (see [`MODULE_LOADER`]).
+fn module_insert(m: &str) -> Option<Shape> {
+    let (_, module, rest) = module_loader_failure(m)?;
+    let reason = rest.trim_start_matches(':').trim().trim_end_matches('.');
+    let what = if reason.is_empty() || reason == "not found" {
+        format!("module {module} could not be loaded (not found)")
+    } else {
+        format!("module {module} could not be loaded ({reason})")
+    };
+    Some(Shape::InitFailure {
+        pci: None,
+        what,
+        code: None,
+        folds: false,
+    })
+}
+
+/// The power-management core reporting that an NVIDIA callback failed: `PM: pci_pm_suspend():
+/// nv_pmops_suspend+0x0/0x40 [nvidia] returns -5` (suspend or resume of the GPU failed).
+pub fn pm_callback_module(m: &str) -> Option<&'static str> {
+    let rest = m.strip_prefix("PM: ")?;
+    let i = rest.find(" returns -")?;
+    frame_module(&rest[..i])
+}
+
+fn pm_callback(m: &str) -> Option<Shape> {
+    let module = pm_callback_module(m)?;
+    Some(Shape::ModuleError {
+        module,
+        pci: None,
+        text: m.trim_end().to_string(),
+    })
+}
+
+/// NVIDIA's kernel modules and exported symbols: `nvidia`, `nvidia_uvm`, `nvidia-drm`,
+/// `nv_peer_mem`, `nvidia_p2p_get_pages`.
+fn is_nvidia_name(name: &str) -> bool {
+    name.starts_with("nvidia") || name.starts_with("nv_peer_mem")
+}
+
 /// Hung-task reports, call-trace headers and frames.
 fn parse_trace(msg: &str) -> Option<Shape> {
     let t = msg.trim_start();
     if let Some(rest) = t.strip_prefix("INFO: task ") {
-        // `INFO: task NAME:PID blocked for more than N seconds.`
-        let i = rest.find(" blocked for more than")?;
+        // `INFO: task NAME:PID blocked for more than N seconds.`, or (newer kernels) `INFO: task
+        // NAME:PID blocked on a mutex|semaphore likely last held by task OTHER:PID`.
+        let i = hung_wording(rest)?;
         let name = rest[..i].rsplit_once(':').map_or(&rest[..i], |(n, _)| n);
         return Some(Shape::TraceStart {
             task: Some(name.to_string()),
             hung: true,
-            module: None,
+            module: task_module(name),
             text: t.trim_end().to_string(),
         });
     }
     if let Some(rest) = t.strip_prefix("task:") {
         // `task:NAME state:D stack:0 pid:...` (newer kernels, after the INFO line).
         let i = rest.find(" state:")?;
+        let name = rest[..i].trim();
+        let hung = rest[i..].starts_with(" state:D");
         return Some(Shape::TraceStart {
-            task: Some(rest[..i].trim().to_string()),
-            hung: rest[i..].starts_with(" state:D"),
-            module: None,
+            task: Some(name.to_string()),
+            hung,
+            module: if hung { task_module(name) } else { None },
             text: t.trim_end().to_string(),
         });
     }
@@ -432,6 +568,30 @@ fn parse_trace(msg: &str) -> Option<Shape> {
     None
 }
 
+/// Where a hung-task line's wording starts, in any kernel's words: `blocked for more than N
+/// seconds`, or `blocked on a mutex|semaphore|rw-semaphore likely last held by task ...`.
+pub fn hung_wording(rest: &str) -> Option<usize> {
+    rest.find(" blocked for more than")
+        .or_else(|| rest.find(" blocked on a"))
+}
+
+/// The NVIDIA module a kernel thread or NVIDIA tool belongs to, by its task name: a hang of
+/// `nvidia-modeset/0` or of `nvidia-smi` is a hang in the driver even when no frame is logged.
+fn task_module(name: &str) -> Option<&'static str> {
+    let n = name.to_ascii_lowercase();
+    if n.starts_with("nvidia-modeset") || n.starts_with("nvidia_modeset") {
+        Some("nvidia_modeset")
+    } else if n.starts_with("nvidia-drm") || n.starts_with("nvidia_drm") {
+        Some("nvidia_drm")
+    } else if n.starts_with("nvidia-uvm") || n.starts_with("nvidia_uvm") || n.starts_with("uvm ") {
+        Some("nvidia_uvm")
+    } else if n.starts_with("nvidia") || n.starts_with("nv_queue") {
+        Some("nvidia")
+    } else {
+        None
+    }
+}
+
 /// nvidia-smi and NVML error texts pasted into logs and reports.
 fn parse_tool(msg: &str) -> Option<Shape> {
     let t = msg.trim();
@@ -439,12 +599,17 @@ fn parse_tool(msg: &str) -> Option<Shape> {
         (true, None)
     } else if let Some(rest) = t.strip_prefix("Failed to initialize NVML: ") {
         (rest.starts_with("Driver/library version mismatch"), None)
-    } else if t.starts_with("Unable to determine the device handle for GPU")
-        || t.starts_with("Unable to detect the device handle for GPU")
+    } else if let Some(rest) = t
+        .strip_prefix("Unable to determine the device handle for ")
+        .or_else(|| t.strip_prefix("Unable to detect the device handle for "))
     {
-        let addr = t
-            .split_once("for GPU")
-            .map(|(_, a)| a.trim_start())
+        // nvidia-smi writes "for GPU 0000:...", older ones "for gpu 0000:..." and some
+        // "for GPU0000:..." with no space.
+        let rest = rest
+            .get(..3)
+            .filter(|g| g.eq_ignore_ascii_case("gpu"))
+            .map_or(rest, |_| &rest[3..]);
+        let addr = Some(rest.trim_start())
             .and_then(|a| a.split(':').take(3).collect::<Vec<_>>().join(":").into())
             .and_then(|a: String| pci(a.trim_end_matches(':')));
         (true, addr)
@@ -491,6 +656,14 @@ const ERROR_WORDS: &[&str] = &[
     "kgsphealthcheck",
     "bad state",
     "not supported",
+    // Self-tests that read back nonsense: `kbusVerifyBar2_GM107: MMUTest BAR0 window offset
+    // 0x70f000 returned garbage 0x0`.
+    "garbage",
+    // A GPU removed from the bus while still in use (surprise removal, a lost eGPU).
+    "non-zero usage count",
+    // `System Power Management attempted without driver procfs suspend interface`: suspend
+    // will fail with PreserveVideoMemoryAllocations set.
+    "attempted without",
 ];
 
 /// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
@@ -512,6 +685,9 @@ const HARMLESS: &[&str] = &[
     "[drm] ",
     "skipping",
     "Unloading",
+    // PCI core notices about legacy INTx routing under the GPU's name (`can't derive routing for
+    // PCI INT A`, `PCI INT A: no GSI` in VMs): the driver uses MSI, nothing is wrong.
+    "PCI INT ",
 ];
 
 fn has_error_signal(text: &str) -> bool {
@@ -560,8 +736,19 @@ const GSP_BOOT_FAILED: &[&str] = &[
 
 /// A line from an NVIDIA module other than NVRM: an error when it carries an error signal.
 fn module_line(module: &'static str, msg: &str) -> Shape {
-    let text = msg.split_once(": ").map_or(msg, |(_, t)| t).trim_end();
-    if is_harmless(text) || !has_error_signal(text) {
+    let text = match msg.split_once(": ") {
+        Some((_, t)) => t,
+        // `nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context`: the
+        // module, then `function:line`, then the level and the text.
+        None => msg.split_once(' ').map_or(msg, |(_, t)| t),
+    }
+    .trim_end();
+    // The module's own ERROR level is an error whatever the words after it ("..., skipping").
+    let level_error = text
+        .split_whitespace()
+        .take(3)
+        .any(|w| w.trim_end_matches(':') == "ERROR");
+    if !level_error && (is_harmless(text) || !has_error_signal(text)) {
         return Shape::Harmless;
     }
     Shape::ModuleError {
@@ -709,7 +896,10 @@ fn parse_nvrm(m: &str) -> Shape {
             text: body.to_string(),
         };
     }
-    if body.starts_with("The NVIDIA ") && body.contains("installed in this system") {
+    if (body.starts_with("The NVIDIA ") && body.contains("installed in this system"))
+        // `Open nvidia.ko is only ready for use on Data Center GPUs.`: the explanation follows.
+        || body.contains("is only ready for use on")
+    {
         // `The NVIDIA NVIDIA GeForce GTX 1050 GPU installed in this system is supported through
         // the NVIDIA 580.xx Legacy drivers`: the explanation follows.
         return Shape::NotSupported {
@@ -1154,8 +1344,11 @@ fn parse_aer(m: &str) -> Option<AerLine> {
         .to_string();
     // Without the `AER:` tag only the older kernels' "PCIe Bus Error" lines and their detail
     // lines are AER; "pcieport ...: PCI bridge to [bus 04-24]" is not.
-    let older_kernel_line =
-        text.starts_with("PCIe Bus Error") || text.starts_with("device [") || text.starts_with('[');
+    let older_kernel_line = text.starts_with("PCIe Bus Error")
+        || text.starts_with("device [")
+        || text.starts_with('[')
+        || text.starts_with("device has no AER-aware driver")
+        || text.starts_with("broadcast error_detected message");
     if !has_aer && !older_kernel_line {
         return None;
     }
@@ -1190,7 +1383,9 @@ fn parse_aer(m: &str) -> Option<AerLine> {
         Some(AerStatus::RecoveryFailed)
     } else if text.contains("link has been reset") {
         Some(AerStatus::LinkReset)
-    } else if text.starts_with("can't recover") {
+    } else if text.starts_with("can't recover")
+        || text.starts_with("device has no AER-aware driver")
+    {
         Some(AerStatus::CantRecover)
     } else {
         None
@@ -1230,9 +1425,12 @@ fn parse_nvidia_other(m: &str) -> Shape {
                 folds: false,
             };
         }
-        // `nvidia 0000:17:00.0: text`: the PCI core speaking for the GPU.
+        // `nvidia 0000:17:00.0: text`: the PCI core speaking for the GPU. A power-management
+        // callback of the GPU that returned an error (`PM: dpm_run_callback(): pci_pm_suspend+
+        // 0x0/0x170 returns -5`) is an error too.
         let (addr, text) = after.split_once(": ").unwrap_or(("", ""));
-        if is_harmless(text) || !has_error_signal(text) {
+        let pm_failed = text.starts_with("PM: ") && text.contains(" returns -");
+        if !pm_failed && (is_harmless(text) || !has_error_signal(text)) {
             return Shape::Harmless;
         }
         return Shape::ModuleError {
@@ -1249,13 +1447,8 @@ fn parse_nvidia_other(m: &str) -> Shape {
             folds: false,
         };
     }
-    if let Some(c) = re_module_sym().captures(m) {
-        return Shape::InitFailure {
-            pci: None,
-            what: format!("module {}: {} {}", &c[1], &c[2], &c[3]),
-            code: None,
-            folds: false,
-        };
+    if let Some(s) = module_symbol(m) {
+        return s;
     }
     if let Some(c) = re_version_magic().captures(m) {
         return Shape::InitFailure {
@@ -1298,6 +1491,7 @@ fn parse_nvidia_other(m: &str) -> Shape {
         "nvidia-drm" | "nvidia_drm" => "nvidia-drm",
         "nvidia-nvlink" => "nvidia-nvlink",
         "nvidia-peermem" | "nvidia_peermem" => "nvidia-peermem",
+        "nvidia-fs" | "nvidia_fs" => "nvidia-fs",
         "nvidia" => "nvidia",
         _ => return Shape::Harmless,
     };

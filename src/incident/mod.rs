@@ -107,7 +107,53 @@ struct Open {
     echo_total: u64,
 }
 
-type Key = (Option<PciAddress>, FindingKind, Option<u32>);
+/// What makes two findings the same problem: the GPU, the kind and the Xid, and for a driver
+/// error that names no GPU, its topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pci: Option<PciAddress>,
+    kind: FindingKind,
+    xid: Option<u32>,
+    /// 0 unless [`topic`] says otherwise.
+    topic: u32,
+}
+
+impl Key {
+    fn of(f: &Finding) -> Key {
+        Key {
+            pci: f.pci,
+            kind: f.kind,
+            xid: f.xid,
+            topic: topic(f),
+        }
+    }
+}
+
+/// What a driver error that names no GPU is about. Without it every such error on a host (a GSP
+/// boot failure, a display-driver error, a hung task in nvidia_uvm) would be one incident, and
+/// the second problem would be counted as a repeat of the first and never paged. The title says
+/// which shape it is; digits and the task name are left out, so a storm of one shape with
+/// changing numbers or tasks stays one incident.
+fn topic(f: &Finding) -> u32 {
+    use FindingKind as K;
+    if f.pci.is_some()
+        || f.xid.is_some()
+        || !matches!(f.kind, K::DriverError | K::DriverInitFailure)
+    {
+        return 0;
+    }
+    let title = f.title.split(" (task ").next().unwrap_or(&f.title);
+    let title = title
+        .strip_prefix("task ")
+        .and_then(|t| t.split_once(" hung in ").map(|(_, m)| m))
+        .unwrap_or(title);
+    let mut h = crate::model::Fnv::default();
+    h.eat(f.category.as_str().as_bytes());
+    let words: Vec<u8> = title.bytes().filter(|b| !b.is_ascii_digit()).collect();
+    h.eat(&words);
+    // Never 0, which means "no topic".
+    (h.finish() as u32).max(1)
+}
 
 /// A closed incident waiting out its quiet period before its resolved notice.
 #[derive(Debug, Clone)]
@@ -279,7 +325,12 @@ impl Engine {
     }
 
     fn fold_nvml(&mut self, f: &Finding) -> bool {
-        let found = self.open.contains_key(&(f.pci, FindingKind::Xid, f.xid));
+        let found = self.open.contains_key(&Key {
+            pci: f.pci,
+            kind: FindingKind::Xid,
+            xid: f.xid,
+            topic: 0,
+        });
         if found {
             self.stats.nvml_folded += 1;
         }
@@ -294,7 +345,7 @@ impl Engine {
         runbook: Option<String>,
         out: &mut Vec<Incident>,
     ) {
-        let key: Key = (f.pci, f.kind, f.xid);
+        let key = Key::of(&f);
         let (family, rank) = family_rank(&f);
         // 1. A repeat of an open incident.
         if let Some(o) = self.open.get_mut(&key) {
@@ -313,7 +364,7 @@ impl Engine {
             let held = self
                 .open
                 .values()
-                .filter(|o| o.key.0 == Some(pci) && o.held() && now.mono_ms < o.settle_until_ms)
+                .filter(|o| o.key.pci == Some(pci) && o.held() && now.mono_ms < o.settle_until_ms)
                 .min_by_key(|o| o.opened_mono_ms)
                 .map(|o| {
                     let lead = o.inc.findings.first().map(|c| lead_score(c, o.rank));
@@ -352,15 +403,15 @@ impl Engine {
             let target = self
                 .open
                 .values()
-                .filter(|o| o.key.0 == f.pci)
+                .filter(|o| o.key.pci == f.pci)
                 .filter(|o| {
-                    (f.caused_by.is_some() && f.caused_by == o.key.2)
+                    (f.caused_by.is_some() && f.caused_by == o.key.xid)
                         || (is_echo_kind && f.caused_by.is_none())
                         || (family != Family::None && o.family == family)
                 })
                 .max_by_key(|o| {
                     (
-                        f.caused_by.is_some() && f.caused_by == o.key.2,
+                        f.caused_by.is_some() && f.caused_by == o.key.xid,
                         o.last_mono_ms,
                     )
                 })
@@ -592,6 +643,7 @@ impl Engine {
         }
         let news = o.inc.count > o.told_count || o.echo_total > o.told_echoes;
         let last_mono = o.last_mono_ms;
+        let key = o.key;
         let mut inc = o.inc;
         if news {
             inc.phase = IncidentPhase::Digest;
@@ -610,7 +662,6 @@ impl Engine {
                     self.quiet.remove(&k);
                 }
             }
-            let key = (inc.pci, inc.kind, inc.xid);
             self.quiet.insert(
                 key,
                 Quiet {
@@ -645,9 +696,10 @@ impl Engine {
         open.into_iter()
             .map(|o| Persisted {
                 id: o.inc.id.clone(),
-                pci: o.key.0,
-                kind: o.key.1.as_str().to_string(),
-                xid: o.key.2,
+                pci: o.key.pci,
+                kind: o.key.kind.as_str().to_string(),
+                xid: o.key.xid,
+                topic: o.key.topic,
                 severity: o.inc.severity,
                 category: o.inc.category,
                 title: o.inc.title.clone(),
@@ -688,15 +740,16 @@ impl Engine {
     /// Closed incidents waiting out their quiet period, so a restart does not lose their resolved
     /// notice.
     fn quiet_snapshot(&self) -> Vec<Persisted> {
-        let mut quiet: Vec<&Quiet> = self.quiet.values().collect();
-        quiet.sort_by(|a, b| (a.until_ms, &a.inc.id).cmp(&(b.until_ms, &b.inc.id)));
+        let mut quiet: Vec<(&Key, &Quiet)> = self.quiet.iter().collect();
+        quiet.sort_by(|(_, a), (_, b)| (a.until_ms, &a.inc.id).cmp(&(b.until_ms, &b.inc.id)));
         quiet
             .into_iter()
-            .map(|q| Persisted {
+            .map(|(k, q)| Persisted {
                 id: q.inc.id.clone(),
                 pci: q.inc.pci,
                 kind: q.inc.kind.as_str().to_string(),
                 xid: q.inc.xid,
+                topic: k.topic,
                 severity: q.inc.severity,
                 category: q.inc.category,
                 title: q.inc.title.clone(),
@@ -759,7 +812,12 @@ impl Engine {
                     FindingKind::parse(&k).map(|kind| EchoCount { kind, xid, count })
                 })
                 .collect();
-            let key: Key = (p.pci, kind, p.xid);
+            let key = Key {
+                pci: p.pci,
+                kind,
+                xid: p.xid,
+                topic: p.topic,
+            };
             let open = Open {
                 inc: Incident {
                     id: p.id,
@@ -821,6 +879,9 @@ pub struct Persisted {
     pci: Option<PciAddress>,
     kind: String,
     xid: Option<u32>,
+    /// See [`topic`]; absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    topic: u32,
     severity: Severity,
     category: Category,
     title: String,
@@ -850,6 +911,10 @@ pub struct Persisted {
     /// its resolved notice still goes out after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     quiet_until_ms: Option<u64>,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl Open {
@@ -959,9 +1024,17 @@ fn first_clause(s: &str) -> String {
 pub fn incident_id(boot: &str, key: &Key, first: u64) -> String {
     let mut h = crate::model::Fnv::default();
     h.eat(boot.as_bytes());
-    h.eat(key.0.map(|p| p.to_string()).unwrap_or_default().as_bytes());
-    h.eat(key.1.as_str().as_bytes());
-    h.eat(&key.2.unwrap_or(u32::MAX).to_le_bytes());
+    h.eat(
+        key.pci
+            .map(|p| p.to_string())
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    h.eat(key.kind.as_str().as_bytes());
+    h.eat(&key.xid.unwrap_or(u32::MAX).to_le_bytes());
+    if key.topic != 0 {
+        h.eat(&key.topic.to_le_bytes());
+    }
     h.eat(&first.to_le_bytes());
     format!("{:016x}", h.finish())
 }
@@ -1458,17 +1531,91 @@ mod tests {
 
     #[test]
     fn ids_are_stable() {
-        let k: Key = (
-            Some(PciAddress::parse("0000:17:00.0").unwrap()),
-            FindingKind::Xid,
-            Some(79),
-        );
+        let k = Key {
+            pci: Some(PciAddress::parse("0000:17:00.0").unwrap()),
+            kind: FindingKind::Xid,
+            xid: Some(79),
+            topic: 0,
+        };
         assert_eq!(incident_id("b", &k, 7), incident_id("b", &k, 7));
         assert_ne!(incident_id("b", &k, 7), incident_id("b", &k, 8));
         assert_eq!(incident_id("b", &k, 7).len(), 16);
         // Pinned: ids are the receivers' dedup key across restarts and upgrades; a change to the
         // hash would make every open incident a new one. Change this only on purpose.
         assert_eq!(incident_id("b", &k, 7), "c62e07a398b0bdd7");
+    }
+
+    /// Classifies a log as `scan` does and returns its findings.
+    fn classify(log: &str) -> Vec<Finding> {
+        use crate::classify::{prefix, Classifier, LineOrigin};
+        let mut c = Classifier::new();
+        let mut out = Vec::new();
+        for (i, line) in log.lines().enumerate() {
+            let Some(split) = prefix::split(line) else {
+                continue;
+            };
+            let at = LineOrigin {
+                line: i as u64 + 1,
+                seq: split.prefix.seq,
+                ts_usec: split.prefix.ts_usec,
+                timestamp: split.prefix.text.clone(),
+            };
+            for m in &split.messages {
+                c.push(m, &at, &mut out);
+            }
+        }
+        c.flush(&mut out);
+        out
+    }
+
+    #[test]
+    fn driver_errors_that_name_no_gpu_are_told_apart_by_what_they_are() {
+        // Real lines (fixtures/corpus): a display-driver error, a probe failure and a hung task
+        // in nvidia_uvm. None names a GPU address; each is a different problem and is paged.
+        let first = classify(
+            "[ 3702.312931] nvidia-modeset: ERROR: GPU:0: Failed to query display engine channel state: 0x0000c57e:4:0:0x0000000f\n\
+             [ 9687.215135] NVRM: The NVIDIA probe routine was not called for 1 device(s).\n\
+             [  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.\n\
+             [  721.028346] Call Trace:\n\
+             [  721.028422]  [<ffffffffa09c376e>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]\n",
+        );
+        assert_eq!(first.len(), 3, "{first:#?}");
+        assert!(first.iter().all(|f| f.pci.is_none()));
+        let mut e = engine();
+        let mut out = Vec::new();
+        for f in first {
+            feed(&mut e, f, 1_000, &mut out);
+        }
+        assert_eq!(out.len(), 3, "three problems, three pages: {out:#?}");
+        let ids: std::collections::HashSet<_> = out.iter().map(|i| i.id.clone()).collect();
+        assert_eq!(ids.len(), 3);
+
+        // The same shapes again with other numbers and another task: repeats, not new pages.
+        let again = classify(
+            "[ 3702.313188] nvidia-modeset: ERROR: GPU:0: Failed to query display engine channel state: 0x0000c57e:6:0:0x0000000f\n\
+             [ 9690.000001] NVRM: The NVIDIA probe routine was not called for 3 device(s).\n\
+             [  841.028170] INFO: task python3:7781 blocked for more than 240 seconds.\n\
+             [  841.028346] Call Trace:\n\
+             [  841.028422]  [<ffffffffa09c376e>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]\n",
+        );
+        assert_eq!(again.len(), 3);
+        out.clear();
+        for f in again {
+            feed(&mut e, f, 2_000, &mut out);
+        }
+        assert!(out.is_empty(), "{out:#?}");
+        assert_eq!(e.open_count(), 3);
+        assert!(e.open_incidents().all(|i| i.count == 2));
+
+        // The topic survives a restart.
+        let saved = serde_json::to_string(&e.snapshot()).unwrap();
+        let mut e2 = engine();
+        e2.restore(serde_json::from_str(&saved).unwrap());
+        let probe =
+            classify("[ 9700.1] NVRM: The NVIDIA probe routine was not called for 2 device(s).\n");
+        feed(&mut e2, probe.into_iter().next().unwrap(), 3_000, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+        assert_eq!(e2.open_count(), 3);
     }
 
     #[test]

@@ -1,0 +1,280 @@
+//! Classifier tests for the "other" NVIDIA error families, one per class of line that real
+//! reports showed read badly: each feeds saved-log lines through the prefix split and the
+//! classifier, as `scan` does, and checks what comes out.
+
+use super::{prefix, Classifier, LineOrigin};
+use crate::model::{Finding, FindingKind, Severity};
+
+/// Classifies `lines` as one saved log (line numbers from 1).
+fn scan(lines: &[&str]) -> Vec<Finding> {
+    let mut c = Classifier::new();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(split) = prefix::split(l) else {
+            continue;
+        };
+        let at = LineOrigin {
+            line: i as u64 + 1,
+            seq: split.prefix.seq,
+            ts_usec: split.prefix.ts_usec,
+            timestamp: split.prefix.text.clone(),
+        };
+        for m in &split.messages {
+            c.push(m, &at, &mut out);
+        }
+    }
+    c.flush(&mut out);
+    out
+}
+
+/// The loud findings (warning or above) of one line read alone.
+fn loud(line: &str) -> Vec<Finding> {
+    scan(&[line])
+        .into_iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect()
+}
+
+#[test]
+fn a_hung_task_in_any_kernels_wording_is_reported_with_the_holders_stack() {
+    // Newer kernels name the lock holder; its stack (in the NVIDIA modules) follows.
+    let f = scan(&[
+        "INFO: task nvidia-modeset/:226 blocked on a semaphore likely last held by task kwin_wayland:1088",
+        "task:kwin_wayland state:R running task stack:0 pid:1088 tgid:1088 ppid:1080",
+        "Call Trace:",
+        " ? kgspHealthCheck_TU102+0x54/0x350 [nvidia]",
+        " ? nvkms_call_rm+0x4e/0x80 [nvidia_modeset]",
+    ]);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].origin.line, 1);
+    assert!(
+        f[0].title.contains("nvidia-modeset/ hung"),
+        "{}",
+        f[0].title
+    );
+    // A holder line that names another task is a report of its own.
+    let f = scan(&[
+        "INFO: task a:1 blocked on a mutex likely last held by task b:2",
+        "task:c state:D stack:0 pid:3",
+        " uvm_ioctl+0x13e0/0x16f0 [nvidia_uvm]",
+    ]);
+    assert!(f.iter().all(|f| f.origin.line != 1), "{f:?}");
+}
+
+#[test]
+fn a_hung_nvidia_kernel_thread_is_reported_without_frames() {
+    // The kernel thread's name says which module hangs when no frame made it into the log.
+    let f = loud("[ 246.7] INFO: task nvidia-modeset/:883 blocked for more than 122 seconds.");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].title.contains("nvidia_modeset"), "{}", f[0].title);
+    for t in [
+        "INFO: task UVM global queue:412 blocked for more than 120 seconds.",
+        "task:nvidia-smi      state:D stack:0     pid:5403 ppid:1 flags:0x00004002",
+    ] {
+        assert_eq!(loud(t).len(), 1, "{t}");
+    }
+    // Other tasks need an NVIDIA frame; a running holder is no hang.
+    assert!(loud("INFO: task python3:15277 blocked for more than 120 seconds.").is_empty());
+    assert!(loud("task:nvidia-smi state:R running task stack:0 pid:1").is_empty());
+}
+
+#[test]
+fn an_nvidia_module_the_loader_could_not_insert_is_a_driver_failure() {
+    for l in [
+        "Feb 15 12:31:57.623047 systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot allocate memory",
+        "modprobe: ERROR: could not insert 'nvidia': No such device",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}");
+        assert_eq!(f[0].kind, FindingKind::DriverInitFailure);
+        assert!(f[0].title.contains("could not be loaded"), "{}", f[0].title);
+    }
+    assert!(
+        loud("systemd-modules-load[1]: Failed to insert module 'loop': No such device").is_empty()
+    );
+}
+
+#[test]
+fn modules_that_cannot_use_nvidia_symbols_are_driver_failures() {
+    for l in [
+        "[  366.264584] nv_peer_mem: disagrees about version of symbol nvidia_p2p_get_pages",
+        "[  366.264587] nv_peer_mem: Unknown symbol nvidia_p2p_get_pages (err -22)",
+        "[78175.093303] nvidia_fs: module using GPL-only symbols uses symbols nvidia_p2p_dma_unmap_pages from proprietary module nvidia.",
+        "Jun 26 08:48:30 h kernel: [ 15.7] nvidia: disagrees about version of symbol i2c_get_adapter",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}");
+        assert_eq!(f[0].kind, FindingKind::DriverInitFailure, "{l}");
+    }
+    // Neither the module nor the symbol is NVIDIA's.
+    for l in [
+        "[ 10.573301] tegra_drm: disagrees about version of symbol drm_framebuffer_remove",
+        "[ 366.264610] nv_peer_mem: disagrees about version of symbol ib_register_peer_memory_client",
+    ] {
+        assert!(loud(l).is_empty(), "{l}");
+    }
+}
+
+#[test]
+fn nvidia_drm_errors_in_every_shape_are_read() {
+    for l in [
+        // The DRM core prints it, tagged for nvidia-drm.
+        "[drm:drm_new_set_master [drm]] *ERROR* [nvidia-drm] [GPU ID 0x00002700] Failed to grab modeset ownership",
+        // nvidia-drm's own notice carrying an error.
+        "Feb 20 01:34:20 localhost kernel: [drm] [nvidia-drm] [GPU ID 0x00002d00] nv_drm_reset_input_colorspace failed with error code: -35 !",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}");
+        assert_eq!(f[0].title, "nvidia-drm error");
+    }
+    for l in [
+        "[    9.165175] [drm] [nvidia-drm] [GPU ID 0x00000100] Loading driver",
+        "[drm] [nvidia-drm] [GPU ID 0x00000300] Unloading driver",
+        "[drm:drm_atomic_helper_wait_for_dependencies [drm_kms_helper]] *ERROR* [CRTC:53:crtc-2] flip_done timed out",
+    ] {
+        assert!(loud(l).is_empty(), "{l}");
+    }
+}
+
+#[test]
+fn a_module_error_in_function_line_form_is_read_at_its_level() {
+    // nvidia-peermem prints `module function:line LEVEL text`; its ERROR is an error even when
+    // the text goes on with a harmless-sounding word.
+    let f = loud("[25033.266922] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].title, "nvidia-peermem error");
+    assert!(loud("nvidia-peermem nv_mem_client_init:402 INFO registered").is_empty());
+}
+
+#[test]
+fn nvml_texts_are_read_whatever_the_case_of_gpu() {
+    for l in [
+        "Unable to determine the device handle for gpu 0000:01:00.0: Not Found",
+        "Unable to determine the device handle for GPU0000:A1:00.0: Unknown Error",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}");
+        assert_eq!(
+            f[0].pci.map(|p| p.to_string()).as_deref(),
+            Some(if l.contains("A1") {
+                "0000:a1:00.0"
+            } else {
+                "0000:01:00.0"
+            }),
+            "{l}"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_the_open_module_will_not_drive_is_reported_once_with_its_explanation() {
+    let f = scan(&[
+        "[    3.513141] NVRM: Open nvidia.ko is only ready for use on Data Center GPUs.",
+        "[    3.513144] NVRM: To force use of Open nvidia.ko on other GPUs, see the",
+        "[    3.513145] NVRM: 'OpenRmEnableUnsupportedGpus' kernel module parameter described",
+        "[    3.513145] NVRM: in the README.",
+    ]);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].title, "GPU not supported by the installed driver");
+    assert_eq!(f[0].origin.raw.len(), 4);
+}
+
+#[test]
+fn older_kernels_aer_status_for_the_gpu_is_aer() {
+    let f = scan(&[
+        "[74889.542031] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010",
+        "[74889.542234] pcieport 0000:00:02.0: broadcast error_detected message",
+        "[74889.542239] nvidia 0000:02:00.0: device has no AER-aware driver",
+    ]);
+    let gpu = f
+        .iter()
+        .find(|f| f.origin.line == 3)
+        .unwrap_or_else(|| panic!("{f:?}"));
+    assert_eq!(gpu.kind, FindingKind::PcieAer);
+    assert!(gpu.severity >= Severity::Warning);
+    assert_eq!(
+        gpu.pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:02:00.0")
+    );
+}
+
+#[test]
+fn pci_interrupt_routing_notices_under_the_gpus_name_are_quiet() {
+    for l in [
+        "[   29.499355] nvidia 25bed32b:00:00.0: can't derive routing for PCI INT A",
+        "[   29.499357] nvidia 25bed32b:00:00.0: PCI INT A: no GSI",
+        "[  652.483316] nvidia 0000:01:00.0: PCI INT A disabled",
+    ] {
+        assert!(loud(l).is_empty(), "{l}");
+    }
+}
+
+#[test]
+fn the_new_message_starts_do_not_take_host_names_or_other_modules() {
+    use prefix::message_start;
+    assert_eq!(
+        message_start("[ 1.0] nvidia-peermem nv_get_p2p_free_callback:127 ERROR x"),
+        Some(7)
+    );
+    assert_eq!(
+        message_start("[ 1.0] nv_peer_mem: Unknown symbol nvidia_p2p_get_pages (err -22)"),
+        Some(7)
+    );
+    assert_eq!(
+        message_start("x systemd-modules-load[1]: Failed to insert module 'nvidia_uvm': E"),
+        Some(27)
+    );
+    for l in [
+        "Nov 29 08:14:03 nvidia-node-7 sshd:22 accepted",
+        "Nov 29 08:14:03 nvidia-node-7 kernel: usb 1-1: new device",
+        "systemd-modules-load[1]: Failed to insert module 'loop': E",
+        "[drm] Initialized i915 1.6.0 for 0000:00:02.0 on minor 0",
+    ] {
+        assert_eq!(message_start(l), None, "{l}");
+    }
+}
+
+#[test]
+fn every_module_loader_failure_for_an_nvidia_module_is_read() {
+    for l in [
+        "modprobe: ERROR: ../libkmod/libkmod-module.c:809 kmod_module_insert_module() could not find module by name='nvidia_331_uvm'",
+        "modprobe: ERROR: could not insert 'nvidia_331_uvm': Function not implemented",
+        "modprobe: FATAL: Module nvidia-uvm not found.",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}");
+        assert_eq!(f[0].kind, FindingKind::DriverInitFailure, "{l}");
+    }
+    assert!(loud("modprobe: FATAL: Module loop not found.").is_empty());
+}
+
+#[test]
+fn a_failed_power_management_callback_in_nvidia_code_is_an_error() {
+    let f = loud("PM: pci_pm_suspend(): nv_pmops_suspend+0x0/0x40 [nvidia] returns -5");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].title, "nvidia error");
+    for l in [
+        "PM: dpm_run_callback(): pci_pm_suspend+0x0/0x150 returns -5",
+        "PM: suspend entry (deep)",
+    ] {
+        assert!(loud(l).is_empty(), "{l}");
+    }
+}
+
+#[test]
+fn a_driver_self_test_that_reads_back_garbage_is_an_error() {
+    let f = loud("[   67.529695] NVRM kbusVerifyBar2_GM107: MMUTest BAR0 window offset 0x70f000 returned garbage 0x0");
+    assert_eq!(f.len(), 1, "{f:?}");
+}
+
+#[test]
+fn gpu_removal_in_use_and_broken_suspend_setups_are_errors() {
+    for l in [
+        "[ 12.2] NVRM: Attempting to remove device 0000:01:00.0 with non-zero usage count!",
+        "[ 12.3] NVRM: GPU 0000:01:00.0: PreserveVideoMemoryAllocations module parameter is set. System Power Management attempted without driver procfs suspend interface. Please refer to the 'Configuring Power Management Support' section in the driver README.",
+        "[ 14.1] nvidia 0000:01:00.0: PM: dpm_run_callback(): pci_pm_suspend+0x0/0x170 returns -5",
+    ] {
+        assert_eq!(loud(l).len(), 1, "{l}");
+    }
+    assert!(loud("[ 14.1] nvidia 0000:01:00.0: PM: calling pci_pm_suspend+0x0/0x170 @ 1, parent: 0000:00:01.0").is_empty());
+}
