@@ -396,7 +396,7 @@ impl Classifier {
                 },
                 Shape::Sxid(s),
             ) if s.switch == *switch
-                && Some(s.pci) == finding.pci
+                && s.pci == finding.pci
                 && Some(s.sxid) == finding.xid
                 && (s.fatal.is_none() || finding_sxid_unknown(finding)) =>
             {
@@ -472,7 +472,7 @@ impl Classifier {
                     last_line,
                 },
                 Shape::Other | Shape::Harmless | Shape::GspDump { opens: false, .. },
-            ) if msg.starts_with("NVRM") => {
+            ) if msg.starts_with("NVRM") || same_x_driver(finding, msg) => {
                 if finding.pci.is_none() {
                     finding.pci = shapes::find_address(msg);
                 }
@@ -532,7 +532,11 @@ impl Classifier {
     fn handle(&mut self, shape: Shape, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
         match shape {
             Shape::Xid(x) => {
-                let f = self.xid_finding(x, msg, at);
+                let uuid = x.uuid.clone();
+                let mut f = self.xid_finding(x, msg, at);
+                if f.gpu.uuid.is_none() {
+                    f.gpu.uuid = uuid;
+                }
                 out.push(f);
             }
             Shape::GpuUuid { pci, uuid } => {
@@ -710,6 +714,31 @@ impl Classifier {
                 f.detail = Some(Detail::ApiMismatch {
                     client_version: String::new(),
                     kernel_version: kernel,
+                });
+                out.push(f);
+            }
+            Shape::VersionMismatch {
+                component,
+                component_version,
+                kernel,
+            } => {
+                // The component refuses to work with the loaded kernel module: the same split as
+                // the kernel's own API mismatch message.
+                let mut f = base(
+                    FindingKind::ApiMismatch,
+                    Severity::Critical,
+                    Category::Driver,
+                    &format!(
+                        "driver version mismatch: {component} {} does not match the kernel module {}",
+                        component_version.as_deref().unwrap_or("(version not in the log)"),
+                        kernel.as_deref().unwrap_or("(version not in the log)")
+                    ),
+                    msg,
+                    at,
+                );
+                f.detail = Some(Detail::ApiMismatch {
+                    client_version: component_version.unwrap_or_default(),
+                    kernel_version: kernel.unwrap_or_default(),
                 });
                 out.push(f);
             }
@@ -948,7 +977,7 @@ impl Classifier {
             at,
         );
         f.xid = Some(s.sxid);
-        f.pci = Some(s.pci);
+        f.pci = s.pci;
         f.detail = Some(Detail::Sxid {
             fatal: s.fatal.unwrap_or(false),
             link: link_number(&s.rest),
@@ -1178,6 +1207,16 @@ fn base_owned(
         raw: vec![msg.to_string()],
     };
     f
+}
+
+/// Whether `msg` is the X server NVIDIA driver's, as the first line of `f` is: its explanation
+/// lines fold into its finding as the kernel driver's do.
+fn same_x_driver(f: &Finding, msg: &str) -> bool {
+    msg.starts_with("NVIDIA")
+        && f.origin
+            .raw
+            .first()
+            .is_some_and(|r| r.starts_with("NVIDIA"))
 }
 
 /// Whether a hung-task report says its task waits on `task` ("likely last held by task B:123"),

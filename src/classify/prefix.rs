@@ -157,14 +157,7 @@ fn tag_start(line: &str) -> Option<usize> {
             }
         }
         let at = at?;
-        // A tag also starts a message right after a quote or an opening bracket: other tools and
-        // reports quote kernel lines (`[XID found] (5 minutes ago) "NVRM: Xid ..."`).
-        let boundary = at == 0
-            || matches!(
-                b[at - 1],
-                b' ' | b';' | b']' | b':' | b'\t' | b'"' | b'\'' | b'`' | b'('
-            );
-        if boundary && tag_shape_ok(&line[at..]) {
+        if at_word_start(b, at) && tag_shape_ok(&line[at..]) {
             return Some(at);
         }
         from = at + 1;
@@ -172,11 +165,27 @@ fn tag_start(line: &str) -> Option<usize> {
     None
 }
 
-/// Messages that carry no driver tag: the GSP crash report's first line, nvidia-drm's
+/// Whether a tag at byte `at` starts a word: the line starts there, or the byte before is neither
+/// part of a name (`libnvidia`, `x_NVRM`, `foo-nvidia`) nor of a path (`/lib/nvidia`,
+/// `nvidia.ko`). Spaces and timestamps come before a tag, and so do the quotes, backticks,
+/// markdown `>`, `<4>` priorities and `key=` or `"key":"` wrappers that pasted and re-emitted logs
+/// put around the kernel's text; the tag's exact shape is checked after.
+fn at_word_start(b: &[u8], at: usize) -> bool {
+    at == 0
+        || !(b[at - 1].is_ascii_alphanumeric()
+            || matches!(b[at - 1], b'_' | b'-' | b'.' | b'/' | b'\\'))
+}
+
+/// Messages that carry no driver tag: the X server NVIDIA driver's errors, NVML Xid events as the
+/// Kubernetes device plugin logs them, the GSP crash report's first line, nvidia-drm's
 /// `[drm:nv_drm_...]` errors, nvidia-smi and NVML error texts, hung-task reports and call-trace
 /// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
 fn other_start(line: &str) -> Option<usize> {
     const ANCHORS: &[&str] = &[
+        "(EE)",
+        "XidCriticalError: Xid=",
+        "API mismatch",
+        "API Mismatch",
         "GSP task ",
         "[drm:",
         "[drm] [nvidia-drm] ",
@@ -201,6 +210,14 @@ fn other_start(line: &str) -> Option<usize> {
         };
         let rest = &line[i..];
         let ok = match *a {
+            // The X server's NVIDIA driver: its message starts after the `(EE) ` marker.
+            "(EE)" => {
+                if let Some(at) = x_driver_tag(rest) {
+                    return Some(i + at);
+                }
+                false
+            }
+            "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
             "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
             "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
             "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
@@ -238,6 +255,31 @@ fn symbol_start(line: &str) -> Option<usize> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
     .then_some(start)
+}
+
+/// Where the X server NVIDIA driver's tag starts after an `(EE)` marker: right after it, or after
+/// the `Mon DD HH:MM:SS` stamp older X servers put between the two.
+fn x_driver_tag(marked: &str) -> Option<usize> {
+    let after = marked.strip_prefix("(EE)")?;
+    let mut at = 4 + after.len() - after.trim_start().len();
+    let rest = &marked[at..];
+    if !rest.starts_with("NVIDIA") {
+        // `May 25 07:28:50 `: a month, a day and a time.
+        let mut words = rest.split_whitespace();
+        let (month, day, time) = (words.next()?, words.next()?, words.next()?);
+        let stamp = month.len() == 3
+            && month.bytes().all(|b| b.is_ascii_alphabetic())
+            && day.len() <= 2
+            && is_digits(day)
+            && time.len() == 8
+            && time.bytes().all(|b| b.is_ascii_digit() || b == b':');
+        if !stamp {
+            return None;
+        }
+        let t = rest.find(time)? + time.len();
+        at += t + rest[t..].len() - rest[t..].trim_start().len();
+    }
+    crate::classify::shapes::xorg_tag_ok(&marked[at..]).then_some(at)
 }
 
 /// Where a call-trace frame in an NVIDIA module starts: the spaces, `[<address>]` and `? ` before
@@ -426,6 +468,84 @@ mod tests {
         );
         assert_eq!(message_start("python3[22]: my Xid 79 test"), None);
         assert_eq!(message_start(""), None);
+    }
+
+    /// The wrappers pastes and log shippers put around the kernel's text: backticks, quotes,
+    /// markdown quotes, priorities, `key=` and JSON. Names and paths that merely contain a tag
+    /// stay out.
+    #[test]
+    fn tags_inside_quotes_and_wrappers() {
+        const X: &str = "NVRM: Xid (PCI:0000:01:00): 79, pid=589, GPU has fallen off the bus.";
+        for line in [
+            format!("`{X}`"),
+            format!("```[93297.027938] {X}"),
+            format!("<4>{X}"),
+            format!("> [6781741.548779] {X}"),
+            format!("MESSAGE={X}"),
+            format!("{{\"log\":\"{X}\",\"stream\":\"stdout\"}}"),
+            format!("'{X}'"),
+            format!("|{X}"),
+        ] {
+            let s = split(&line).unwrap_or_else(|| panic!("no message in {line:?}"));
+            assert!(s.messages[0].starts_with(X), "{line}: {:?}", s.messages);
+        }
+        for line in [
+            "libnvidia-ml.so: cannot open shared object file",
+            "ldconfig: /usr/lib/nvidia: No such file or directory",
+            "x_NVRM: Xid (PCI:0000:01:00): 79",
+            "foo-nvidia: error",
+            "insmod nvidia.ko: Invalid module format",
+        ] {
+            assert_eq!(message_start(line), None, "{line}");
+        }
+    }
+
+    /// The X server's NVIDIA driver: its error lines only, the message after `(EE) `.
+    #[test]
+    fn x_driver_error_lines() {
+        let line = "15712:Nov  3 12:31:22 h /usr/libexec/gdm-x-session[1605]: (EE) NVIDIA(GPU-0): Failed to initialize the NVIDIA GPU at PCI:82:0:0.  Please";
+        let s = split(line).unwrap();
+        assert!(
+            s.messages[0].starts_with("NVIDIA(GPU-0): Failed"),
+            "{:?}",
+            s.messages
+        );
+        let s = split("[   159.042] (EE) NVIDIA: Failed to initialize the NVIDIA kernel module.")
+            .unwrap();
+        assert!(s.messages[0].starts_with("NVIDIA: Failed"));
+        assert_eq!(
+            message_start("[   159.043] (II) NVIDIA(0): NVIDIA GPU at PCI:1:0:0"),
+            None
+        );
+        assert_eq!(message_start("(EE) NVIDIAX: not the driver"), None);
+        // Older X servers: a stamp after the marker, a space before the screen.
+        for line in [
+            "(EE) May 25 07:28:50 NVIDIA(0): Failed to initialize the NVIDIA kernel module. Please see the",
+            "(EE) NVIDIA (0): Failed to initialize the NVIDIA kernel module! Please ensure",
+            "(EE) Jun  5 07:28:50 NVIDIA(0): Failed to initialize the NVIDIA kernel module.",
+            "[   494.427](EE) NVIDIA(0): Failed to initialize the NVIDIA graphics device PCI:1:0:0.",
+        ] {
+            let s = split(line).unwrap_or_else(|| panic!("{line}"));
+            assert!(s.messages[0].starts_with("NVIDIA"), "{line}: {:?}", s.messages);
+        }
+        assert_eq!(message_start("(EE) Failed to load module \"mouse\""), None);
+        assert_eq!(message_start("(EE) May 25 07:28:50 Screen(s) found"), None);
+    }
+
+    /// NVIDIA's user-space components report an API mismatch without a driver tag.
+    #[test]
+    fn user_space_api_mismatch() {
+        let s = split("ali@ali-desktop:~$ Error: API mismatch: the NVIDIA kernel module has version 173.14.05,").unwrap();
+        assert!(s.messages[0].starts_with("API mismatch: the NVIDIA kernel module"));
+        assert_eq!(message_start("Error: API mismatch in libfoo"), None);
+    }
+
+    /// The Kubernetes device plugin's Xid event lines carry no driver tag.
+    #[test]
+    fn device_plugin_xid_events() {
+        let line = "2024-08-09T13:32:51.873588972Z I0809 13:32:51.873541       1 health.go:185] XidCriticalError: Xid=94 on Device=GPU-3b6e; marking device as unhealthy.";
+        let s = split(line).unwrap();
+        assert!(s.messages[0].starts_with("XidCriticalError: Xid=94"));
     }
 
     #[test]

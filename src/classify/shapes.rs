@@ -69,6 +69,15 @@ pub enum Shape {
     ApiMismatchTail {
         last: bool,
     },
+    /// A driver component at another version than the kernel module, told in one line: a
+    /// companion module (`nvidia-modeset: Version mismatch: nvidia.ko(410.73)
+    /// nvidia-modeset.ko(390.87)`) or a user-space component (`Error: API mismatch: the NVIDIA
+    /// kernel module has version 177.80, but this NVIDIA driver component has version 177.82.`).
+    VersionMismatch {
+        component: String,
+        component_version: Option<String>,
+        kernel: Option<String>,
+    },
     /// A GSP / RPC diagnostic line: opens or continues a GSP dump.
     GspDump {
         opens: bool,
@@ -138,12 +147,16 @@ pub struct XidLine {
     pub process: Option<String>,
     /// The message after the address, Xid, pid and name.
     pub rest: String,
+    /// The GPU's UUID, when the line names the GPU by it rather than by address (an NVML Xid
+    /// event as the Kubernetes device plugin logs it).
+    pub uuid: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SxidLine {
     pub switch: String,
-    pub pci: PciAddress,
+    /// `None` when the reporter redacted the address (`PCI:...`).
+    pub pci: Option<PciAddress>,
     pub sxid: u32,
     /// `Some(true)` Fatal, `Some(false)` Non-fatal, `None` for a continuation line.
     pub fatal: Option<bool>,
@@ -247,6 +260,18 @@ lazy_re!(
     r"^(nvidia[\w-]*): version magic '([^']*)' should be '([^']*)'"
 );
 lazy_re!(re_any_addr, r"PCI:(ADDR)");
+lazy_re!(
+    re_user_api_kernel_first,
+    r"^API [Mm]ismatch[:,] the NVIDIA kernel module has (?:the )?version ([^\s,]+),?(?:\s+but this (NVIDIA driver component|X module) has (?:the )?version ([^\s,]+?)\.?(?:\s|$))?"
+);
+lazy_re!(
+    re_user_api_component_first,
+    r"^API [Mm]ismatch[:,] [Tt]his NVIDIA driver component has (?:the )?version ([^\s,]+),? but the NVIDIA kernel module's version does not match"
+);
+lazy_re!(
+    re_module_version_mismatch,
+    r"^(nvidia[\w-]*): Version mismatch: nvidia\.ko\(([^()\s]+)\) ([\w-]+?)(?:\.ko)?\(([^()\s]+)\)"
+);
 
 fn pci(s: &str) -> Option<PciAddress> {
     PciAddress::parse(s).ok()
@@ -319,6 +344,11 @@ pub fn parse(msg: &str) -> Shape {
     if msg.starts_with("nvidia") {
         return parse_nvidia_other(msg);
     }
+    if msg.starts_with("NVIDIA") {
+        if let Some(s) = parse_xorg(msg) {
+            return s;
+        }
+    }
     if msg.starts_with("GSP task ") {
         return Shape::GspCrash {
             text: msg.trim_end().to_string(),
@@ -337,6 +367,12 @@ pub fn parse(msg: &str) -> Shape {
             };
         }
         return Shape::Harmless;
+    }
+    if let Some(x) = parse_xid_event(msg) {
+        return Shape::Xid(x);
+    }
+    if let Some(s) = parse_user_api(msg) {
+        return s;
     }
     if let Some(rest) = msg.strip_prefix("[drm] [nvidia-drm] ") {
         return drm_notice(rest);
@@ -1124,6 +1160,108 @@ fn is_gsp_dump_line(body: &str) -> bool {
         || (body.starts_with(char::is_whitespace) && t.starts_with(['#', '-']))
 }
 
+/// Whether `s` starts with the X server NVIDIA driver's tag: `NVIDIA: ` or `NVIDIA(SCREEN): `
+/// with a short screen name (`0`, `G0`, `GPU-0`).
+pub fn xorg_tag_ok(s: &str) -> bool {
+    xorg_body(s).is_some()
+}
+
+/// The text after the X driver's tag.
+fn xorg_body(s: &str) -> Option<&str> {
+    let rest = s.strip_prefix("NVIDIA")?;
+    // Some X servers wrote `NVIDIA (0):`.
+    let rest = rest
+        .strip_prefix(' ')
+        .filter(|r| r.starts_with('('))
+        .unwrap_or(rest);
+    if let Some(body) = rest.strip_prefix(": ") {
+        return Some(body);
+    }
+    let screen = rest.strip_prefix('(')?;
+    let close = screen.find("): ")?;
+    let name = &screen[..close];
+    (!name.is_empty()
+        && name.len() <= 16
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    .then(|| &screen[close + 3..])
+}
+
+/// The API mismatch as NVIDIA's user-space components (the X driver, GLX, nvidia-settings) tell
+/// it, the kernel module's version first or their own first.
+fn parse_user_api(msg: &str) -> Option<Shape> {
+    if let Some(c) = re_user_api_kernel_first().captures(msg) {
+        return Some(Shape::VersionMismatch {
+            component: c
+                .get(2)
+                .map_or("NVIDIA driver component", |m| m.as_str())
+                .to_string(),
+            component_version: c.get(3).map(|m| m.as_str().to_string()),
+            kernel: Some(c[1].to_string()),
+        });
+    }
+    let c = re_user_api_component_first().captures(msg)?;
+    Some(Shape::VersionMismatch {
+        component: "NVIDIA driver component".into(),
+        component_version: Some(c[1].to_string()),
+        kernel: None,
+    })
+}
+
+/// An error from the X server's NVIDIA driver (`(EE) NVIDIA(GPU-0): ...`, the marker already
+/// removed). The X driver reports the kernel driver's failure to bring a GPU up in its own words;
+/// the lines indented after it explain and are folded into it.
+fn parse_xorg(msg: &str) -> Option<Shape> {
+    let body = xorg_body(msg)?;
+    if body.starts_with(char::is_whitespace) {
+        return Some(Shape::Other);
+    }
+    let body = body.trim_end_matches(['`', ' ']);
+    if let Some(s) = parse_user_api(body) {
+        return Some(s);
+    }
+    // Older drivers: "Failed to initialize the NVIDIA graphics device PCI:1:0:0." (the line
+    // "... graphics device!" that follows it explains, and folds).
+    let gpu_at = body
+        .strip_prefix("Failed to initialize the NVIDIA GPU at ")
+        .or_else(|| {
+            body.strip_prefix("Failed to initialize the NVIDIA graphics device ")
+                .filter(|at| at.starts_with("PCI:"))
+        });
+    if let Some(at) = gpu_at {
+        return Some(Shape::InitFailure {
+            pci: xorg_pci(at),
+            what: "the X server's NVIDIA driver failed to initialise the GPU (the kernel log says why)"
+                .into(),
+            code: None,
+            folds: true,
+        });
+    }
+    if body.starts_with("Failed to initialize the NVIDIA kernel module") {
+        return Some(Shape::InitFailure {
+            pci: None,
+            what: "the X server's NVIDIA driver could not initialise the NVIDIA kernel module"
+                .into(),
+            code: None,
+            folds: true,
+        });
+    }
+    Some(Shape::Other)
+}
+
+/// The X server's `PCI:BUS:DEVICE:FUNCTION` (decimal, domain 0, or `BUS@DOMAIN:DEVICE:FUNCTION`).
+fn xorg_pci(s: &str) -> Option<PciAddress> {
+    let s = s.strip_prefix("PCI:")?;
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == ':' || c == '@'))
+        .unwrap_or(s.len());
+    let mut parts = s[..end].split(':');
+    let first = parts.next()?;
+    let (bus, domain) = first.split_once('@').unwrap_or((first, "0"));
+    let device = parts.next()?.parse().ok()?;
+    let function = parts.next()?.parse().ok()?;
+    PciAddress::new(domain.parse().ok()?, bus.parse().ok()?, device, function)
+}
+
 /// Parses an Xid line after `NVRM: `.
 pub fn parse_xid(m: &str) -> Option<XidLine> {
     parse_xid_after(m.strip_prefix("Xid ")?)
@@ -1136,19 +1274,14 @@ fn parse_xid_after(x: &str) -> Option<XidLine> {
     let inner = x.strip_prefix('(')?;
     let close = inner.find("):")?;
     let addr = &inner[..close];
-    let addr = addr.strip_prefix("PCI:").unwrap_or(addr);
-    let pci = match PciAddress::parse(addr) {
-        Ok(p) => Some(p),
-        // Redacted by the reporter: dots, x's, stars or nothing at all.
-        Err(_)
-            if addr
-                .bytes()
-                .all(|b| matches!(b, b'.' | b'x' | b'X' | b'*' | b'_' | b':')) =>
-        {
-            None
-        }
-        Err(_) => return None,
-    };
+    if addr.contains('(') {
+        return None;
+    }
+    // The address is the first word: on a MIG GPU the driver adds the instances after it
+    // (`PCI:0000:01:00 GPU-I:05 GPU-CI:02`). An address the reporter redacted (`PCI:...`,
+    // `PCI:0000:XX:00`, `PCI:<redacted>`) or the driver left out still gives the Xid number.
+    let addr = addr.split_whitespace().next().unwrap_or("");
+    let pci = PciAddress::parse(addr.strip_prefix("PCI:").unwrap_or(addr)).ok();
     let after = inner[close + 2..].trim_start_matches(' ');
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
@@ -1194,6 +1327,43 @@ fn parse_xid_after(x: &str) -> Option<XidLine> {
         pid,
         process,
         rest: tail.trim().to_string(),
+        uuid: None,
+    })
+}
+
+/// An NVML Xid event as the Kubernetes device plugin logs it:
+/// `XidCriticalError: Xid=94 on Device=GPU-3b6e...; marking device as unhealthy.` The driver
+/// printed the same Xid to the kernel log, which the pasted log often lacks.
+fn parse_xid_event(msg: &str) -> Option<XidLine> {
+    let rest = msg.strip_prefix("XidCriticalError: Xid=")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    let xid = rest[..digits].parse().ok()?;
+    let after = rest[digits..].trim_start();
+    let device = after
+        .strip_prefix("on")
+        .map(str::trim_start)
+        .and_then(|d| d.strip_prefix("Device="))
+        .unwrap_or("");
+    let uuid: String = device
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    // A UUID the reporter redacted (`GPU-XXXX`) names no GPU.
+    let uuid = (uuid.starts_with("GPU-") || uuid.starts_with("MIG-"))
+        .then_some(uuid)
+        .filter(|u| u[4..].bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') && u.len() > 12);
+    Some(XidLine {
+        pci: None,
+        xid,
+        pid: None,
+        process: None,
+        rest:
+            "Xid event reported through NVML (the Kubernetes device plugin marks the GPU unhealthy)"
+                .into(),
+        uuid,
     })
 }
 
@@ -1205,7 +1375,8 @@ fn parse_sxid(m: &str) -> Option<SxidLine> {
     }
     let close = rest.find("):")?;
     let addr = &rest[..close];
-    let pci = pci(addr.strip_prefix("PCI:").unwrap_or(addr))?;
+    // As for Xid lines: a redacted address still leaves the SXid number to read.
+    let pci = pci(addr.strip_prefix("PCI:").unwrap_or(addr));
     let after = rest[close + 2..].trim_start();
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
@@ -1388,6 +1559,13 @@ fn parse_nvidia_other(m: &str) -> Shape {
             folds: false,
         };
     }
+    if let Some(c) = re_module_version_mismatch().captures(m) {
+        return Shape::VersionMismatch {
+            component: c[3].to_string(),
+            component_version: Some(c[4].to_string()),
+            kernel: Some(c[2].to_string()),
+        };
+    }
     if let Some(rest) = m.strip_prefix("nvidia-modeset: ") {
         if let Some(t) = rest
             .strip_prefix("ERROR: ")
@@ -1475,8 +1653,8 @@ mod tests {
     fn unreadable_xid_lines_are_not_dropped() {
         for m in [
             "NVRM: Xid (PCI:0000:17:00) 79 no colon",
-            "NVRM: Xid (garbage): 79, x",
             "NVRM: Xid (PCI:0000:17:00): 99999999999, x",
+            "NVRM: Xid (PCI:0000:17:00 (x)): 79, x",
         ] {
             assert_eq!(parse(m), Shape::UnreadableXid, "{m}");
         }
@@ -1493,6 +1671,248 @@ mod tests {
         assert_eq!(
             xid("NVRM: Xid (PCI:0000:17:00): 13, pid='1234', name=x, y").pid,
             Some(1234)
+        );
+    }
+
+    /// What is in the parentheses besides an address does not cost the Xid number: the MIG
+    /// instances the driver adds, and every way reporters redact the address.
+    #[test]
+    fn xid_number_survives_mig_attribution_and_redaction() {
+        let x = xid("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No");
+        assert_eq!(
+            (x.pci.map(|p| p.to_string()), x.xid, x.pid),
+            (Some("0000:01:00.0".into()), 94, Some(7194))
+        );
+        assert_eq!(
+            xid("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=a, b").xid,
+            13
+        );
+        for m in [
+            "NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)",
+            "NVRM: Xid (PCI:0000:XX:00): 48, pid=1, name=x, An uncorrectable double bit error",
+            "NVRM: Xid (PCI:0000:xx:xx): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (PCI:<redacted>): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (PCI:****:**:**): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (garbage): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (): 79, GPU has fallen off the bus.",
+        ] {
+            let x = xid(m);
+            assert!(
+                x.pci.is_none() && [145, 48, 79].contains(&x.xid),
+                "{m}: {x:?}"
+            );
+        }
+    }
+
+    /// An SXid line whose address the reporter redacted still gives the switch and SXid number.
+    #[test]
+    fn sxid_number_survives_redaction() {
+        for m in [
+            "nvidia-nvswitch1: SXid (PCI:...): 20034, Fatal, Link 48 LTSSM Fault Up",
+            "nvidia-nvswitch1: SXid (PCI:0000:XX:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+        ] {
+            let Shape::Sxid(x) = parse(m) else {
+                panic!("{m}: not an SXid");
+            };
+            assert_eq!(
+                (x.switch.as_str(), x.pci, x.sxid, x.fatal),
+                ("nvidia-nvswitch1", None, 20034, Some(true)),
+                "{m}"
+            );
+        }
+        let Shape::Sxid(x) = parse("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Data {0x1}")
+        else {
+            panic!("not an SXid");
+        };
+        assert_eq!(
+            x.pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:05:00.0")
+        );
+    }
+
+    /// A companion module at another version than nvidia.ko is a version mismatch, `.ko` or not.
+    #[test]
+    fn module_version_mismatch() {
+        for (m, module, kernel, other) in [
+            (
+                "nvidia-modeset: Version mismatch: nvidia.ko(410.73) nvidia-modeset.ko(390.87)",
+                "nvidia-modeset",
+                "410.73",
+                "390.87",
+            ),
+            (
+                "nvidia-modeset: Version mismatch: nvidia.ko(378.13) nvidia-modeset(375.26)",
+                "nvidia-modeset",
+                "378.13",
+                "375.26",
+            ),
+        ] {
+            assert_eq!(
+                parse(m),
+                Shape::VersionMismatch {
+                    component: module.into(),
+                    component_version: Some(other.into()),
+                    kernel: Some(kernel.into()),
+                },
+                "{m}"
+            );
+        }
+        assert!(!matches!(
+            parse("nvidia-modeset: Version mismatch: garbled"),
+            Shape::VersionMismatch { .. }
+        ));
+    }
+
+    /// NVIDIA's user-space components (X driver, GLX, nvidia-settings) tell the API mismatch in
+    /// their own words, with or without an X driver tag, on one line or wrapped.
+    #[test]
+    fn user_space_api_mismatch() {
+        let v = |component: &str, c: Option<&str>, k: Option<&str>| Shape::VersionMismatch {
+            component: component.into(),
+            component_version: c.map(Into::into),
+            kernel: k.map(Into::into),
+        };
+        for (m, want) in [
+            (
+                "API mismatch: the NVIDIA kernel module has version 169.12, but this NVIDIA driver component has version 173.14.09. Please make sure",
+                v("NVIDIA driver component", Some("173.14.09"), Some("169.12")),
+            ),
+            (
+                "API mismatch: the NVIDIA kernel module has the version 1.0-9755, but this X module has the version 1.0-9631. Please make sure",
+                v("X module", Some("1.0-9631"), Some("1.0-9755")),
+            ),
+            (
+                "API mismatch: the NVIDIA kernel module has version 177.80,",
+                v("NVIDIA driver component", None, Some("177.80")),
+            ),
+            (
+                "API mismatch: this NVIDIA driver component has version 100.14.11, but the NVIDIA kernel module's version does not match. Please",
+                v("NVIDIA driver component", Some("100.14.11"), None),
+            ),
+            (
+                "NVIDIA: API mismatch: the NVIDIA kernel module has version 304.88, but",
+                v("NVIDIA driver component", None, Some("304.88")),
+            ),
+        ] {
+            assert_eq!(parse(m), want, "{m}");
+        }
+        assert!(!matches!(
+            parse("API mismatch: something else entirely"),
+            Shape::VersionMismatch { .. }
+        ));
+    }
+
+    /// The Kubernetes device plugin logs the NVML Xid events it acts on; the GPU is named by UUID.
+    #[test]
+    fn xid_events_logged_by_the_device_plugin() {
+        let Shape::Xid(x) = parse("XidCriticalError: Xid=94 on Device=GPU-3b6ec030-5adc-1847-e155-79f635584b4e; marking device as unhealthy.") else {
+            panic!("not an Xid");
+        };
+        assert_eq!(
+            (x.xid, x.pci, x.uuid.as_deref()),
+            (94, None, Some("GPU-3b6ec030-5adc-1847-e155-79f635584b4e"))
+        );
+        let Shape::Xid(x) = parse("XidCriticalError: Xid=999 on  Device=GPU-XXXX, but") else {
+            panic!("not an Xid");
+        };
+        assert_eq!((x.xid, x.uuid), (999, None), "a redacted UUID names no GPU");
+        assert!(!matches!(parse("XidCriticalError: Xid=, x"), Shape::Xid(_)));
+    }
+
+    /// The X server's NVIDIA driver reports a GPU the kernel driver could not bring up as
+    /// "Failed to initialize the NVIDIA GPU at PCI:B:D:F" (decimal bus), with explanation lines.
+    #[test]
+    fn x_driver_initialisation_failures() {
+        assert_eq!(
+            xorg_pci("PCI:82:0:0.  Please"),
+            PciAddress::parse("0000:52:00.0").ok()
+        );
+        assert_eq!(
+            xorg_pci("PCI:1:0:0."),
+            PciAddress::parse("0000:01:00.0").ok()
+        );
+        assert_eq!(
+            xorg_pci("PCI:65@1:0:1"),
+            PciAddress::parse("0001:41:00.1").ok()
+        );
+        assert_eq!(xorg_pci("PCI:x"), None);
+        for (m, pci) in [
+            (
+                "NVIDIA(GPU-0): Failed to initialize the NVIDIA GPU at PCI:82:0:0.  Please",
+                Some("0000:52:00.0"),
+            ),
+            (
+                "NVIDIA(0): Failed to initialize the NVIDIA GPU at PCI:1:0:0.`",
+                Some("0000:01:00.0"),
+            ),
+            (
+                "NVIDIA: Failed to initialize the NVIDIA kernel module. Please see the",
+                None,
+            ),
+        ] {
+            match parse(m) {
+                Shape::InitFailure { pci: p, folds, .. } => {
+                    assert_eq!(p.map(|p| p.to_string()).as_deref(), pci, "{m}");
+                    assert!(folds, "{m}");
+                }
+                other => panic!("{m}: {other:?}"),
+            }
+        }
+        // Older X servers and drivers.
+        match parse("NVIDIA (0): Failed to initialize the NVIDIA graphics device PCI:1:0:0. ") {
+            Shape::InitFailure { pci, .. } => {
+                assert_eq!(pci.map(|p| p.to_string()).as_deref(), Some("0000:01:00.0"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse("NVIDIA(0): Failed to initialize the NVIDIA graphics device!"),
+            Shape::Other
+        );
+        // Explanation lines, other X driver errors and tags of another shape.
+        assert_eq!(
+            parse("NVIDIA(GPU-0):     check your system's kernel log"),
+            Shape::Other
+        );
+        assert_eq!(
+            parse("NVIDIA(0): Failing initialization of X screen 0"),
+            Shape::Other
+        );
+        assert!(!xorg_tag_ok(
+            "NVIDIA-SMI has failed because it couldn't communicate"
+        ));
+        assert!(!xorg_tag_ok("NVIDIA(a very long screen name): x"));
+        assert!(xorg_tag_ok("NVIDIA(G0): x"));
+
+        // As a log: one finding, the explanation folded into it.
+        let log = "[   159.042] (EE) NVIDIA(0): Failed to initialize the NVIDIA GPU at PCI:1:0:0.  Please\n\
+                   [   159.042] (EE) NVIDIA(0):     check your system's kernel log for additional error\n\
+                   [   159.042] (II) UnloadModule: \"nvidia\"\n\
+                   [   159.042] (EE) NVIDIA(0): Failed to initialize the NVIDIA graphics device!\n\
+                   [   159.043] (II) NVIDIA(0): NVIDIA GPU GeForce GT 650M at PCI:1:0:0";
+        let mut c = crate::classify::Classifier::new();
+        let mut out = Vec::new();
+        for (i, line) in log.lines().enumerate() {
+            let Some(split) = crate::classify::prefix::split(line) else {
+                continue;
+            };
+            let at = crate::classify::LineOrigin {
+                line: i as u64 + 1,
+                seq: None,
+                ts_usec: None,
+                timestamp: None,
+            };
+            for m in &split.messages {
+                c.push(m, &at, &mut out);
+            }
+        }
+        c.flush(&mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].kind, crate::model::FindingKind::DriverInitFailure);
+        assert_eq!(out[0].origin.raw.len(), 3, "{:?}", out[0].origin.raw);
+        assert_eq!(
+            out[0].pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:01:00.0")
         );
     }
 

@@ -12,7 +12,9 @@ use std::path::Path;
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 
 /// Literals at least one of which every line we classify contains: the driver tags, and for the
-/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts and hung-task reports.
+/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports, the X
+/// server NVIDIA driver's errors, the Xid events the Kubernetes device plugin logs and the API
+/// mismatch as NVIDIA's user-space components report it.
 pub const CANDIDATE_LITERALS: &[&str] = &[
     "NVRM",
     "SXid",
@@ -29,6 +31,10 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "state:D",
     "Call Trace",
     "Call trace",
+    "(EE)",
+    "XidCriticalError",
+    "API mismatch",
+    "API Mismatch",
 ];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
