@@ -17,9 +17,9 @@ pub mod signals;
 pub mod sxid;
 
 #[cfg(test)]
-mod other_tests;
-#[cfg(test)]
 mod forum_tests;
+#[cfg(test)]
+mod other_tests;
 
 use std::collections::{HashMap, HashSet};
 

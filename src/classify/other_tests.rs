@@ -306,3 +306,54 @@ fn gpu_removal_in_use_and_broken_suspend_setups_are_errors() {
     }
     assert!(loud("[ 14.1] nvidia 0000:01:00.0: PM: calling pci_pm_suspend+0x0/0x170 @ 1, parent: 0000:00:01.0").is_empty());
 }
+
+#[test]
+fn a_kernel_crash_in_an_nvidia_task_or_module_is_one_finding_and_others_stay_silent() {
+    // ich777/unraid-nvidia-driver#3: a page fault while nvidia-smi was in the kernel.
+    let f = scan(&[
+        "Feb 19 21:53:17 Dragon kernel: BUG: unable to handle page fault for address: ffffc90011110200",
+        "Feb 19 21:53:17 Dragon kernel: #PF: supervisor write access in kernel mode",
+        "Feb 19 21:53:17 Dragon kernel: #PF: error_code(0x0002) - not-present page",
+        "Feb 19 21:53:17 Dragon kernel: Oops: 0002 [#1] PREEMPT SMP NOPTI",
+        "Feb 19 21:53:17 Dragon kernel: CPU: 5 PID: 9577 Comm: nvidia-smi Tainted: P           O      5.19.17-Unraid #2",
+        "Feb 19 21:53:17 Dragon kernel: Hardware name: System manufacturer System Product Name/ROG STRIX B450-F GAMING II, BIOS 5003 02/03/2023",
+    ]);
+    let loud: Vec<_> = f
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect();
+    assert_eq!(loud.len(), 1, "{f:#?}");
+    assert_eq!(
+        loud[0].origin.line, 1,
+        "the finding starts at the crash header"
+    );
+    assert!(loud[0].title.contains("nvidia-smi"), "{}", loud[0].title);
+
+    // A soft lockup whose frames are in nvidia_uvm.
+    let f = scan(&[
+        "[ 5021.1] watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python3:4242]",
+        "[ 5021.2] CPU: 3 PID: 4242 Comm: python3 Tainted: P           OE     6.5.0-14-generic #14~22.04.1-Ubuntu",
+        "[ 5021.3] RIP: 0010:uvm_va_block_make_resident+0x1a2/0x5e0 [nvidia_uvm]",
+    ]);
+    let loud: Vec<_> = f
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect();
+    assert_eq!(loud.len(), 1, "{f:#?}");
+    assert!(loud[0].title.contains("nvidia_uvm"), "{}", loud[0].title);
+
+    // A crash in someone else's code on a machine with the NVIDIA modules loaded: silent.
+    let f = scan(&[
+        "[  463.506574] BUG: kernel NULL pointer dereference, address: 0000000000000040",
+        "[  463.506581] Oops: 0000 [#1] PREEMPT SMP NOPTI",
+        "[  463.506590] Modules linked in: nvidia_uvm(POE) nvidia_drm(POE) nvidia_modeset(POE) nvidia(POE) btusb ext4",
+        "[  463.506600] CPU: 2 PID: 1187 Comm: systemd-udevd Tainted: P           OE     6.8.0 #1",
+        "[  463.506610] RIP: 0010:ext4_readdir+0x3c/0x9a0 [ext4]",
+        "[  463.506620] Call Trace:",
+        "[  463.506630]  iterate_dir+0x8b/0x1a0",
+        "[  463.506640]  __x64_sys_getdents64+0x7a/0x120",
+        "[ 3021.755145] watchdog: BUG: soft lockup - CPU#7 stuck for 23s! [pytest:25222]",
+        "[ 3021.755150] CPU: 7 PID: 25222 Comm: pytest Not tainted 5.4.0 #1",
+    ]);
+    assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
+}

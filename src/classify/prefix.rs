@@ -200,6 +200,11 @@ fn other_start(line: &str) -> Option<usize> {
         "Call Trace:",
         "Call trace:",
         "RIP: ",
+        "BUG: ",
+        "general protection fault",
+        "kernel BUG at ",
+        "WARNING: CPU: ",
+        " Comm: ",
         "Bad or missing usercopy",
         "PM: ",
     ];
@@ -223,6 +228,18 @@ fn other_start(line: &str) -> Option<usize> {
             "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
             "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
             "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
+            // A crash header starts a message wherever it is (`watchdog: BUG: soft lockup`);
+            // whose crash it is, the lines after it say.
+            "BUG: " | "general protection fault" | "kernel BUG at " | "WARNING: CPU: " => true,
+            // `CPU: 5 PID: 9577 Comm: nvidia-smi ...`: the message starts at `CPU: `.
+            " Comm: " => {
+                if let Some(c) = line[..i].rfind("CPU: ") {
+                    if crate::classify::shapes::crash_task(&line[c..]).is_some() {
+                        return Some(c);
+                    }
+                }
+                false
+            }
             "Bad or missing usercopy" => rest.contains("'nvidia"),
             _ => true,
         };

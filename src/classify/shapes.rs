@@ -544,6 +544,30 @@ fn parse_trace(msg: &str) -> Option<Shape> {
             text: t.trim_end().to_string(),
         });
     }
+    // Kernel crash and warning headers (`BUG: unable to handle page fault for address: ...`,
+    // `BUG: kernel NULL pointer dereference`, `BUG: soft lockup - CPU#1 stuck for 26s!`,
+    // `general protection fault ...`, `kernel BUG at ...`, `WARNING: CPU: 5 PID: 22400 at
+    // .../nvidia/nv.c:4405 nv_restore_user_channels+0x57/0x200 [nvidia]`). Whose crash it is
+    // comes from what follows (the task, the RIP, the frames): one outside NVIDIA's modules
+    // stays silent.
+    if let Some(h) = crash_header(t) {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: frame_module(h),
+            text: h.trim_end().to_string(),
+        });
+    }
+    // `CPU: 5 PID: 9577 Comm: nvidia-smi Tainted: P O 5.19.17 #2`: the task a crash dump was
+    // taken in. An NVIDIA tool or kernel thread crashing is a crash in the driver.
+    if let Some(name) = crash_task(t) {
+        return Some(Shape::TraceStart {
+            task: Some(name.to_string()),
+            hung: false,
+            module: task_module(name),
+            text: t.trim_end().to_string(),
+        });
+    }
     if t.starts_with("Call Trace:") || t.starts_with("Call trace:") {
         return Some(Shape::TraceStart {
             task: None,
@@ -574,6 +598,32 @@ fn parse_trace(msg: &str) -> Option<Shape> {
         });
     }
     None
+}
+
+/// Kernel crash and warning headers, as they start a message.
+pub const CRASH_HEADERS: &[&str] = &[
+    "BUG: ",
+    "general protection fault",
+    "kernel BUG at ",
+    "WARNING: CPU: ",
+];
+
+/// The crash header `t` starts with, from the header on (`watchdog: BUG: soft lockup` included).
+fn crash_header(t: &str) -> Option<&str> {
+    let t = t.strip_prefix("watchdog: ").unwrap_or(t);
+    let t = t.strip_prefix("NMI watchdog: ").unwrap_or(t);
+    CRASH_HEADERS.iter().any(|h| t.starts_with(h)).then_some(t)
+}
+
+/// The task named by a crash dump's `CPU: N PID: N Comm: NAME ...` line (`UID: N` may come
+/// between, as newer kernels print it).
+pub fn crash_task(t: &str) -> Option<&str> {
+    let rest = t.strip_prefix("CPU: ")?;
+    let i = rest.find(" Comm: ")?;
+    if !rest[..i].contains("PID: ") {
+        return None;
+    }
+    rest[i + " Comm: ".len()..].split_whitespace().next()
 }
 
 /// Where a hung-task line's wording starts, in any kernel's words: `blocked for more than N

@@ -35,6 +35,11 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "XidCriticalError",
     "API mismatch",
     "API Mismatch",
+    // Mellanox's GPUDirect RDMA module, whose load failures name no NVIDIA tag.
+    "nv_peer_mem",
+    // Kernel crash headers: the task and frames after them say whether the crash is NVIDIA's.
+    "BUG:",
+    "general protection fault",
 ];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
