@@ -79,6 +79,16 @@ pub struct SourceStats {
 /// classifies, correlates and hands incidents to the runbooks and the alert stage (which lives for
 /// the whole run); the checkpoint moves only behind alerts the stage has made durable.
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    // The handlers first: a stop requested while the rest is set up (NVML can take seconds to
+    // open) waits for the loop and is a clean shutdown with the checkpoint saved, not a death
+    // by the signal's default action.
+    let signal = |kind| tokio::signal::unix::signal(kind).context("installing the signal handlers");
+    use tokio::signal::unix::SignalKind;
+    let (mut sigterm, mut sigint, mut sighup) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::hangup())?,
+    );
     let cfg = &opts.config;
     let notifier = notify::Notifier::from_env();
     let state = StateDir::open(&cfg.state_dir)?;
@@ -134,13 +144,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
 
     let ops_shutdown = start_ops(cfg, &tel).await?;
 
-    let signal = |kind| tokio::signal::unix::signal(kind).context("installing the signal handlers");
-    use tokio::signal::unix::SignalKind;
-    let (mut sigterm, mut sigint, mut sighup) = (
-        signal(SignalKind::terminate())?,
-        signal(SignalKind::interrupt())?,
-        signal(SignalKind::hangup())?,
-    );
     let mut watchdog =
         tokio::time::interval(notifier.watchdog_every.unwrap_or(Duration::from_secs(3600)));
     let mut status_timer = tokio::time::interval(control::STATUS_FILE_INTERVAL);

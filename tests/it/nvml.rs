@@ -1074,3 +1074,35 @@ fn an_init_that_hangs_holds_neither_ready_nor_the_kernel_log_longer_than_a_call(
         "{all:#?}"
     );
 }
+
+#[test]
+fn a_stop_requested_while_nvml_opens_is_a_clean_shutdown() {
+    // Init's device count takes 3 s (the open waits 1 s for it): SIGTERM comes in the middle of
+    // the set-up, as when systemd stops a unit that is still starting.
+    let (_dir, mut d) = Wedged::launch(&format!(
+        "{TWO_GPUS}hang nvmlDeviceGetCount_v2 3000 times=1\n"
+    ));
+    let wait = Instant::now();
+    while !d
+        .log
+        .lock()
+        .unwrap()
+        .contains("kernel log: first start in this boot")
+    {
+        assert!(
+            wait.elapsed() < Duration::from_secs(10),
+            "{}",
+            d.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(d.noted("READY=1").is_none(), "still setting up");
+    super::support::sigterm(&d.child);
+    let status = d.child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "not killed by the signal's default action: {status:?}\n{}",
+        d.log.lock().unwrap()
+    );
+}
