@@ -360,11 +360,20 @@ pcieport 0000:00:01.1:  device [8086:6f03] error status/mask=00000020/00000000")
 
 #[test]
 fn redacted_addresses_still_give_the_xid() {
-    // The shape reporters use when they redact the address; no real line of it was found in the
-    // public reports read for the corpus, so this one is built from the driver's grammar.
+    // https://github.com/NVIDIA/nccl/issues/2241: the reporter replaced the addresses with "...".
+    for (line, xid) in [
+        ("kernel: NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)", 145),
+        ("kernel: NVRM: Xid (PCI:...): 137, RLW_RXPIPE interrupt hit on link 11 on GPU0: PRIV Error", 137),
+    ] {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}");
+        assert_eq!((f[0].kind, f[0].pci, f[0].xid), (FindingKind::Xid, None, Some(xid)), "{line}");
+    }
+    // Other ways of redacting seen in templates and docs (no real report used them), built from
+    // the driver's grammar.
     for line in [
-        "NVRM: Xid (PCI:...): 79, GPU has fallen off the bus.",
         "NVRM: Xid (PCI:xxxx:xx:xx): 48, pid=1, name=x, An uncorrectable double bit error",
+        "NVRM: Xid (PCI:0000:XX:00): 79, pid=1, name=x, GPU has fallen off the bus.",
     ] {
         let f = loud(line);
         assert_eq!(f.len(), 1, "{line}");
