@@ -156,3 +156,18 @@ fn an_nvidia_daemon_out_of_step_with_the_driver_is_reported() {
     );
     quiet("Feb 13 18:44:28 sm1 nvidia-vgpud[2009]: error: failed to send vGPU configuration info to RM: 6");
 }
+
+#[test]
+fn nvmls_python_exceptions_are_read_by_their_name() {
+    reported("pynvml.NVMLError_Unknown: Unknown Error");
+    let lost = loud("    pynvml.NVMLError_GpuIsLost: GPU is lost");
+    assert!(
+        lost.iter().any(|f| f.severity == Severity::Critical),
+        "{lost:?}"
+    );
+    reported("NVMLError_DriverNotLoaded: Driver Not Loaded");
+    // Answers to a question, and the raise statement itself, are no fault.
+    quiet("pynvml.NVMLError_NotSupported: Not Supported");
+    quiet("pynvml.nvml.NVMLError_NoPermission: Insufficient Permissions");
+    quiet("    raise NVMLError(ret)");
+}

@@ -210,6 +210,7 @@ fn other_start(line: &str) -> Option<usize> {
         "nvgpu: ",
         crate::classify::shapes::SMI_ERR_FIELD,
         "fabricmanager[",
+        crate::classify::shapes::NVML_EXCEPTION,
     ];
     let b = line.as_bytes();
     for a in ANCHORS {
@@ -251,6 +252,20 @@ fn other_start(line: &str) -> Option<usize> {
                 let t = line.trim_start();
                 if crate::classify::shapes::is_smi_error_row(t) {
                     return Some(line.len() - t.len());
+                }
+                false
+            }
+            // NVML's Python exception, from its module name when it is there.
+            crate::classify::shapes::NVML_EXCEPTION => {
+                if crate::classify::shapes::nvml_exception(rest).is_some() {
+                    let start = if line[..i].ends_with("pynvml.") {
+                        i - "pynvml.".len()
+                    } else {
+                        i
+                    };
+                    if at_word_start(b, start) {
+                        return Some(start);
+                    }
                 }
                 false
             }

@@ -687,6 +687,12 @@ fn parse_tool(msg: &str) -> Option<Shape> {
             .and_then(|a| a.split(':').take(3).collect::<Vec<_>>().join(":").into())
             .and_then(|a: String| pci(a.trim_end_matches(':')));
         (true, addr)
+    } else if let Some(name) = nvml_exception(t) {
+        // A lost GPU is critical; a capability or permission answer is no fault at all.
+        if NVML_ANSWERS.contains(&name) {
+            return Some(Shape::Harmless);
+        }
+        (name == "GpuIsLost", None)
     } else if is_smi_error_row(t) {
         // A GPU row of the nvidia-smi table whose fields read `ERR!`: nvidia-smi could not read
         // the GPU at all.
@@ -727,6 +733,33 @@ pub fn driver_unreachable_start(line: &str) -> Option<usize> {
     .find(|w| head.ends_with(*w))
     .map(|w| i - w.len())
 }
+
+/// NVML's Python binding raising one of its errors: `pynvml.NVMLError_Unknown: Unknown Error`,
+/// `NVMLError_GpuIsLost: GPU is lost`. The error's name, when `t` is such a line.
+pub fn nvml_exception(t: &str) -> Option<&str> {
+    let rest = t.strip_prefix("pynvml.").unwrap_or(t);
+    let rest = rest.strip_prefix(NVML_EXCEPTION)?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(rest.len());
+    (end > 0 && rest[end..].starts_with(':')).then(|| &rest[..end])
+}
+
+/// The class prefix of NVML's Python exceptions.
+pub const NVML_EXCEPTION: &str = "NVMLError_";
+
+/// NVML errors that answer a question ("not supported here", "not allowed for this user", "no
+/// such object") rather than report a fault: tools ask and carry on.
+const NVML_ANSWERS: &[&str] = &[
+    "NotSupported",
+    "NoPermission",
+    "NotFound",
+    "FunctionNotFound",
+    "InvalidArgument",
+    "AlreadyInitialized",
+    "Uninitialized",
+    "InsufficientSize",
+];
 
 /// The nvidia-smi marker for a field it could not read, padded as the table prints it (a
 /// single-spaced `ERR!` is npm's, not nvidia-smi's).
