@@ -19,6 +19,8 @@ pub mod sxid;
 #[cfg(test)]
 mod forum_tests;
 #[cfg(test)]
+mod ml_tests;
+#[cfg(test)]
 mod other_tests;
 
 use std::collections::{HashMap, HashSet};

@@ -207,6 +207,10 @@ fn other_start(line: &str) -> Option<usize> {
         " Comm: ",
         "Bad or missing usercopy",
         "PM: ",
+        "nvgpu: ",
+        crate::classify::shapes::SMI_ERR_FIELD,
+        "fabricmanager[",
+        crate::classify::shapes::NVML_EXCEPTION,
     ];
     let b = line.as_bytes();
     for a in ANCHORS {
@@ -241,6 +245,40 @@ fn other_start(line: &str) -> Option<usize> {
                 false
             }
             "Bad or missing usercopy" => rest.contains("'nvidia"),
+            // Tegra's GPU driver tag, as a word of its own.
+            "nvgpu: " => at_word_start(b, i),
+            // A row of the nvidia-smi table: the message is the whole row.
+            crate::classify::shapes::SMI_ERR_FIELD => {
+                let t = line.trim_start();
+                if crate::classify::shapes::is_smi_error_row(t) {
+                    return Some(line.len() - t.len());
+                }
+                false
+            }
+            // NVML's Python exception, from its module name when it is there.
+            crate::classify::shapes::NVML_EXCEPTION => {
+                if crate::classify::shapes::nvml_exception(rest).is_some() {
+                    let start = if line[..i].ends_with("pynvml.") {
+                        i - "pynvml.".len()
+                    } else {
+                        i
+                    };
+                    if at_word_start(b, start) {
+                        return Some(start);
+                    }
+                }
+                false
+            }
+            // An NVIDIA daemon's syslog tag (`nv-fabricmanager[29850]: `): from its name.
+            "fabricmanager[" => {
+                let start = line[..i]
+                    .rfind(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+                    .map_or(0, |j| j + 1);
+                if line[start..].starts_with("nv") && at_word_start(b, start) {
+                    return Some(start);
+                }
+                false
+            }
             _ => true,
         };
         if ok {
@@ -248,6 +286,7 @@ fn other_start(line: &str) -> Option<usize> {
         }
     }
     crate::classify::shapes::nvml_failure_start(line)
+        .or_else(|| crate::classify::shapes::driver_unreachable_start(line))
         .or_else(|| frame_start(line))
         .or_else(|| symbol_start(line))
         .or_else(|| crate::classify::shapes::module_loader_failure(line).map(|(at, _, _)| at))
@@ -346,6 +385,10 @@ fn tag_shape_ok(s: &str) -> bool {
         .unwrap_or(rest.len());
     let after = &rest[name_end..];
     if after.starts_with(": ") || after == ":" {
+        return true;
+    }
+    // The vGPU host module brackets its tag: `[nvidia-vgpu-vfio] <uuid>: text`.
+    if &rest[..name_end] == "-vgpu-vfio" && after.starts_with("] ") {
         return true;
     }
     // `nvidia-peermem nv_get_p2p_free_callback:127 ERROR ...`: an NVIDIA module (by name, so

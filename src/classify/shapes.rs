@@ -341,8 +341,15 @@ pub fn parse(msg: &str) -> Shape {
             return Shape::Aer(a);
         }
     }
+    if let Some(s) = daemon_version_mismatch(msg) {
+        return s;
+    }
     if msg.starts_with("nvidia") {
         return parse_nvidia_other(msg);
+    }
+    if msg.starts_with("nvgpu: ") {
+        // Tegra (Jetson) integrated GPU driver: NVIDIA's, with no NVRM or nvidia tag.
+        return module_line("nvgpu", msg);
     }
     if msg.starts_with("NVIDIA") {
         if let Some(s) = parse_xorg(msg) {
@@ -653,7 +660,9 @@ fn task_module(name: &str) -> Option<&'static str> {
 /// nvidia-smi and NVML error texts pasted into logs and reports.
 fn parse_tool(msg: &str) -> Option<Shape> {
     let t = msg.trim();
-    let (critical, pci) = if t.starts_with("NVIDIA-SMI has failed because it couldn") {
+    let (critical, pci) = if t.starts_with("NVIDIA-SMI has failed because it couldn")
+        || driver_unreachable_start(t) == Some(0)
+    {
         (true, None)
     } else if nvml_failure_start(t) == Some(0) {
         // `Failed to initialize NVML: ...`, `Failed to properly shut down NVML: ...`: a kernel
@@ -678,6 +687,16 @@ fn parse_tool(msg: &str) -> Option<Shape> {
             .and_then(|a| a.split(':').take(3).collect::<Vec<_>>().join(":").into())
             .and_then(|a: String| pci(a.trim_end_matches(':')));
         (true, addr)
+    } else if let Some(name) = nvml_exception(t) {
+        // A lost GPU is critical; a capability or permission answer is no fault at all.
+        if NVML_ANSWERS.contains(&name) {
+            return Some(Shape::Harmless);
+        }
+        (name == "GpuIsLost", None)
+    } else if is_smi_error_row(t) {
+        // A GPU row of the nvidia-smi table whose fields read `ERR!`: nvidia-smi could not read
+        // the GPU at all.
+        (false, None)
     } else if t.starts_with("No devices were found")
         || t.starts_with("Error: nvmlDevice")
         || t.starts_with("nvmlDevice")
@@ -693,6 +712,66 @@ fn parse_tool(msg: &str) -> Option<Shape> {
     })
 }
 
+/// Management tools (cluster charms, operators) that reword nvidia-smi's "couldn't communicate
+/// with the NVIDIA driver": the driver is not loaded or not answering.
+const DRIVER_UNREACHABLE: &str = "communicate with the NVIDIA driver";
+
+/// Where a "cannot communicate with the NVIDIA driver" sentence starts in `line`: at the failure
+/// words just before the phrase (`Unable to`, `Failed to`, `Could not`, `couldn't`).
+pub fn driver_unreachable_start(line: &str) -> Option<usize> {
+    let i = memchr::memmem::find(line.as_bytes(), DRIVER_UNREACHABLE.as_bytes())?;
+    let head = &line[..i];
+    [
+        "Unable to ",
+        "unable to ",
+        "Failed to ",
+        "failed to ",
+        "Could not ",
+        "could not ",
+    ]
+    .iter()
+    .find(|w| head.ends_with(*w))
+    .map(|w| i - w.len())
+}
+
+/// NVML's Python binding raising one of its errors: `pynvml.NVMLError_Unknown: Unknown Error`,
+/// `NVMLError_GpuIsLost: GPU is lost`. The error's name, when `t` is such a line.
+pub fn nvml_exception(t: &str) -> Option<&str> {
+    let rest = t.strip_prefix("pynvml.").unwrap_or(t);
+    let rest = rest.strip_prefix(NVML_EXCEPTION)?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(rest.len());
+    (end > 0 && rest[end..].starts_with(':')).then(|| &rest[..end])
+}
+
+/// The class prefix of NVML's Python exceptions.
+pub const NVML_EXCEPTION: &str = "NVMLError_";
+
+/// NVML errors that answer a question ("not supported here", "not allowed for this user", "no
+/// such object") rather than report a fault: tools ask and carry on.
+const NVML_ANSWERS: &[&str] = &[
+    "NotSupported",
+    "NoPermission",
+    "NotFound",
+    "FunctionNotFound",
+    "InvalidArgument",
+    "AlreadyInitialized",
+    "Uninitialized",
+    "InsufficientSize",
+];
+
+/// The nvidia-smi marker for a field it could not read, padded as the table prints it (a
+/// single-spaced `ERR!` is npm's, not nvidia-smi's).
+pub const SMI_ERR_FIELD: &str = "  ERR!  ";
+
+/// Whether `t` is a row of the nvidia-smi GPU table (`|   0  ERR!   Off  | 00000000:01:00.0 ...|`)
+/// with a field that reads `ERR!`.
+pub fn is_smi_error_row(t: &str) -> bool {
+    let t = t.trim();
+    t.len() > 2 && t.starts_with('|') && t.ends_with('|') && t.contains(SMI_ERR_FIELD)
+}
+
 const NVML_COLON: &str = " NVML: ";
 /// What nvidia-smi prints when its own NVML library is from another driver version.
 pub const NVML_MISMATCH: &str = "Mismatch in versions between nvidia-smi and NVML";
@@ -700,7 +779,15 @@ pub const NVML_MISMATCH: &str = "Mismatch in versions between nvidia-smi and NVM
 /// Where an NVML call failure as nvidia-smi words it starts in `line`: `Failed to <what> NVML:
 /// <reason>`, `<what>` being a few plain words (`initialize`, `properly shut down`).
 pub fn nvml_failure_start(line: &str) -> Option<usize> {
-    let colon = memchr::memmem::find(line.as_bytes(), NVML_COLON.as_bytes())?;
+    // Most tools add the reason (`Failed to initialize NVML: Unknown Error`); some print the bare
+    // failure (`Error: Failed to initialize NVML`), the reason being in another log.
+    let colon = memchr::memmem::find(line.as_bytes(), NVML_COLON.as_bytes()).or_else(|| {
+        let t = line
+            .trim_end()
+            .trim_end_matches(['.', '`', '"', '\''])
+            .trim_end();
+        t.ends_with(" NVML").then(|| t.len() - " NVML".len())
+    })?;
     let start = line[..colon].rfind("Failed to ")?;
     let what = &line[start + "Failed to ".len()..colon];
     (!what.is_empty()
@@ -716,6 +803,8 @@ const ERROR_WORDS: &[&str] = &[
     "fail",
     "timeout",
     "timed out",
+    // `_issueRpcAndWait: rpcRecvPoll timedout for fn 76`: the GSP RPC poll gave up.
+    "timedout",
     "fatal",
     "assert",
     "halted",
@@ -870,10 +959,23 @@ fn module_line(module: &'static str, msg: &str) -> Shape {
     }
     .trim_end();
     // The module's own ERROR level is an error whatever the words after it ("..., skipping").
+    // Tegra's nvgpu prints `17000000.gpu  function:line  [ERR]  text`: its [ERR] level is the
+    // signal, and its other levels are not errors whatever their words.
     let level_error = text
         .split_whitespace()
         .take(3)
-        .any(|w| w.trim_end_matches(':') == "ERROR");
+        .any(|w| w.trim_end_matches(':') == "ERROR" || w == "[ERR]");
+    if module == "nvgpu" {
+        return if level_error {
+            Shape::ModuleError {
+                module,
+                pci: None,
+                text: text.to_string(),
+            }
+        } else {
+            Shape::Harmless
+        };
+    }
     // A known-harmless notice stays quiet whatever its level: nvidia-peermem logs the free
     // callback of a context already torn down ("ERROR detected invalid context, skipping further
     // processing") at ERROR, and its maintainers call it harmless.
@@ -1629,10 +1731,15 @@ fn parse_nvidia_other(m: &str) -> Shape {
         }
         return Shape::Harmless;
     }
+    if let Some(s) = container_cli(m) {
+        return s;
+    }
     let name_end = m
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
         .unwrap_or(m.len());
     let module = match &m[..name_end] {
+        // The vGPU host module, whose tag is bracketed: `[nvidia-vgpu-vfio] <uuid>: text`.
+        "nvidia-vgpu-vfio" => "nvidia-vgpu-vfio",
         "nvidia-uvm" | "nvidia_uvm" => "nvidia-uvm",
         "nvidia-drm" | "nvidia_drm" => "nvidia-drm",
         "nvidia-nvlink" => "nvidia-nvlink",
@@ -1642,6 +1749,51 @@ fn parse_nvidia_other(m: &str) -> Shape {
         _ => return Shape::Harmless,
     };
     module_line(module, m)
+}
+
+/// The container toolkit's hook failing on NVML or the driver (`nvidia-container-cli:
+/// initialization error: nvml error: driver/library version mismatch`, `... detection error: nvml
+/// error: unknown error`): no container gets the GPU. Its other errors (cgroups, mounts, a missing
+/// binary) are the container setup's, not the GPU's, and stay quiet.
+fn container_cli(m: &str) -> Option<Shape> {
+    let rest = m.strip_prefix("nvidia-container-cli")?;
+    let (_, text) = rest.split_once(": ")?;
+    let text = text.trim_end();
+    let driver = text.contains("nvml error") || text.contains("driver error");
+    if !driver {
+        return Some(Shape::Harmless);
+    }
+    Some(Shape::ToolError {
+        pci: None,
+        critical: text.contains("version mismatch"),
+        text: text.to_string(),
+    })
+}
+
+/// An NVIDIA user-space daemon (`nv-fabricmanager[29850]: ...`) saying it does not match the
+/// kernel driver's version: like an API mismatch, nothing that needs both runs (without the
+/// fabric manager an NVSwitch system runs no CUDA job). Its other messages are left to the
+/// daemon's own logs.
+fn daemon_version_mismatch(msg: &str) -> Option<Shape> {
+    let (name, rest) = msg.split_once('[')?;
+    if !(name.starts_with("nv-") || name.starts_with("nvidia-"))
+        || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
+    {
+        return None;
+    }
+    let (pid, text) = rest.split_once("]: ")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    let mismatch = lower.contains("version")
+        && lower.contains("driver")
+        && (lower.contains("mismatch") || lower.contains("match with"));
+    mismatch.then(|| Shape::ModuleError {
+        module: "NVIDIA daemon",
+        pci: None,
+        text: text.trim_end().to_string(),
+    })
 }
 
 /// An address anywhere in a line (`(PCI:0000:01:00.0)`), for continuation lines that name it.

@@ -40,6 +40,14 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     // Kernel crash headers: the task and frames after them say whether the crash is NVIDIA's.
     "BUG:",
     "general protection fault",
+    // Tegra's (Jetson's) integrated GPU driver, whose lines carry no NVRM or nvidia tag.
+    "nvgpu: ",
+    // nvidia-smi's "couldn't communicate with the NVIDIA driver" as management tools reword it.
+    "communicate with the NVIDIA driver",
+    // A field nvidia-smi could not read, padded as its GPU table prints it.
+    "  ERR!  ",
+    // The fabric manager daemon (`nv-fabricmanager[pid]:`), which names no nvidia tag.
+    "fabricmanager",
 ];
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
