@@ -302,6 +302,16 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
+    /// The prefilter's speed rests on literals the SIMD search rarely matches by accident: at
+    /// least 4 bytes, not starting with a space (padding is everywhere in a kernel log).
+    #[test]
+    fn candidate_literals_are_cheap_to_search() {
+        for l in CANDIDATE_LITERALS {
+            assert!(l.len() >= 4, "{l:?} is shorter than 4 bytes");
+            assert!(!l.starts_with(char::is_whitespace), "{l:?} starts with a space");
+        }
+    }
+
     fn collect(input: &[u8]) -> (Vec<(u64, String)>, ScanStats) {
         let mut out = Vec::new();
         let st = scan_lines(input, &Prefilter::new(), |n, l| {
