@@ -308,7 +308,10 @@ mod tests {
     fn candidate_literals_are_cheap_to_search() {
         for l in CANDIDATE_LITERALS {
             assert!(l.len() >= 4, "{l:?} is shorter than 4 bytes");
-            assert!(!l.starts_with(char::is_whitespace), "{l:?} starts with a space");
+            assert!(
+                !l.starts_with(char::is_whitespace),
+                "{l:?} starts with a space"
+            );
         }
     }
 
