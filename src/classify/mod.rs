@@ -11,6 +11,7 @@ pub mod guidance;
 #[cfg(test)]
 mod harmless_tests;
 pub mod overrides;
+pub mod prefilter;
 pub mod prefix;
 pub mod shapes;
 pub mod signals;

@@ -120,7 +120,14 @@ fn is_digits(s: &str) -> bool {
 
 /// Byte offset where a message we understand starts, if any.
 pub fn message_start(line: &str) -> Option<usize> {
-    tag_start(line).or_else(|| other_start(line))
+    tag_start(line).or_else(|| {
+        // Every message `other_start` knows holds a candidate literal (`scan` sees no other
+        // line): one SIMD search rules out an ordinary line before a dozen anchor searches.
+        crate::classify::prefilter::Prefilter::shared()
+            .is_candidate(line.as_bytes())
+            .then(|| other_start(line))
+            .flatten()
+    })
 }
 
 /// The tag needles, built once: building a searcher per line cost more than the search.

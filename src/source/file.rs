@@ -9,48 +9,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
-use aho_corasick::{AhoCorasick, Input, MatchKind};
-
-/// Literals at least one of which every line we classify contains: the driver tags, and for the
-/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports, the X
-/// server NVIDIA driver's errors, the Xid events the Kubernetes device plugin logs and the API
-/// mismatch as NVIDIA's user-space components report it.
-pub const CANDIDATE_LITERALS: &[&str] = &[
-    "NVRM",
-    "SXid",
-    "nvidia",
-    "AER:",
-    "PCIe Bus Error",
-    "GSP task",
-    "NVIDIA-SMI",
-    "NVML",
-    "Unable to det",
-    "nvmlDevice",
-    "No devices were found",
-    "blocked for more than",
-    "state:D",
-    "Call Trace",
-    "Call trace",
-    "(EE)",
-    "XidCriticalError",
-    "API mismatch",
-    "API Mismatch",
-    // Mellanox's GPUDirect RDMA module, whose load failures name no NVIDIA tag.
-    "nv_peer_mem",
-    // Kernel crash headers: the task and frames after them say whether the crash is NVIDIA's.
-    "BUG:",
-    "general protection fault",
-    // Tegra's (Jetson's) integrated GPU driver, whose lines carry no NVRM or nvidia tag.
-    "nvgpu: ",
-    // nvidia-smi's "couldn't communicate with the NVIDIA driver" as management tools reword it.
-    "communicate with the NVIDIA driver",
-    // A field nvidia-smi could not read, padded as its GPU table prints it (npm's `ERR! ` has one
-    // space). Not with the leading spaces: a literal starting with two spaces matches the start of
-    // every padded timestamp and slowed the whole scan by a tenth.
-    "ERR!  ",
-    // The fabric manager daemon (`nv-fabricmanager[pid]:`), which names no nvidia tag.
-    "fabricmanager",
-];
+pub use crate::classify::prefilter::{Prefilter, CANDIDATE_LITERALS};
 
 /// Read size. Large enough that per-read overhead vanishes, small enough to stay cache-friendly.
 const CHUNK: usize = 1 << 20;
@@ -112,34 +71,6 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
         Ok(Box::new(flate2::read::MultiGzDecoder::new(r)))
     } else {
         Ok(Box::new(r))
-    }
-}
-
-/// The literal prefilter.
-pub struct Prefilter {
-    ac: AhoCorasick,
-}
-
-impl Default for Prefilter {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Prefilter {
-    pub fn new() -> Self {
-        // Leftmost-first lets the searcher use its SIMD (Teddy) path; which literal matched does
-        // not matter, only where.
-        let ac = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(CANDIDATE_LITERALS)
-            .expect("built-in literals");
-        Prefilter { ac }
-    }
-
-    /// Whether a line (or any buffer) holds a candidate literal.
-    pub fn is_candidate(&self, hay: &[u8]) -> bool {
-        self.ac.is_match(hay)
     }
 }
 
@@ -264,12 +195,11 @@ fn scan_region(
     let mut counted: u64 = 0;
     let mut pos = 0;
     while pos < region.len() {
-        let Some(m) = pre.ac.find(Input::new(region).span(pos..region.len())) else {
+        let Some(m_start) = pre.find_from(region, pos) else {
             break;
         };
-        let ls = memchr::memrchr(b'\n', &region[pos..m.start()]).map_or(pos, |i| pos + i + 1);
-        let le =
-            memchr::memchr(b'\n', &region[m.start()..]).map_or(region.len(), |i| m.start() + i);
+        let ls = memchr::memrchr(b'\n', &region[pos..m_start]).map_or(pos, |i| pos + i + 1);
+        let le = memchr::memchr(b'\n', &region[m_start..]).map_or(region.len(), |i| m_start + i);
         counted += bytecount::count(&region[pos..ls], b'\n') as u64;
         st.candidates += 1;
         let line = base_line + counted + 1;
