@@ -51,7 +51,7 @@ pub struct ScanStats {
 /// cannot be opened or read a second time (a second open of a FIFO waits for a writer that has
 /// already gone), and a memory map of a file that someone truncates meanwhile kills the process
 /// with SIGBUS, where a read just ends early. Reads go straight into the scanner's buffer in
-/// 1 MiB pieces; the gzip sniff is the only buffered read.
+/// 256 KiB pieces; the gzip sniff is the only buffered read.
 pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     let raw: Box<dyn Read> = if path == Path::new("-") {
         Box::new(io::stdin().lock())
