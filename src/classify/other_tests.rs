@@ -357,3 +357,26 @@ fn a_kernel_crash_in_an_nvidia_task_or_module_is_one_finding_and_others_stay_sil
     ]);
     assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
 }
+
+#[test]
+fn a_kernel_warning_from_nvidia_source_is_a_trace_in_any_header_form() {
+    for (line, module) in [
+        // NVIDIA/open-gpu-kernel-modules (g corpus): the classic header, module in brackets.
+        ("[ 2596.378589] WARNING: CPU: 87 PID: 4035 at /build/source/kernel-open/nvidia-drm/nvidia-drm-crtc.h:335 __nv_drm_handle_flip_event+0x14c/0x228 [nvidia_drm]", "nvidia_drm"),
+        // Debian's NVIDIA packaging list: the packager's shortened copy, no module in brackets.
+        ("WARNING at nvidia-drm/nvidia-drm-drv.c:1221 nv_drm_revoke_modeset_permission+0x327/0x340", "nvidia_drm"),
+        // Newer kernels put the source first and the CPU last.
+        ("[ 12.5] WARNING: kernel-open/nvidia-uvm/uvm_va_block.c:4242 at uvm_va_block_make_resident+0x1a2/0x5e0, CPU#3: python3/4242", "nvidia_uvm"),
+    ] {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert!(f[0].title.contains(module), "{line}: {}", f[0].title);
+    }
+    // Someone else's warning, and another program's "WARNING:" sentence about NVIDIA: silent.
+    for line in [
+        "[ 3.1] WARNING: CPU: 0 PID: 1 at drivers/gpu/drm/i915/display/intel_display.c:123 intel_modeset_init+0x2c/0x40 [i915]",
+        "WARNING: nvidia-installer was forced to guess the X library path '/usr/lib' and X module path '/usr/lib/xorg/modules'",
+    ] {
+        assert!(loud(line).is_empty(), "{line}");
+    }
+}

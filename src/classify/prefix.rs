@@ -211,6 +211,7 @@ fn other_start(line: &str) -> Option<usize> {
         "general protection fault",
         "kernel BUG at ",
         "WARNING: CPU: ",
+        "WARNING",
         " Comm: ",
         "Bad or missing usercopy",
         "PM: ",
@@ -242,6 +243,7 @@ fn other_start(line: &str) -> Option<usize> {
             // A crash header starts a message wherever it is (`watchdog: BUG: soft lockup`);
             // whose crash it is, the lines after it say.
             "BUG: " | "general protection fault" | "kernel BUG at " | "WARNING: CPU: " => true,
+            "WARNING" => crate::classify::shapes::warning_at_source(rest),
             // `CPU: 5 PID: 9577 Comm: nvidia-smi ...`: the message starts at `CPU: `.
             " Comm: " => {
                 if let Some(c) = line[..i].rfind("CPU: ") {

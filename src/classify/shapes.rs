@@ -561,7 +561,7 @@ fn parse_trace(msg: &str) -> Option<Shape> {
         return Some(Shape::TraceStart {
             task: None,
             hung: false,
-            module: frame_module(h),
+            module: frame_module(h).or_else(|| source_module(h)),
             text: h.trim_end().to_string(),
         });
     }
@@ -619,7 +619,33 @@ pub const CRASH_HEADERS: &[&str] = &[
 fn crash_header(t: &str) -> Option<&str> {
     let t = t.strip_prefix("watchdog: ").unwrap_or(t);
     let t = t.strip_prefix("NMI watchdog: ").unwrap_or(t);
-    CRASH_HEADERS.iter().any(|h| t.starts_with(h)).then_some(t)
+    (CRASH_HEADERS.iter().any(|h| t.starts_with(h)) || warning_at_source(t)).then_some(t)
+}
+
+/// A kernel warning that names its source line without `CPU:` first: newer kernels print
+/// `WARNING: drivers/x/y.c:123 at func+0x1/0x2, CPU#3: comm/42`, and people shorten it to
+/// `WARNING at nvidia-drm/nvidia-drm-drv.c:1221 func+0x327/0x340`. The source path must end in
+/// `:LINE`, which keeps other programs' "WARNING: ..." sentences out.
+pub fn warning_at_source(t: &str) -> bool {
+    let rest = t
+        .strip_prefix("WARNING: ")
+        .or_else(|| t.strip_prefix("WARNING at "));
+    let Some(path) = rest.and_then(|r| r.split_whitespace().next()) else {
+        return false;
+    };
+    path.contains('/')
+        && path
+            .rsplit_once(':')
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The NVIDIA module a kernel warning's source path is in (`.../nvidia-drm/nvidia-drm-drv.c:1221`
+/// is nvidia_drm), when the line names no module in brackets.
+pub fn source_module(h: &str) -> Option<&'static str> {
+    h.split_whitespace()
+        .filter(|w| w.contains('/'))
+        .flat_map(|w| w.split('/'))
+        .find_map(task_module)
 }
 
 /// The task named by a crash dump's `CPU: N PID: N Comm: NAME ...` line (`UID: N` may come
