@@ -10,6 +10,8 @@ pub mod catalog;
 pub mod guidance;
 #[cfg(test)]
 mod harmless_tests;
+#[cfg(test)]
+mod infra_tests;
 pub mod overrides;
 pub mod prefilter;
 pub mod prefix;

@@ -867,7 +867,6 @@ const HARMLESS: &[&str] = &[
     "loading NVIDIA UNIX",
     "Persistence mode",
     "nvidia-persistenced",
-    "GPU at PCI:", // identity lines without a UUID we could parse
     "RmInitAdapter succeeded",
     "ACPI",
     "failed to open /proc/driver/nvidia/params", // user tools probing before load
@@ -926,7 +925,17 @@ fn in_member_path(lower: &[u8], i: usize) -> bool {
 }
 
 fn is_harmless(text: &str) -> bool {
-    HARMLESS.iter().any(|h| text.contains(h))
+    HARMLESS.iter().any(|h| text.contains(h)) || is_identity_line(text)
+}
+
+/// `NVRM: GPU at PCI:0000:9b:00: GPU-...` identity lines, also those without a UUID we could
+/// parse. Only as the start of the message: the same words inside a sentence name the GPU an
+/// error is about (`Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00 ... The GPU
+/// likely needs to be reset.`).
+fn is_identity_line(text: &str) -> bool {
+    let t = text.trim_start();
+    let t = t.strip_prefix("NVRM:").map_or(t, str::trim_start);
+    t.starts_with("GPU at PCI:")
 }
 
 /// Whether an `NVRM: ` message body carries on the sentence of the line before it: the driver
