@@ -1131,8 +1131,9 @@ fn a_huge_line_in_a_kmsg_file_is_cut_and_costs_bounded_memory() {
 #[test]
 fn failing_state_writes_are_logged_once_and_leave_no_litter() {
     // position.json is a directory: every save of the position fails at the rename, the way a
-    // full disk fails it at the write; the daemon goes on watching.
-    let s = Setup::new("");
+    // full disk fails it at the write; the daemon goes on watching. Pages go out at once (no
+    // settle delay): the test is about the saves, and 20 settle delays would be 40 s of waiting.
+    let s = Setup::new("[incidents]\nsettle_ms = 0\n");
     let state = s.dir.path().join("state");
     std::fs::create_dir_all(state.join("position.json")).unwrap();
     let d = s.start();
@@ -1142,6 +1143,9 @@ fn failing_state_writes_are_logged_once_and_leave_no_litter() {
         d.wait_for("the incident", |l| {
             l.iter().filter(|i| i["phase"] == "opened").count() as u64 == i + 1
         });
+        // Pacing, not waiting: checkpoints are at least 100 ms apart, so each incident gets a
+        // save of its own (and a failure of its own) before the next arrives.
+        std::thread::sleep(Duration::from_millis(150));
     }
     let (code, _, err) = d.stop();
     assert_eq!(code, Some(0), "{err}");
