@@ -2,37 +2,15 @@
 //! vendor pages showed read badly: each feeds saved-log lines through the prefix split and the
 //! classifier, as `scan` does, and checks what comes out.
 
-use super::{prefix, Classifier, LineOrigin};
+use super::testing;
 use crate::model::{Finding, FindingKind, Severity};
 
-/// Classifies `lines` as one saved log (line numbers from 1).
 fn scan(lines: &[&str]) -> Vec<Finding> {
-    let mut c = Classifier::new();
-    let mut out = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
-        let Some(split) = prefix::split(l) else {
-            continue;
-        };
-        let at = LineOrigin {
-            line: i as u64 + 1,
-            seq: split.prefix.seq,
-            ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text.clone(),
-        };
-        for m in &split.messages {
-            c.push(m, &at, &mut out);
-        }
-    }
-    c.flush(&mut out);
-    out
+    testing::read(lines, false)
 }
 
-/// The loud findings (warning or above) of one line read alone.
 fn loud(line: &str) -> Vec<Finding> {
-    scan(&[line])
-        .into_iter()
-        .filter(|f| f.severity >= Severity::Warning)
-        .collect()
+    testing::loud_line(line, false)
 }
 
 #[test]

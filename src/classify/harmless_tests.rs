@@ -3,29 +3,13 @@
 //! corpus names them).
 
 use super::shapes::{self, Shape};
-use super::{prefix, Classifier, LineOrigin};
+use super::testing;
+use super::{Classifier, LineOrigin};
 use crate::model::{Finding, FindingKind, Severity};
 
 /// Runs saved-log lines through the classifier as `scan` does (numbered lines, prefix split).
 fn classify(text: &str) -> Vec<Finding> {
-    let mut c = Classifier::new();
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let Some(split) = prefix::split(line) else {
-            continue;
-        };
-        let at = LineOrigin {
-            line: i as u64 + 1,
-            seq: split.prefix.seq,
-            ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text.clone(),
-        };
-        for m in &split.messages {
-            c.push(m, &at, &mut out);
-        }
-    }
-    c.flush(&mut out);
-    out
+    testing::read(&text.lines().collect::<Vec<_>>(), false)
 }
 
 fn loud(f: &[Finding]) -> Vec<&Finding> {

@@ -3,43 +3,11 @@
 //! agents keep showed read badly: each feeds saved-log lines through the literal prefilter and
 //! the prefix split, as `scan` does, with the harmless neighbours that must stay quiet.
 
-use super::{prefix, Classifier, LineOrigin};
-use crate::classify::prefilter::Prefilter;
-use crate::model::{Finding, Severity};
+use super::testing;
+use crate::model::Finding;
 
-/// Classifies `lines` as one saved log (line numbers from 1), through the literal prefilter as
-/// `scan` does: a class the prefilter drops is a class never read.
-fn scan(lines: &[&str]) -> Vec<Finding> {
-    let pre = Prefilter::new();
-    let mut c = Classifier::new();
-    let mut out = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
-        if !pre.is_candidate(l.as_bytes()) {
-            continue;
-        }
-        let Some(split) = prefix::split(l) else {
-            continue;
-        };
-        let at = LineOrigin {
-            line: i as u64 + 1,
-            seq: split.prefix.seq,
-            ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text.clone(),
-        };
-        for m in &split.messages {
-            c.push(m, &at, &mut out);
-        }
-    }
-    c.flush(&mut out);
-    out
-}
-
-/// The loud findings (warning or above) of one line read alone.
 fn loud(line: &str) -> Vec<Finding> {
-    scan(&[line])
-        .into_iter()
-        .filter(|f| f.severity >= Severity::Warning)
-        .collect()
+    testing::loud_line(line, true)
 }
 
 #[test]

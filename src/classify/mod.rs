@@ -25,6 +25,8 @@ mod forum_tests;
 mod ml_tests;
 #[cfg(test)]
 mod other_tests;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::collections::{HashMap, HashSet};
 

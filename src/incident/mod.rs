@@ -1547,25 +1547,7 @@ mod tests {
 
     /// Classifies a log as `scan` does and returns its findings.
     fn classify(log: &str) -> Vec<Finding> {
-        use crate::classify::{prefix, Classifier, LineOrigin};
-        let mut c = Classifier::new();
-        let mut out = Vec::new();
-        for (i, line) in log.lines().enumerate() {
-            let Some(split) = prefix::split(line) else {
-                continue;
-            };
-            let at = LineOrigin {
-                line: i as u64 + 1,
-                seq: split.prefix.seq,
-                ts_usec: split.prefix.ts_usec,
-                timestamp: split.prefix.text.clone(),
-            };
-            for m in &split.messages {
-                c.push(m, &at, &mut out);
-            }
-        }
-        c.flush(&mut out);
-        out
+        crate::classify::testing::read(&log.lines().collect::<Vec<_>>(), false)
     }
 
     #[test]
