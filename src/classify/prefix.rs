@@ -207,11 +207,6 @@ fn other_start(line: &str) -> Option<usize> {
         "Call Trace:",
         "Call trace:",
         "RIP: ",
-        "BUG: ",
-        "general protection fault",
-        "kernel BUG at ",
-        "WARNING: CPU: ",
-        "WARNING",
         " Comm: ",
         "Bad or missing usercopy",
         "PM: ",
@@ -240,10 +235,6 @@ fn other_start(line: &str) -> Option<usize> {
             "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
             "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
             "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
-            // A crash header starts a message wherever it is (`watchdog: BUG: soft lockup`);
-            // whose crash it is, the lines after it say.
-            "BUG: " | "general protection fault" | "kernel BUG at " | "WARNING: CPU: " => true,
-            "WARNING" => crate::classify::shapes::warning_at_source(rest),
             // `CPU: 5 PID: 9577 Comm: nvidia-smi ...`: the message starts at `CPU: `.
             " Comm: " => {
                 if let Some(c) = line[..i].rfind("CPU: ") {
@@ -294,7 +285,10 @@ fn other_start(line: &str) -> Option<usize> {
             return Some(i);
         }
     }
-    crate::classify::shapes::nvml_failure_start(line)
+    // A crash header starts a message wherever it is (`watchdog: BUG: soft lockup`); whose crash
+    // it is, the lines after it say.
+    crate::classify::shapes::crash_start(line)
+        .or_else(|| crate::classify::shapes::nvml_failure_start(line))
         .or_else(|| crate::classify::shapes::driver_unreachable_start(line))
         .or_else(|| frame_start(line))
         .or_else(|| symbol_start(line))

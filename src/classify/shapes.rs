@@ -615,6 +615,18 @@ pub const CRASH_HEADERS: &[&str] = &[
     "WARNING: CPU: ",
 ];
 
+/// Where a kernel crash or warning header starts in `line`, if it holds one.
+pub fn crash_start(line: &str) -> Option<usize> {
+    CRASH_HEADERS
+        .iter()
+        .filter_map(|h| line.find(h))
+        .min()
+        .or_else(|| {
+            line.find("WARNING")
+                .filter(|&i| warning_at_source(&line[i..]))
+        })
+}
+
 /// The crash header `t` starts with, from the header on (`watchdog: BUG: soft lockup` included).
 fn crash_header(t: &str) -> Option<&str> {
     let t = t.strip_prefix("watchdog: ").unwrap_or(t);
