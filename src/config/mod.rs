@@ -331,6 +331,16 @@ impl Config {
             path: shown.clone(),
             message: describe_toml_error(text, &e),
         })?;
+        if let Ok(tree) = toml::from_str::<toml::Table>(text) {
+            if let Some(key) = key_with_nul(&tree, "") {
+                return Err(ConfigError::Invalid {
+                    path: shown,
+                    message: format!(
+                        "{key}: holds a NUL character, which no path, name or value may hold"
+                    ),
+                });
+            }
+        }
         Config::from_raw(raw, path)
     }
 
@@ -500,6 +510,34 @@ fn elide_quoted(msg: &str) -> String {
 
 /// `$STATE_DIRECTORY` under systemd; `/var/lib/xidwatch` as root; the user's state directory
 /// otherwise, so a non-root run never needs root to keep its position.
+/// The first key (dotted, with list indices) whose string value holds a NUL: the system calls
+/// that take paths and names would stop there, so a value that passes `check` would mean
+/// something else at run time.
+fn key_with_nul(table: &toml::Table, prefix: &str) -> Option<String> {
+    fn walk(v: &toml::Value, at: String) -> Option<String> {
+        match v {
+            toml::Value::String(s) if s.contains('\0') => Some(at),
+            toml::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| walk(item, format!("{at}[{i}]"))),
+            toml::Value::Table(t) => key_with_nul(t, &at),
+            _ => None,
+        }
+    }
+    table.iter().find_map(|(k, v)| {
+        let at = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if k.contains('\0') {
+            return Some(at);
+        }
+        walk(v, at)
+    })
+}
+
 pub fn default_state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("STATE_DIRECTORY") {
         // systemd may pass several, colon-separated; the first is ours.
@@ -522,6 +560,27 @@ pub fn default_state_dir() -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// A NUL anywhere is refused by `check`, naming the key, instead of failing at run time.
+    #[test]
+    fn a_nul_in_any_string_is_refused_naming_its_key() {
+        for (text, key) in [
+            (
+                "[runbooks]\nsearch_path = [\"/usr/bin\\u0000/tmp\"]\n",
+                "runbooks.search_path[0]",
+            ),
+            ("[kmsg]\npath = \"/dev/kmsg\\u0000x\"\n", "kmsg.path"),
+            (
+                "[runbooks]\ndirs = [\"/a\", \"/b\\u0000\"]\n",
+                "runbooks.dirs[1]",
+            ),
+        ] {
+            let e = super::Config::from_toml(text, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("NUL"), "{text}: {e}");
+        }
+    }
+
     /// A refused config names file, line and key for the page, never the value, for a parse
     /// error and for a value that parses but does not validate (a secret URL among them).
     #[test]

@@ -163,7 +163,7 @@ mod tests {
         assert_eq!(n, crate::runbook::Catalog::default().patterns().count() + 1);
         for bad in [
             "allow = [\"ibstat\"]",
-            "allow = [[\"bash\", \"-c\", \"x\"]]",
+            "allow = [[\"cat\", \"/etc/shadow\"]]",
             "allowed_programs = [\"lsmod\"]",
             "search_path = [\".\"]",
             "search_path = [\"relbin\"]",

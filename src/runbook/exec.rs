@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 
 use crate::model::{Evidence, PciAddress, StepResult, StepStatus};
 
+use super::confine::{Confinement, Support};
 use super::excerpt;
 use super::excerpt::KmsgSpec;
 use super::interpret;
@@ -431,11 +432,24 @@ async fn run_program(
         Ok(r) => r,
         Err(e) => return failed(e),
     };
+    let needs = pattern.map(Pattern::needs).unwrap_or_default();
+    let mut program_dirs = search_path.to_vec();
+    program_dirs.push(prog.real_dir.clone());
+    let confine = match Confinement::prepare(needs, &program_dirs, Support::probe()) {
+        Ok(c) => c,
+        Err(e) => return failed(format!("not run: {e}")),
+    };
+    // SAFETY: plain syscall.
+    let uid = run_as
+        .as_ref()
+        .map_or_else(|| unsafe { libc::getuid() }, |u| u.uid);
     let sb = Sandbox {
         run_as,
         kernel_log,
         program_fd: std::os::fd::AsRawFd::as_raw_fd(&prog.fd),
         cpu_secs: timeout.as_secs().saturating_add(2),
+        max_processes: sandbox::process_limit(uid),
+        confine,
     };
 
     let mut cmd = Command::new(prog.exec_path());
@@ -444,7 +458,6 @@ async fn run_program(
         .env_clear()
         .env("PATH", CHILD_PATH)
         .env("LC_ALL", "C")
-        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -9,12 +9,15 @@
 //! - `template`: placeholders, filled only from checked values (pure).
 //! - `exec`: running steps: argv only, matched again as filled in, cleared environment, own
 //!   process group killed whole on timeout, bounded output, secrets cut out (`redact`).
-//! - `sandbox`: what the kernel enforces on every program: the checked file is what runs, as an
+//! - `sandbox`: the checked file is what runs (from a directory only root can change), as an
 //!   unprivileged user, with no new privileges, no capabilities and resource limits.
+//! - `confine`: the kernel's confinement around every step (Landlock and seccomp): whatever the
+//!   step is, it cannot write, connect, signal outside itself or read secrets.
 //! - `excerpt`, `sysfs`, `interpret`: the kernel log excerpt and notes on what output means.
 //! - `render`: text for `runbook list`, `runbook show`, `runbook run` and `check`.
 
 mod config;
+pub mod confine;
 mod excerpt;
 mod exec;
 mod format;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use crate::model::PciAddress;
 
+use super::confine::{Needs, Support};
 use super::subject::GpuUuid;
 use super::template::{Placeholder, SlotPart, Template};
 
@@ -93,9 +94,12 @@ pub const NEVER_IN_PATH: &[&str] = &[
     "fdinfo", "map_files", "root", "cwd", "exe", "sysrq-trigger", ".", "..",
 ];
 
-/// Programs no pattern may name: shells, interpreters and launchers (they run anything), what
-/// prints process environments (`ps e`), and what changes power state, modules, processes or
-/// files. The rest of the never-list is in [`Pattern::parse`].
+/// Programs the shipped catalog never names: shells, interpreters and launchers (they run
+/// anything), what prints process environments (`ps e`), and what changes power state, modules,
+/// processes or files. A guard on the project's own catalog, checked by a test; an operator's
+/// `allow` entry is not held to it, because a list of bad programs never ends (`python3.11`,
+/// `rbash`, launchers): what makes such an entry harmless is the kernel's confinement
+/// ([`super::confine`]), which every step runs under.
 #[rustfmt::skip]
 pub const NEVER_PROGRAMS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "ksh", "csh", "tcsh", "fish", "ash", "busybox", "toybox", "env",
@@ -354,14 +358,20 @@ impl fmt::Display for Tok {
 pub struct Pattern {
     toks: Vec<Tok>,
     kernel_log: bool,
+    shipped: bool,
 }
 
 impl Pattern {
-    /// Parses a pattern and enforces the never-list: the program is a literal plain name not in
-    /// [`NEVER_PROGRAMS`]; slots only fill a whole token or an option's value; literal tokens are
-    /// printable ASCII without spaces and never mention `environ`; a literal path (any token, or
-    /// option value, with a `/`, and `.` or `..`) is absolute and lies under [`READ_ROOTS`]. `kernel_log` keeps CAP_SYSLOG for the step (shipped patterns only).
-    pub fn parse(tokens: &[String], kernel_log: bool) -> Result<Pattern, String> {
+    /// Parses an operator's pattern (`[runbooks] allow`): the program is a literal plain name;
+    /// slots only fill a whole token or an option's value; literal tokens are printable ASCII
+    /// without spaces and never mention `environ`; a literal path (any token, or option value,
+    /// with a `/`, and `.` or `..`) is absolute and lies under [`READ_ROOTS`]. It runs with no
+    /// capability and none of the shipped patterns' extra access ([`Pattern::needs`]).
+    pub fn parse(tokens: &[String]) -> Result<Pattern, String> {
+        Pattern::parse_as(tokens, false, false)
+    }
+
+    fn parse_as(tokens: &[String], kernel_log: bool, shipped: bool) -> Result<Pattern, String> {
         let Some(program) = tokens.first() else {
             return Err("a pattern needs at least the program".into());
         };
@@ -372,11 +382,6 @@ impl Pattern {
         if program.is_empty() || program.starts_with(['-', '.']) || !program.chars().all(plain) {
             return Err(format!(
                 "{program:?}: the program must be a plain name, found in the system directories"
-            ));
-        }
-        if NEVER_PROGRAMS.contains(&program.as_str()) {
-            return Err(format!(
-                "{program}: no pattern may run a shell, interpreter, launcher, `ps`, or a program that changes power, modules, processes or files"
             ));
         }
         let mut toks = vec![Tok::Lit(program.clone())];
@@ -398,12 +403,16 @@ impl Pattern {
             }
             toks.push(tok);
         }
-        Ok(Pattern { toks, kernel_log })
+        Ok(Pattern {
+            toks,
+            kernel_log,
+            shipped,
+        })
     }
 
     fn parse_line(line: &str, kernel_log: bool) -> Pattern {
         let words: Vec<String> = line.split(' ').map(str::to_string).collect();
-        match Pattern::parse(&words, kernel_log) {
+        match Pattern::parse_as(&words, kernel_log, true) {
             Ok(p) => p,
             // The shipped lines are constants, checked by a test.
             Err(e) => panic!("shipped pattern {line:?}: {e}"),
@@ -421,6 +430,26 @@ impl Pattern {
     /// Whether the step keeps CAP_SYSLOG to read the kernel log.
     pub fn kernel_log(&self) -> bool {
         self.kernel_log
+    }
+
+    /// Whether the pattern is the project's own rather than an operator's.
+    pub fn shipped(&self) -> bool {
+        self.shipped
+    }
+
+    /// What the step may do beyond reading files, inside its confinement: decided by the
+    /// shipped catalog per program; an operator's entry gets nothing more.
+    pub fn needs(&self) -> Needs {
+        if !self.shipped {
+            return Needs::default();
+        }
+        let program = self.program();
+        Needs {
+            gpu_devices: program == "nvidia-smi",
+            kernel_log: self.kernel_log,
+            system_bus: program == "systemctl",
+            netlink: program == "ip",
+        }
     }
 
     /// Whether an argv as it will run (placeholders filled) is exactly this pattern.
@@ -480,13 +509,29 @@ impl Default for Catalog {
 }
 
 impl Catalog {
-    /// The shipped catalog plus `extra` patterns (`[runbooks] allow`), each checked against the
-    /// never-list; an error names the pattern.
+    /// The shipped catalog plus `extra` patterns (`[runbooks] allow`), each checked as
+    /// [`Pattern::parse`] says; an error names the pattern. Additions need Landlock on this
+    /// kernel: without it nothing would hold an unknown program to reading.
     pub fn with_additions(extra: &[Vec<String>]) -> Result<Catalog, String> {
+        Catalog::with_additions_under(extra, Support::probe())
+    }
+
+    /// [`Catalog::with_additions`] on a kernel that offers `support`.
+    pub fn with_additions_under(
+        extra: &[Vec<String>],
+        support: Support,
+    ) -> Result<Catalog, String> {
         let mut c = Catalog::default();
+        if !extra.is_empty() && !support.allows_operator_programs() {
+            return Err(format!(
+                "[runbooks] allow: {} entr{} refused: this kernel offers no Landlock ({support}), and only Landlock keeps a program the catalog does not know from writing, connecting or signalling",
+                extra.len(),
+                if extra.len() == 1 { "y" } else { "ies" }
+            ));
+        }
         for (i, p) in extra.iter().enumerate() {
-            let pattern = Pattern::parse(p, false)
-                .map_err(|e| format!("[runbooks] allow[{i}] = {p:?}: {e}"))?;
+            let pattern =
+                Pattern::parse(p).map_err(|e| format!("[runbooks] allow[{i}] = {p:?}: {e}"))?;
             c.patterns.push(Arc::new(pattern));
         }
         Ok(c)
@@ -630,27 +675,64 @@ mod tests {
 
     #[test]
     fn a_match_is_exact() {
-        let p = Pattern::parse(&argv("nvidia-smi -q -d {sections} -i {gpu}"), false).unwrap();
+        let p = Pattern::parse(&argv("nvidia-smi -q -d {sections} -i {gpu}")).unwrap();
         assert!(p.matches(&argv("nvidia-smi -q -d ECC -i 0000:17:00.0")));
         assert!(!p.matches(&argv("nvidia-smi -q -d ECC -i --reset")));
         assert!(!p.matches(&argv("nvidia-smi -q -d ECC -i 0 -r")));
     }
 
     #[test]
-    fn the_never_list_holds_for_additions() {
+    fn additions_keep_the_argument_rules_and_gain_no_access() {
+        let landlock = Support {
+            landlock_abi: Some(7),
+            seccomp: true,
+        };
+        let add = |p: &str| Catalog::with_additions_under(&[argv(p)], landlock);
         for bad in [
-            "sh -c x",
             "/usr/bin/lspci",
             "{pci}",
             "nvidia-smi -{int:1-9}",
             "cat /proc/1/environ",
             "grep -r x /proc",
-            "ps eww",
             "lspci -s {nope}",
             "ls {pci}x",
         ] {
-            assert!(Catalog::with_additions(&[argv(bad)]).is_err(), "{bad}");
+            assert!(add(bad).is_err(), "{bad}");
         }
-        assert!(Catalog::with_additions(&[argv("ibstat")]).is_ok());
+        // No program list: a shell or an interpreter is harmless inside the confinement, and an
+        // operator's nvidia-smi gets no device access that the shipped one has.
+        for p in ["ibstat", "sh -c x", "python3.11", "nvidia-smi -r"] {
+            let c = add(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+            let mine = c.patterns().last().unwrap();
+            assert!(!mine.shipped());
+            assert_eq!(mine.needs(), Needs::default(), "{p}");
+        }
+        let shipped = Catalog::default();
+        let smi = shipped
+            .patterns()
+            .find(|p| p.program() == "nvidia-smi")
+            .unwrap();
+        assert!(smi.needs().gpu_devices && !smi.needs().system_bus);
+    }
+
+    #[test]
+    fn without_landlock_additions_are_refused() {
+        let bare = Support {
+            landlock_abi: None,
+            seccomp: true,
+        };
+        let e = Catalog::with_additions_under(&[argv("ibstat")], bare).unwrap_err();
+        assert!(
+            e.contains("[runbooks] allow") && e.contains("Landlock"),
+            "{e}"
+        );
+        assert!(Catalog::with_additions_under(&[], bare).is_ok());
+    }
+
+    #[test]
+    fn the_shipped_catalog_names_no_shell_interpreter_or_state_changer() {
+        for p in Catalog::default().patterns() {
+            assert!(!NEVER_PROGRAMS.contains(&p.program()), "{p}");
+        }
     }
 }

@@ -4,10 +4,16 @@
 //!   running xidwatch) can change and whose real name is the program's; it is opened and run
 //!   through that descriptor (`/proc/self/fd/N`), so a symlink or a swapped file cannot change
 //!   what runs between the check and the exec.
+//!   Its directory and every directory above it must be writable only by root (or this user; a
+//!   sticky world-writable parent such as `/tmp` protects the entries in it), and a program with
+//!   more than one hard link runs only if it is a known multi-call binary, since a hard link
+//!   carries another program's identity under a catalog name.
 //! - The child runs as an unprivileged user when xidwatch is root (the service user `xidwatch`,
 //!   else `nobody`), with `PR_SET_NO_NEW_PRIVS`, no capability except CAP_SYSLOG for patterns
 //!   that read the kernel log, and resource limits: no core files, no file of any size written
-//!   (`RLIMIT_FSIZE = 0`), bounded CPU time and descriptors.
+//!   (`RLIMIT_FSIZE = 0`), bounded CPU time, descriptors, processes and address space. The
+//!   limits are set with `prlimit64`, which the shipped unit's system call filter allows.
+//! - Then the kernel's confinement ([`super::confine`]) closes around it.
 //!
 //! The work inside the forked child ([`Sandbox::apply`]) uses only async-signal-safe system calls
 //! on values prepared before the fork.
@@ -23,6 +29,15 @@ use std::sync::OnceLock;
 /// (through argv[0], which is always set to the program's name).
 const ALIASES: &[(&str, &str)] = &[("lsmod", "kmod"), ("modinfo", "kmod")];
 
+/// Programs that are one file under many names by design; a hard link to one of them is not a
+/// disguise.
+const MULTI_CALL: &[&str] = &["kmod", "busybox", "toybox", "coreutils"];
+
+/// Address space a step may map: far more than any read-only check uses.
+const MAX_ADDRESS_SPACE: u64 = 4 << 30;
+/// Processes a step may start, beyond those its user already has.
+const MAX_NEW_PROCESSES: u64 = 64;
+
 const CAP_SYSLOG: u32 = 34;
 const CAP_LAST: u32 = 63;
 
@@ -32,6 +47,8 @@ pub struct Program {
     pub fd: OwnedFd,
     /// Where it was found, for messages.
     pub path: PathBuf,
+    /// The directory of the file itself, behind any symlink: the step may execute from there.
+    pub real_dir: PathBuf,
 }
 
 impl Program {
@@ -61,7 +78,12 @@ pub fn resolve(program: &str, dirs: &[PathBuf]) -> Result<Program, NotRun> {
         if std::fs::symlink_metadata(&path).is_err() {
             continue;
         }
-        return open_checked(program, &path).map(|fd| Program { fd, path });
+        let real_dir = std::fs::canonicalize(dir).map_err(|e| {
+            NotRun::Refused(format!("refused: search directory {}: {e}", dir.display()))
+        })?;
+        check_dir_chain(&real_dir)?;
+        let (fd, real_dir) = open_checked(program, &path)?;
+        return Ok(Program { fd, path, real_dir });
     }
     let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     Err(NotRun::Missing(format!(
@@ -70,9 +92,49 @@ pub fn resolve(program: &str, dirs: &[PathBuf]) -> Result<Program, NotRun> {
     )))
 }
 
-fn open_checked(program: &str, path: &Path) -> Result<OwnedFd, NotRun> {
+/// Whether someone other than root or this user could change what `meta` holds: its owner, a
+/// group other than root's or ours with write access, or anyone with write access.
+fn others_can_write(meta: &std::fs::Metadata) -> bool {
+    // SAFETY: plain syscalls.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let group_writable = meta.mode() & 0o020 != 0 && meta.gid() != 0 && meta.gid() != egid;
+    meta.mode() & 0o002 != 0 || group_writable || (meta.uid() != 0 && meta.uid() != euid)
+}
+
+/// A search directory and every directory above it must be writable only by root or this user:
+/// whoever can write to one can rename another program onto a catalog name. A sticky parent
+/// (`/tmp`) keeps others from replacing entries they do not own, so it may be world-writable;
+/// the search directory itself may not.
+fn check_dir_chain(dir: &Path) -> Result<(), NotRun> {
+    let mut at = Some(dir);
+    let mut own = true;
+    while let Some(d) = at {
+        let meta = std::fs::metadata(d).map_err(|e| {
+            NotRun::Refused(format!("refused: search directory {}: {e}", d.display()))
+        })?;
+        let sticky = meta.mode() & 0o1000 != 0;
+        if others_can_write(&meta) && (own || !sticky) {
+            return Err(NotRun::Refused(format!(
+                "refused: {} (owner uid {}, mode {:o}) is writable by others, who could put another program under a catalog name{}",
+                d.display(),
+                meta.uid(),
+                meta.mode() & 0o7777,
+                if own { "" } else { &", above the search directory" }
+            )));
+        }
+        own = false;
+        at = d.parent();
+    }
+    Ok(())
+}
+
+/// Opens the program behind `path` and checks it is what its name says and that only root (or
+/// this user) could change it or its directory; returns it with that directory.
+fn open_checked(program: &str, path: &Path) -> Result<(OwnedFd, PathBuf), NotRun> {
     let refused = |why: String| NotRun::Refused(format!("refused: {}: {why}", path.display()));
     let real = std::fs::canonicalize(path).map_err(|e| refused(e.to_string()))?;
+    let real_dir = real.parent().map(Path::to_path_buf).unwrap_or_default();
+    check_dir_chain(&real_dir)?;
     let name = real
         .file_name()
         .and_then(|n| n.to_str())
@@ -99,22 +161,26 @@ fn open_checked(program: &str, path: &Path) -> Result<OwnedFd, NotRun> {
     let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
     let meta =
         std::fs::metadata(format!("/proc/self/fd/{raw}")).map_err(|e| refused(e.to_string()))?;
-    // SAFETY: plain syscalls.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     if !meta.is_file() || meta.mode() & 0o111 == 0 {
         return Err(refused("not executable".into()));
     }
+    if meta.nlink() > 1 && !MULTI_CALL.contains(&name) {
+        return Err(refused(format!(
+            "it has {} hard links: a hard link gives another program a catalog name; only multi-call binaries ({}) may have more than one",
+            meta.nlink(),
+            MULTI_CALL.join(", ")
+        )));
+    }
     // Writable by others, by a group other than root's or ours, or owned by someone else: that
     // someone could change what runs.
-    let group_writable = meta.mode() & 0o020 != 0 && meta.gid() != 0 && meta.gid() != egid;
-    if meta.mode() & 0o002 != 0 || group_writable || (meta.uid() != 0 && meta.uid() != euid) {
+    if others_can_write(&meta) {
         return Err(refused(format!(
             "others could change it (owner uid {}, mode {:o}); only root's (or xidwatch's own) files run",
             meta.uid(),
             meta.mode() & 0o7777
         )));
     }
-    Ok(fd)
+    Ok((fd, real_dir))
 }
 
 /// The unprivileged user children run as when xidwatch is root.
@@ -193,13 +259,45 @@ fn lookup_user(name: &str) -> Option<RunAs> {
 }
 
 /// Everything the child does to itself before exec, prepared before the fork.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sandbox {
     pub run_as: Option<RunAs>,
     pub kernel_log: bool,
     /// The program's descriptor, kept open across exec so a script's interpreter can read it.
     pub program_fd: i32,
     pub cpu_secs: u64,
+    /// Processes the step's user may have in all ([`process_limit`]).
+    pub max_processes: u64,
+    /// Landlock and seccomp, applied last.
+    pub confine: super::confine::Confinement,
+}
+
+/// The `RLIMIT_NPROC` for a step running as `uid`: the kernel counts every process and thread
+/// of the user, so the limit is what the user has now plus [`MAX_NEW_PROCESSES`].
+pub fn process_limit(uid: libc::uid_t) -> u64 {
+    let mut have = 0u64;
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if !name.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
+                continue;
+            }
+            let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+                continue;
+            };
+            let field = |key: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            if field("Uid:") == Some(u64::from(uid)) {
+                have += field("Threads:").unwrap_or(1);
+            }
+        }
+    }
+    have + MAX_NEW_PROCESSES
 }
 
 impl Sandbox {
@@ -220,13 +318,23 @@ impl Sandbox {
             }
         };
         let filtered = |e: &io::Error| !root && e.raw_os_error() == Some(libc::EPERM);
-        let limit = |res, n: u64| {
-            let l = libc::rlimit {
+        let limit = |res: libc::__rlimit_resource_t, n: u64| {
+            let l = libc::rlimit64 {
                 rlim_cur: n,
                 rlim_max: n,
             };
-            // SAFETY: plain syscall on a valid struct.
-            match check(unsafe { libc::setrlimit(res, &l) }.into()) {
+            // SAFETY: plain syscall on a valid struct; prlimit64, not setrlimit, because the
+            // unit's filter (~@resources) refuses setrlimit but not prlimit64.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_prlimit64,
+                    0,
+                    res,
+                    &l as *const libc::rlimit64,
+                    std::ptr::null_mut::<libc::rlimit64>(),
+                )
+            };
+            match check(rc) {
                 Err(e) if !filtered(&e) => Err(e),
                 _ => Ok(()),
             }
@@ -235,6 +343,8 @@ impl Sandbox {
         limit(libc::RLIMIT_FSIZE, 0)?;
         limit(libc::RLIMIT_NOFILE, 1024)?;
         limit(libc::RLIMIT_CPU, self.cpu_secs)?;
+        limit(libc::RLIMIT_AS, MAX_ADDRESS_SPACE)?;
+        limit(libc::RLIMIT_NPROC, self.max_processes)?;
         // SAFETY (this block): plain syscalls on values owned by `self`.
         unsafe {
             if root {
@@ -275,7 +385,7 @@ impl Sandbox {
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
             check(libc::fcntl(self.program_fd, libc::F_SETFD, 0).into())?;
         }
-        Ok(())
+        self.confine.apply()
     }
 }
 
