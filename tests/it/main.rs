@@ -4,6 +4,7 @@
 mod alert;
 mod catalog_current;
 mod classify;
+mod confine;
 mod corpus;
 mod daemon;
 mod e2e_alert;
