@@ -240,3 +240,97 @@ fn an_echoing_receiver_puts_no_secret_in_logs_status_or_outbox() {
         assert!(e.len() <= 600, "{} bytes: {e}", e.len());
     }
 }
+
+/// The uid the daemon runs as here: this test's own, or `nobody` when the test runs as root (a
+/// non-dumpable process's `/proc/PID` files belong to root, which only shows for another user).
+fn daemon_uid() -> Option<u32> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    (unsafe { libc::geteuid() } == 0).then_some(65534)
+}
+
+#[test]
+fn an_env_secret_is_not_in_proc_environ_the_daemon_is_not_dumpable_and_reload_resolves_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let as_uid = daemon_uid();
+    if let Some(uid) = as_uid {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&state, Some(uid), Some(uid)).unwrap();
+    }
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(&kmsg, "").unwrap();
+    let (base, _) = echo_receiver(200);
+    let url = format!("{base}/services/T000/B000/ENVSECRETTOKEN42");
+    let config = dir.path().join("xidwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\n[state]\ndir = {state:?}\n\
+             [runbooks]\nsearch_path = [{:?}]\nsysfs_root = {:?}\nprocfs_root = {:?}\n\
+             [[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"env:XIDWATCH_IT_HOOK_URL\"\n",
+            root.join("fixtures/fake-tools"),
+            root.join("fixtures/sysfs"),
+            root.join("fixtures/proc"),
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
+    cmd.args(["run", "--config"])
+        .arg(&config)
+        .env_remove("NOTIFY_SOCKET")
+        .env("XIDWATCH_IT_HOOK_URL", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(uid) = as_uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let log = collect_log(&mut child);
+    wait_until("the daemon to watch", Duration::from_secs(30), || {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("the daemon exited ({st}):\n{}", log.lock().unwrap());
+        }
+        log.lock().unwrap().contains("caught up")
+    });
+    let environ = format!("/proc/{}/environ", child.id());
+
+    // Not dumpable: the kernel gives its /proc files to root.
+    let owner = std::fs::metadata(&environ).unwrap().uid();
+    assert_eq!(
+        owner,
+        0,
+        "/proc/PID/environ of a non-root daemon belongs to root only when it is not dumpable\n{}",
+        log.lock().unwrap()
+    );
+    // Unreadable for the same user; for root (who may read it), without the value.
+    match std::fs::read(&environ) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                !text.contains("ENVSECRETTOKEN42") && !text.contains(&url),
+                "the env: secret is still in the environment block ({} bytes)",
+                bytes.len()
+            );
+        }
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
+    }
+
+    // A reload reads the config again, and the secret with it.
+    super::support::signal(&child, libc::SIGHUP);
+    wait_until("the reload", Duration::from_secs(30), || {
+        log.lock().unwrap().contains("config reloaded")
+    });
+    super::support::sigterm(&child);
+    child.wait().unwrap();
+    let log = log.lock().unwrap().clone();
+    assert!(
+        !log.contains("refused") && !log.contains("not set"),
+        "{log}"
+    );
+    assert!(!log.contains("ENVSECRETTOKEN42"), "{log}");
+}
