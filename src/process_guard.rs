@@ -5,13 +5,27 @@
 //! `/proc/<pid>/environ` finds them there.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+
+/// Whether `env:` secrets leave the environment when read: set by [`protect_process`], that is
+/// in the `xidwatch` binary only. A program using the library (the tests) keeps its environment:
+/// it may name `env:PATH` and still need `PATH`.
+static TAKE_FROM_ENV: AtomicBool = AtomicBool::new(false);
+
+/// What `main` does first, for every subcommand, before any secret is read: makes the process
+/// non-dumpable ([`set_non_dumpable`]) and has `env:` secrets taken out of the environment when
+/// read ([`env_secret`]).
+pub fn protect_process() -> std::io::Result<()> {
+    TAKE_FROM_ENV.store(true, Ordering::SeqCst);
+    set_non_dumpable()
+}
 
 /// Makes this process non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`): `/proc/<pid>/*` then belongs
 /// to root, processes of the same user cannot ptrace it or read its `environ`, `mem` or `maps`,
-/// and a crash leaves no core with the webhook URL in it. `main` calls it first, for every
-/// subcommand, before any secret is read. Runbook steps set it again for themselves
-/// (`runbook::sandbox`); an `exec` makes a program dumpable again, which is the kernel's rule.
+/// and a crash leaves no core with the webhook URL in it. Runbook steps set it again for
+/// themselves (`runbook::sandbox`); an `exec` makes a program dumpable again, which is the
+/// kernel's rule.
 pub fn set_non_dumpable() -> std::io::Result<()> {
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and touches no memory of ours.
     let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
@@ -27,8 +41,8 @@ pub fn set_non_dumpable() -> std::io::Result<()> {
 static TAKEN: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
 
 /// The value of the environment variable `name`, taken out of the environment the first time
-/// (when it is set and not empty) and kept in this process only. `None` when it is not set (or
-/// not UTF-8, or `name` cannot be a variable's name).
+/// (when it is set and not empty, and [`protect_process`] ran) and kept in this process only.
+/// `None` when it is not set (or not UTF-8, or `name` cannot be a variable's name).
 ///
 /// `/proc/<pid>/environ` shows the environment block the process started with, not what
 /// `remove_var` leaves, so the value's bytes are first overwritten in place (every entry of
@@ -50,7 +64,7 @@ pub(crate) fn env_secret(name: &str) -> Option<String> {
         return Some(v.clone());
     }
     let value = std::env::var(name).ok()?;
-    if value.is_empty() {
+    if value.is_empty() || !TAKE_FROM_ENV.load(Ordering::SeqCst) {
         return Some(value);
     }
     wipe(name);
@@ -94,9 +108,8 @@ fn wipe(name: &str) {
 mod tests {
     use super::*;
 
-    // A variable taken out of the environment is tested in `alert::config` (`secret_sources`):
-    // one test of the binary sets variables, so none races another's `set_var` while walking
-    // the table.
+    // Taking a variable out of the environment is the binary's (`protect_process`), tested on
+    // the daemon (tests/it/secrets.rs): the test binaries keep their environments.
     #[test]
     fn names_that_cannot_be_variables_resolve_to_nothing() {
         assert_eq!(env_secret("XIDWATCH_TEST_GUARD_UNSET"), None);
