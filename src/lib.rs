@@ -22,6 +22,7 @@ pub(crate) mod host;
 pub(crate) mod incident;
 pub mod inventory;
 pub mod model;
+pub mod process_guard;
 pub mod runbook;
 pub mod source;
 pub(crate) mod state;

@@ -215,9 +215,13 @@ impl AlertmanagerChannel {
         &self.name
     }
 
-    /// Posts to every instance; delivered when at least one accepted. Otherwise the failure is
-    /// temporary if any instance failed temporarily.
-    pub async fn deliver(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
+    /// Posts to every instance; delivered when at least one accepted, and then the errors of
+    /// those that did not are returned for a warning (the caller redacts them before logging).
+    /// Otherwise the failure is temporary if any instance failed temporarily.
+    pub async fn deliver(
+        &self,
+        doc: &AlertDocument,
+    ) -> Result<Vec<(usize, DeliveryError)>, DeliveryError> {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -247,10 +251,7 @@ impl AlertmanagerChannel {
             }
         }
         if any_ok {
-            for (i, e) in &errors {
-                tracing::warn!(channel = %self.name, instance = i, error = %e, "an Alertmanager instance did not accept the alert; another did");
-            }
-            return Ok(());
+            return Ok(errors);
         }
         let transient = errors.iter().any(|(_, e)| e.kind == FailureKind::Transient);
         let retry_after = errors.iter().filter_map(|(_, e)| e.retry_after).max();

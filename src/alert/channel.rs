@@ -11,10 +11,18 @@ use super::report;
 use super::retry::DeliveryError;
 use super::webhook::WebhookChannel;
 use super::AlertError;
+use crate::runbook::Redactor;
 
-/// One delivery target.
+/// One delivery target, with the config's secrets to cut out of what it reports.
 #[derive(Debug)]
-pub enum Channel {
+pub struct Channel {
+    target: Target,
+    secrets: Redactor,
+}
+
+/// Where a channel delivers.
+#[derive(Debug)]
+enum Target {
     Stdout(StdoutFormat),
     Webhook(WebhookChannel),
     Email(EmailChannel),
@@ -22,31 +30,46 @@ pub enum Channel {
 }
 
 impl Channel {
+    fn new(target: Target, secrets: &Redactor) -> Channel {
+        Channel {
+            target,
+            secrets: secrets.clone(),
+        }
+    }
+
     pub fn name(&self) -> &str {
-        match self {
-            Channel::Stdout(_) => STDOUT_CHANNEL,
-            Channel::Webhook(w) => w.name(),
-            Channel::Email(e) => e.name(),
-            Channel::Alertmanager(a) => a.name(),
+        match &self.target {
+            Target::Stdout(_) => STDOUT_CHANNEL,
+            Target::Webhook(w) => w.name(),
+            Target::Email(e) => e.name(),
+            Target::Alertmanager(a) => a.name(),
         }
     }
 
     pub fn kind(&self) -> ChannelKind {
-        match self {
-            Channel::Stdout(_) => ChannelKind::Stdout,
-            Channel::Webhook(w) => match w.format() {
+        match &self.target {
+            Target::Stdout(_) => ChannelKind::Stdout,
+            Target::Webhook(w) => match w.format() {
                 super::config::WebhookFormat::Json => ChannelKind::Webhook,
                 super::config::WebhookFormat::Slack => ChannelKind::Slack,
             },
-            Channel::Email(_) => ChannelKind::Email,
-            Channel::Alertmanager(_) => ChannelKind::Alertmanager,
+            Target::Email(_) => ChannelKind::Email,
+            Target::Alertmanager(_) => ChannelKind::Alertmanager,
         }
     }
 
-    /// One delivery attempt.
+    /// One delivery attempt. Every channel's failure goes through here, and leaves redacted and
+    /// capped: the dispatcher logs it, the outbox stores it, `xidwatch status` and the status
+    /// files show it, `test-alert` prints it, all as it is returned here.
     pub async fn deliver(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
-        match self {
-            Channel::Stdout(format) => {
+        self.attempt(doc)
+            .await
+            .map_err(|e| e.redacted(&self.secrets))
+    }
+
+    async fn attempt(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
+        match &self.target {
+            Target::Stdout(format) => {
                 let text = match format {
                     StdoutFormat::Text => format!("{}\n", report::render(doc)),
                     StdoutFormat::Json => {
@@ -66,9 +89,17 @@ impl Channel {
                     DeliveryError::transient(format!("cannot write to standard output: {e}"))
                 })
             }
-            Channel::Webhook(w) => w.deliver(doc).await,
-            Channel::Email(e) => e.deliver(doc).await,
-            Channel::Alertmanager(a) => a.deliver(doc).await,
+            Target::Webhook(w) => w.deliver(doc).await,
+            Target::Email(e) => e.deliver(doc).await,
+            Target::Alertmanager(a) => {
+                let refused = a.deliver(doc).await?;
+                // Instances that refused while another accepted: a warning, redacted too.
+                for (i, e) in refused {
+                    let e = e.redacted(&self.secrets);
+                    tracing::warn!(channel = %a.name(), instance = i, error = %e, "an Alertmanager instance did not accept the alert; another did");
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -114,24 +145,23 @@ pub fn build_all(cfg: &AlertConfig, only: Option<&str>) -> Result<Vec<Channel>, 
         channel: channel.to_string(),
         message,
     };
+    // Every secret of the config, for every channel: a receiver may echo any of them.
+    let secrets = Redactor::new(cfg.secret_values());
     let mut out = Vec::new();
     if cfg.stdout_enabled() && want(STDOUT_CHANNEL) {
-        out.push(Channel::Stdout(cfg.stdout.format));
+        out.push(Channel::new(Target::Stdout(cfg.stdout.format), &secrets));
     }
     for w in cfg.webhook.iter().filter(|w| want(&w.name)) {
-        out.push(Channel::Webhook(
-            WebhookChannel::build(w).map_err(|m| err(&w.name, m))?,
-        ));
+        let built = WebhookChannel::build(w).map_err(|m| err(&w.name, m))?;
+        out.push(Channel::new(Target::Webhook(built), &secrets));
     }
     for e in cfg.email.iter().filter(|e| want(&e.name)) {
-        out.push(Channel::Email(
-            EmailChannel::build(e).map_err(|m| err(&e.name, m))?,
-        ));
+        let built = EmailChannel::build(e).map_err(|m| err(&e.name, m))?;
+        out.push(Channel::new(Target::Email(built), &secrets));
     }
     for a in cfg.alertmanager.iter().filter(|a| want(&a.name)) {
-        out.push(Channel::Alertmanager(
-            AlertmanagerChannel::build(a).map_err(|m| err(&a.name, m))?,
-        ));
+        let built = AlertmanagerChannel::build(a).map_err(|m| err(&a.name, m))?;
+        out.push(Channel::new(Target::Alertmanager(built), &secrets));
     }
     Ok(out)
 }

@@ -359,14 +359,17 @@ impl Secret {
         matches!(self, Secret::Inline(_))
     }
 
-    /// Reads the value. The error names the source (variable or file), never the value.
+    /// Reads the value. The error names the source (variable or file), never the value. In the
+    /// `xidwatch` binary an `env:` variable leaves the environment at its first read
+    /// ([`crate::process_guard::env_secret`]).
     pub fn resolve(&self) -> Result<SecretValue, String> {
         match self {
             Secret::Inline(v) => Ok(SecretValue(v.clone())),
-            Secret::Env(name) => match std::env::var(name) {
-                Ok(v) if !v.is_empty() => Ok(SecretValue(v)),
-                Ok(_) => Err(format!("environment variable {name} is empty")),
-                Err(_) => Err(format!("environment variable {name} is not set")),
+            // In the binary, taken out of the environment once read and kept for reloads.
+            Secret::Env(name) => match crate::process_guard::env_secret(name) {
+                Some(v) if !v.is_empty() => Ok(SecretValue(v)),
+                Some(_) => Err(format!("environment variable {name} is empty")),
+                None => Err(format!("environment variable {name} is not set")),
             },
             Secret::File(path) => {
                 // Like the config: a regular file of bounded size, never a device or FIFO.
@@ -715,13 +718,36 @@ impl AlertConfig {
         }
     }
 
-    /// The value of every secret that resolves, for cutting them out of runbook evidence.
+    /// The value of every secret that resolves, for cutting them out of runbook evidence and
+    /// delivery errors ([`crate::runbook::Redactor`] adds each one's parts). Also the shapes
+    /// the libraries send them in that the values do not show: SMTP `AUTH PLAIN` and `LOGIN`
+    /// credentials, and Alertmanager URLs that carry a password in their userinfo.
     pub fn secret_values(&self) -> Vec<String> {
-        self.secrets()
+        let mut out: Vec<String> = self
+            .secrets()
             .into_iter()
             .filter_map(|(_, s)| s.resolve().ok())
             .map(|v| v.expose().to_string())
-            .collect()
+            .collect();
+        for e in &self.email {
+            let Some(pass) = e.password.as_ref().and_then(|p| p.resolve().ok()) else {
+                continue;
+            };
+            let pass = pass.expose();
+            let user = e.username.as_deref().unwrap_or_default();
+            out.push(crate::runbook::redact::base64(pass.as_bytes()));
+            out.push(crate::runbook::redact::base64(
+                format!("\0{user}\0{pass}").as_bytes(),
+            ));
+        }
+        for a in &self.alertmanager {
+            for u in &a.urls {
+                if reqwest::Url::parse(u).is_ok_and(|u| u.password().is_some()) {
+                    out.push(u.clone());
+                }
+            }
+        }
+        out
     }
 
     /// Warnings about secrets that others can read: inline secrets in a config file that is

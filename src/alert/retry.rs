@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::config::RetryConfig;
+use crate::runbook::Redactor;
 
 /// Whether a failed delivery is worth retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -22,7 +23,8 @@ pub enum FailureKind {
     Permanent,
 }
 
-/// A failed delivery. The message never holds a secret (URLs are left out of it).
+/// A failed delivery. The message never holds a secret: URLs are left out of it, and what came
+/// from the receiver is cut by [`DeliveryError::redacted`] before anyone sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryError {
     pub kind: FailureKind,
@@ -50,6 +52,16 @@ impl DeliveryError {
 
     pub fn is_permanent(&self) -> bool {
         self.kind == FailureKind::Permanent
+    }
+
+    /// The error as it may be logged, stored and shown: its message made from the receiver's
+    /// answer (which may echo the URL and the `Authorization` header) with every secret cut out
+    /// and capped ([`Redactor::error_text`]).
+    pub fn redacted(self, secrets: &Redactor) -> DeliveryError {
+        DeliveryError {
+            message: secrets.error_text(&self.message),
+            ..self
+        }
     }
 }
 

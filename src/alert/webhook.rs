@@ -16,6 +16,7 @@ use super::config::{
 use super::document::{AlertDocument, Phase};
 use super::retry::{classify_http_status, parse_retry_after, DeliveryError, FailureKind};
 use super::slack;
+use crate::runbook::redact::CUT_MARK;
 
 /// The header carrying the incident id on every request.
 pub const INCIDENT_HEADER: &str = "X-Xidwatch-Incident";
@@ -140,6 +141,29 @@ pub(crate) fn describe_reqwest(e: reqwest::Error) -> DeliveryError {
     }
 }
 
+/// The most of a receiver's answer that is read for an error text.
+const ANSWER_READ_MAX: usize = 4096;
+
+/// The start of the answer's body, with [`CUT_MARK`] where it was cut (a secret may end there).
+async fn read_excerpt(mut resp: reqwest::Response) -> String {
+    let mut bytes = Vec::new();
+    let mut cut = false;
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = ANSWER_READ_MAX - bytes.len();
+        if chunk.len() > room {
+            bytes.extend_from_slice(&chunk[..room]);
+            cut = true;
+            break;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let mut text = String::from_utf8_lossy(&bytes).trim().to_string();
+    if cut {
+        text.push_str(CUT_MARK);
+    }
+    text
+}
+
 /// POSTs `body` and classifies the answer. Any 2xx is success.
 pub(crate) async fn post(
     client: &reqwest::Client,
@@ -163,13 +187,14 @@ pub(crate) async fn post(
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| parse_retry_after(v, SystemTime::now()));
-    // A short excerpt of the receiver's answer helps ("invalid_payload", "no_service").
-    let text = resp.text().await.unwrap_or_default();
-    let excerpt: String = text.chars().filter(|c| !c.is_control()).take(200).collect();
+    // The receiver's answer helps ("invalid_payload", "no_service"), but may echo the request:
+    // it is redacted and capped with the rest of the error, where every channel's errors are
+    // (`Channel::deliver`). Read only so much of it, never a whole page.
+    let excerpt = read_excerpt(resp).await;
     let kind = classify_http_status(status.as_u16());
     let mut message = format!("HTTP {}", status.as_u16());
-    if !excerpt.trim().is_empty() {
-        message.push_str(&format!(": {}", excerpt.trim()));
+    if !excerpt.is_empty() {
+        message.push_str(&format!(": {excerpt}"));
     }
     if kind == FailureKind::Permanent && matches!(status.as_u16(), 401 | 403) {
         message.push_str(" (credentials rejected)");

@@ -19,5 +19,6 @@ mod promises;
 mod runbook;
 mod scan_cli;
 mod scan_groups;
+mod secrets;
 mod service;
 mod support;
