@@ -70,6 +70,12 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                 dirs.join(", "),
                 names.join(", ")
             );
+            // What holds the steps to reading whatever they are: the kernel's confinement, as
+            // this kernel offers it to this process (the daemon's own is in `status`).
+            println!(
+                "runbook steps confined by: {}",
+                crate::runbook::confine::Support::probe()
+            );
             let h = &c.alerts.handoff;
             match (&h.scheduler, &h.node) {
                 (crate::alert::handoff::Scheduler::None, _) => {

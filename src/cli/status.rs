@@ -386,6 +386,10 @@ pub fn render(r: &Report, now: u64) -> String {
         );
     }
 
+    if !s.confinement.is_empty() {
+        let _ = writeln!(o, "\nrunbook steps confined by: {}", s.confinement);
+    }
+
     let _ = writeln!(
         o,
         "\nopen incidents: {} ({} findings counted since start)",

@@ -223,6 +223,9 @@ pub struct StatusSnapshot {
     #[serde(default)]
     pub recently_resolved: Vec<ResolvedSummary>,
     pub runbooks: Vec<RunbookStats>,
+    /// What the kernel gives the daemon to confine runbook steps with (Landlock ABI, seccomp),
+    /// in words; empty from a daemon too old to report it.
+    pub confinement: String,
     pub config: ConfigHealth,
     /// The alert stage; `None` when no alert channel is configured.
     pub alerts: Option<AlertStatus>,
@@ -621,6 +624,7 @@ impl Telemetry {
             pid: self.pid,
             started_ms: self.started_ms,
             heartbeat_ms: self.heartbeat_ms(),
+            confinement: crate::runbook::confine::Support::probe().to_string(),
             kmsg: KmsgHealth {
                 path: inner.kmsg_path.clone(),
                 boot_id: inner.kmsg_boot.clone(),

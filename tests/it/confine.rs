@@ -372,3 +372,29 @@ impl Targets {
         self.assert_unharmed("unconfined");
     }
 }
+
+/// `check` says which confinement this kernel gives, and the operator's entries are checked
+/// under it.
+#[test]
+fn check_names_the_confinement() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("xidwatch.toml");
+    std::fs::write(
+        &cfg,
+        "[nvml]\nenabled = false\n[runbooks]\nallow = [[\"ibstat\"]]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let s = Support::probe();
+    assert!(
+        text.contains(&format!("runbook steps confined by: {s}")),
+        "{text}"
+    );
+    assert!(text.contains("Landlock ABI"), "{text}");
+}

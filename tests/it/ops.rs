@@ -485,6 +485,11 @@ async fn status_command_reads_the_socket() {
         "last failure ",
         "HTTP 503 from hooks.slack.com",
         "last reload REFUSED (old config kept)",
+        // What the kernel gave the daemon (this test process) to confine runbook steps with.
+        &format!(
+            "runbook steps confined by: {}",
+            xidwatch::runbook::confine::Support::probe()
+        ),
     ] {
         assert!(s.contains(want), "missing {want:?} in:\n{s}");
     }
