@@ -23,7 +23,8 @@ pub struct RunbooksConfig {
     /// same name. Default: the shipped runbooks only.
     pub dirs: Option<Vec<PathBuf>>,
     /// Commands added to the shipped catalog: each a whole argv pattern in the catalog's syntax
-    /// (literal tokens and slots), subject to the same never-list. Never a bare program name.
+    /// (literal tokens and slots), under the same argument rules and the same confinement as
+    /// every step. Never a bare program name.
     pub allow: Option<Vec<toml::Value>>,
     /// Gone: a program name allowed any arguments. Kept only to say what replaced it.
     pub allowed_programs: Option<toml::Value>,

@@ -398,3 +398,54 @@ fn check_names_the_confinement() {
     );
     assert!(text.contains("Landlock ABI"), "{text}");
 }
+
+/// The state-changing commands operators were able to allow before: the catalog now takes them
+/// as any entry (no list of bad programs), and they get none of the shipped patterns' access: no
+/// capability, no NVIDIA device files, no socket, no kernel log. Inside the confinement shown
+/// above they fail closed; none is run here, as nothing in this project runs a destructive command.
+#[test]
+fn state_changing_entries_get_no_access_beyond_reading() {
+    let entries: &[&[&str]] = &[
+        &["nvidia-smi", "-r"],
+        &["nvidia-smi", "--gpu-reset"],
+        &["nvidia-smi", "-pm", "1"],
+        &["nvidia-smi", "-e", "0"],
+        &["nvidia-smi", "-pl", "100"],
+        &["nvidia-smi", "-mig", "1"],
+        &["dmesg", "-C"],
+        &["journalctl", "--vacuum-time=1s"],
+        &["systemctl", "reboot"],
+        &["ip", "link", "set", "eth0", "down"],
+        &["kmod", "remove", "nvidia"],
+        &["udevadm", "trigger", "--action=remove"],
+        &["dcgmi", "diag", "-r", "1"],
+        &["dcgmi", "config", "--set", "-P", "1"],
+        &["ipmipower", "-h", "bmc", "--reset"],
+        &["python3.11"],
+        &["perl5.36.0"],
+        &["nodejs"],
+        &["rbash"],
+        &["mksh"],
+        &["setarch", "x86_64"],
+        &["systemd-cat"],
+        &["prlimit"],
+        &["git", "-c", "alias.x=!reboot", "x"],
+        &["dc", "-e", "!reboot"],
+        &["skill", "-KILL", "xidwatch"],
+    ];
+    let extra: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| e.iter().map(|w| w.to_string()).collect())
+        .collect();
+    let catalog = Catalog::with_additions(&extra).unwrap();
+    let added: Vec<_> = catalog.patterns().filter(|p| !p.shipped()).collect();
+    assert_eq!(added.len(), entries.len());
+    for p in added {
+        assert_eq!(
+            p.needs(),
+            xidwatch::runbook::confine::Needs::default(),
+            "{p}"
+        );
+        assert!(!p.kernel_log(), "{p}");
+    }
+}

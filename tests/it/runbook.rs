@@ -1774,7 +1774,7 @@ fn every_configured_secret_is_redacted() {
 }
 
 /// The configuration refuses what would widen what runs: a relative search directory, the old
-/// program allowlist, an addition that breaks the never-list; each error names its key.
+/// program allowlist, an addition that reads outside the read roots; each error names its key.
 #[test]
 fn the_configuration_cannot_widen_what_runs() {
     for (text, needle) in [
