@@ -19,4 +19,5 @@ mod runbook;
 mod scan_cli;
 mod scan_groups;
 mod service;
+mod state_files;
 mod support;
