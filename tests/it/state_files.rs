@@ -14,7 +14,8 @@ use serde_json::Value;
 const LIMIT: Duration = Duration::from_secs(20);
 
 /// A temporary directory with a kernel log file, a boot id, a config and a state directory
-/// (mode 0700, as the daemon makes it) for things to be planted in before the start.
+/// (mode 0700, as the daemon makes it) for things to be planted in before the start. No settle
+/// delay: the tests are about the files, not about what settles into an incident.
 struct Setup {
     dir: tempfile::TempDir,
 }
@@ -30,7 +31,7 @@ impl Setup {
         std::fs::set_permissions(s.state(), std::fs::Permissions::from_mode(0o700)).unwrap();
         let cfg = format!(
             "[kmsg]\npath = {:?}\naccept_userspace = false\n[nvml]\nenabled = false\n\
-             sysfs_root = {:?}\n[state]\ndir = {:?}\n",
+             sysfs_root = {:?}\n[state]\ndir = {:?}\n[incidents]\nsettle_ms = 0\n",
             s.path("kmsg"),
             s.path("sys"),
             s.state()
@@ -289,9 +290,28 @@ fn a_linked_lock_file_does_not_carry_the_pid_to_its_target() {
 fn a_state_directory_others_can_write_is_refused_at_the_start() {
     let s = Setup::new();
     std::fs::set_permissions(s.state(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = s.command().output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(78), "{err}");
+    let mut child = s
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: a daemon that accepts the directory runs on; it is killed and the test fails.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after {LIMIT:?}: the directory was accepted");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(78), "{err}");
     assert!(
         err.contains(&format!("state directory {}", s.state().display()))
             && err.contains("mode 0777"),
