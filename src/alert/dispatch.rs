@@ -36,7 +36,14 @@ pub const STATUS_FILE: &str = "alert-status.json";
 /// `xidwatch status` in another process. `updated_ms` tells how fresh it is.
 pub fn read_status(state_dir: &Path) -> Result<AlertStatus, String> {
     let path = state_dir.join(STATUS_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Not a plain read: a FIFO planted here must not hang `xidwatch status`.
+    let bytes = crate::state::file::read_bounded(
+        &path,
+        crate::state::MAX_STATE_FILE,
+        crate::state::file::Reader::Visitor,
+    )
+    .map_err(|e| e.to_string())?
+    .ok_or_else(|| format!("{}: No such file or directory", path.display()))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -208,12 +208,20 @@ fn write_batch(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<()> {
     crate::state::write_atomic_many(dir, files, crate::state::STATE_FILE_MODE)
 }
 
+/// The outbox directory, a real one of the daemon's own: a link there would send the alerts
+/// somewhere else, so anything else at its name is set aside (see [`crate::state::file`]).
 fn create_private_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    crate::state::file::ensure_private_dir(dir, 0o700)
+}
+
+/// Reads an outbox file; a FIFO, a link or another user's file at its name is set aside (logged)
+/// and read as missing, so the outbox goes on without it.
+fn read_entry(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    crate::state::file::read_bounded(
+        path,
+        crate::state::MAX_STATE_FILE,
+        crate::state::file::Reader::Owner,
+    )
 }
 
 impl Outbox {
@@ -237,8 +245,10 @@ impl Outbox {
                 continue;
             }
             if name == META {
-                match fs::read(&path).map(|b| serde_json::from_slice::<Meta>(&b)) {
-                    Ok(Ok(m)) => meta = m,
+                match read_entry(&path).map(|b| b.map(|b| serde_json::from_slice::<Meta>(&b))) {
+                    Ok(Some(Ok(m))) => meta = m,
+                    // Set aside (and said): the counts start again.
+                    Ok(None) => {}
                     _ => {
                         warnings.push(format!("{}: unreadable, drop counts reset", path.display()))
                     }
@@ -248,8 +258,10 @@ impl Outbox {
             if !name.ends_with(".json") {
                 continue;
             }
-            let bytes = match fs::read(&path) {
-                Ok(b) => b,
+            let bytes = match read_entry(&path) {
+                Ok(Some(b)) => b,
+                // Not an outbox file at all: set aside, and said.
+                Ok(None) => continue,
                 Err(e) => {
                     warnings.push(format!("{}: cannot read: {e}", path.display()));
                     continue;

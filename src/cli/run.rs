@@ -25,6 +25,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         Ok(()) => Ok(0),
         Err(e) => {
             eprintln!("xidwatch: error: {e:#}");
+            // A state directory others can write to is a setup error, as a config one is: a
+            // restart cannot fix it, so the unit must not loop on it.
+            if e.downcast_ref::<crate::state::UnsafeStateDir>().is_some() {
+                return Ok(EXIT_CONFIG);
+            }
             Ok(EXIT_ERROR)
         }
     }

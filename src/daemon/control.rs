@@ -221,10 +221,14 @@ pub fn write_status_file(state_dir: &Path, snapshot: &StatusSnapshot) -> anyhow:
 /// Reads `<state_dir>/status.json`; `Ok(None)` when there is none.
 pub fn read_status_file(state_dir: &Path) -> anyhow::Result<Option<StatusSnapshot>> {
     let path = state_dir.join(STATUS_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    // Not a plain read: a FIFO planted here must not hang `xidwatch status`.
+    let bytes = match crate::state::file::read_bounded(
+        &path,
+        crate::state::MAX_STATE_FILE,
+        crate::state::file::Reader::Visitor,
+    )? {
+        Some(b) => b,
+        None => return Ok(None),
     };
     let snap = serde_json::from_slice(&bytes)
         .with_context(|| format!("{}: not a status document", path.display()))?;

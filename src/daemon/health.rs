@@ -34,7 +34,7 @@ pub fn take_inventory(
     state_dir: &std::path::Path,
     boot_hex: &str,
 ) -> (Option<Stored>, Vec<Finding>) {
-    let stored = match crate::inventory::load(state_dir) {
+    let stored = match crate::inventory::load_owned(state_dir) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!("{e:#}; the inventory starts again from this boot");
@@ -116,18 +116,15 @@ impl Keep {
     /// which is said).
     fn load(&self) -> Option<crate::health::Memory> {
         let path = self.state_dir.join(MEMORY_FILE);
-        let text = match std::fs::read(&path) {
-            Ok(t) if t.len() <= 4 << 20 => t,
-            Ok(_) => {
-                tracing::warn!("{}: too large; health checks start afresh", path.display());
-                return None;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        let text = match crate::state::file::read_bounded(
+            &path,
+            4 << 20,
+            crate::state::file::Reader::Owner,
+        ) {
+            Ok(Some(t)) => t,
+            Ok(None) => return None,
             Err(e) => {
-                tracing::warn!(
-                    "reading {}: {e}; health checks start afresh",
-                    path.display()
-                );
+                tracing::warn!("{e}; health checks start afresh");
                 return None;
             }
         };
@@ -278,7 +275,7 @@ struct PagesInner {
 impl Pages {
     /// Loads the history from the state directory (an unreadable one starts empty, and says so).
     pub fn open(state_dir: PathBuf, cfg: HistoryConfig) -> Pages {
-        let history = match crate::history::load(&state_dir) {
+        let history = match crate::history::load_owned(&state_dir) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!("{e:#}; the GPU history starts empty");

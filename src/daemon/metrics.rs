@@ -217,7 +217,7 @@ impl Collector for SnapshotCollector {
         counter(
             e,
             "xidwatch_kmsg_out_of_sequence",
-            "Kernel log records whose sequence number jumped far ahead or went backwards (still read).",
+            "Kernel log sequence jumps: records whose sequence number went backwards or jumped further ahead than the ring can have lost (still read, not counted as lost).",
             s.kmsg.out_of_sequence,
         )?;
         counter(

@@ -224,24 +224,26 @@ impl History {
     }
 }
 
-/// Reads `history.json`; a missing file is an empty history.
+/// Reads `history.json` for another process (`xidwatch gpus`); a missing file is an empty
+/// history, anything but a regular file an error naming it.
 pub fn load(state_dir: &Path) -> anyhow::Result<History> {
+    load_as(state_dir, crate::state::file::Reader::Visitor)
+}
+
+/// Reads `history.json` in the daemon: anything but its own regular file is set aside and the
+/// history starts empty (see [`crate::state::file`]).
+pub(crate) fn load_owned(state_dir: &Path) -> anyhow::Result<History> {
+    load_as(state_dir, crate::state::file::Reader::Owner)
+}
+
+fn load_as(state_dir: &Path, who: crate::state::file::Reader) -> anyhow::Result<History> {
     use anyhow::Context;
-    use std::io::Read;
     let path = state_dir.join(FILE);
-    let f = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    let Some(bytes) = crate::state::file::read_bounded(&path, MAX_FILE, who)? else {
+        return Ok(History::default());
     };
-    let mut text = String::new();
-    f.take(MAX_FILE + 1)
-        .read_to_string(&mut text)
-        .with_context(|| format!("reading {}", path.display()))?;
-    if text.len() as u64 > MAX_FILE {
-        anyhow::bail!("{}: larger than {MAX_FILE} bytes", path.display());
-    }
-    serde_json::from_str(&text).with_context(|| format!("{}: not a history file", path.display()))
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{}: not a history file", path.display()))
 }
 
 /// Writes `history.json` atomically (mode 0640).

@@ -306,24 +306,25 @@ pub fn findings(changes: &[Change]) -> Vec<Finding> {
         .collect()
 }
 
-/// Reads `inventory.json` from the state directory; `None` when there is none yet.
+/// Reads `inventory.json` from the state directory for another process (`xidwatch inventory`);
+/// `None` when there is none yet, anything but a regular file an error naming it.
 pub fn load(state_dir: &Path) -> anyhow::Result<Option<Stored>> {
+    load_as(state_dir, crate::state::file::Reader::Visitor)
+}
+
+/// Reads `inventory.json` in the daemon: anything but its own regular file is set aside and read
+/// as none (see [`crate::state::file`]).
+pub(crate) fn load_owned(state_dir: &Path) -> anyhow::Result<Option<Stored>> {
+    load_as(state_dir, crate::state::file::Reader::Owner)
+}
+
+fn load_as(state_dir: &Path, who: crate::state::file::Reader) -> anyhow::Result<Option<Stored>> {
     use anyhow::Context;
-    use std::io::Read;
     let path = state_dir.join(FILE);
-    let f = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    let Some(bytes) = crate::state::file::read_bounded(&path, MAX_FILE, who)? else {
+        return Ok(None);
     };
-    let mut text = String::new();
-    f.take(MAX_FILE + 1)
-        .read_to_string(&mut text)
-        .with_context(|| format!("reading {}", path.display()))?;
-    if text.len() as u64 > MAX_FILE {
-        anyhow::bail!("{}: larger than {MAX_FILE} bytes", path.display());
-    }
-    let v = serde_json::from_str(&text)
+    let v = serde_json::from_slice(&bytes)
         .with_context(|| format!("{}: not an inventory file", path.display()))?;
     Ok(Some(v))
 }

@@ -41,6 +41,26 @@ fn temp_name(path: &Path) -> io::Result<PathBuf> {
     )))
 }
 
+/// Creates the temporary file: `O_CREAT | O_EXCL | O_NOFOLLOW`, so a link planted at its name
+/// (the names are predictable: pid and a counter) is never followed, and nothing that was there
+/// is ever written; `O_CLOEXEC`, so no runbook child inherits it.
+fn create_temp(tmp: &Path, mode: u32) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(tmp)
+}
+
+/// Opens a directory to flush it. `O_DIRECTORY`: a FIFO at its name must not block the writer.
+fn open_dir(dir: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+}
+
 /// Replaces `path` with `bytes`, durably, with exactly `mode` (see the module doc).
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     write_atomic_with(path, mode, |f| f.write_all(bytes))
@@ -68,12 +88,7 @@ fn replace(
     let step = |what: &str, p: &Path, e: io::Error| {
         io::Error::new(e.kind(), format!("{what} {}: {e}", p.display()))
     };
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(|e| step("creating", &tmp, e))?;
+    let mut f = create_temp(&tmp, mode).map_err(|e| step("creating", &tmp, e))?;
     let written = (|| {
         // The umask may have taken bits away; the caller asked for exactly this mode.
         f.set_permissions(fs::Permissions::from_mode(mode))
@@ -96,7 +111,7 @@ fn replace(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    File::open(dir)
+    open_dir(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| step("syncing the directory", dir, e))
 }
@@ -125,16 +140,12 @@ pub fn write_atomic_many(dir: &Path, files: &[(String, Vec<u8>)], mode: u32) -> 
         for (name, bytes) in files {
             let path = dir.join(name);
             let tmp = temp_name(&path)?;
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .open(&tmp)?;
+            let mut f = create_temp(&tmp, mode)?;
             temps.push((tmp, path));
             f.set_permissions(fs::Permissions::from_mode(mode))?;
             f.write_all(bytes)?;
         }
-        let d = File::open(dir)?;
+        let d = open_dir(dir)?;
         // SAFETY: syncfs on a valid, open descriptor of this directory.
         if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
             return Err(io::Error::last_os_error());
@@ -308,6 +319,39 @@ mod tests {
         assert_eq!(b.len(), 4096);
         assert!(b.iter().all(|x| *x == b[0]), "one writer's content, whole");
         assert_eq!(names(d.path()), ["status.json"]);
+    }
+
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("precious");
+        fs::write(&target, b"precious").unwrap();
+        let p = d.path().join("position.json");
+        // The next temporary name this process will use for `p`.
+        let next = TMP_COUNTER.load(Ordering::Relaxed);
+        for n in next..next + 64 {
+            let name = format!(".position.json.{}.{n}{TMP_SUFFIX}", std::process::id());
+            std::os::unix::fs::symlink(&target, d.path().join(name)).unwrap();
+        }
+        // Each planted name tried fails the write (other tests take numbers meanwhile, so how
+        // many is not known); none is written through.
+        let mut written = false;
+        for _ in 0..=64 {
+            match write_atomic(&p, b"new", STATE_FILE_MODE) {
+                Ok(()) => {
+                    written = true;
+                    break;
+                }
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}"),
+            }
+        }
+        assert!(written);
+        assert_eq!(fs::read(&p).unwrap(), b"new");
+        assert_eq!(
+            fs::read(&target).unwrap(),
+            b"precious",
+            "not written through"
+        );
     }
 
     #[test]

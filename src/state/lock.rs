@@ -7,9 +7,8 @@
 //! however it ends, so a crash never leaves a stale lock behind (a stale pid in the file is
 //! harmless: only the lock counts).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -49,15 +48,9 @@ impl StateLock {
             source,
         };
         // Not truncated on open: the holder's pid must survive until we know we are the holder.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(super::STATE_FILE_MODE)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(io_err)?;
+        // Through the state file check: a link here must not carry the pid to its target (the
+        // daemon is often root), nor a FIFO hold the start-up forever.
+        let mut file = super::file::open_owned_rw(&path, super::STATE_FILE_MODE).map_err(io_err)?;
         // SAFETY: a valid open descriptor for the duration of the call.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {

@@ -3,11 +3,15 @@
 //! Every write is atomic (temporary file, fsync, rename, fsync of the directory: see
 //! [`atomic`]), so a crash at any instant leaves either the old or the new content, never a torn
 //! file. Files are [`STATE_FILE_MODE`]. The directory belongs to one daemon at a time ([`lock`]).
+//! Every state file is opened through [`file`], which refuses (and sets aside) anything that is
+//! not a regular file of the daemon's own, and the directory itself is refused at start-up when
+//! others could plant such things in it ([`UnsafeStateDir`]).
 
 pub mod atomic;
+pub mod file;
 pub mod lock;
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -71,20 +75,78 @@ pub struct StateDir {
 }
 
 /// Largest state file we read back; anything bigger is not ours.
-const MAX_STATE_FILE: u64 = 64 << 20;
+pub const MAX_STATE_FILE: u64 = 64 << 20;
+
+/// A state directory others could write to, refused at start-up (exit status 78: a restart cannot
+/// fix it). Whoever can write there can plant a FIFO, a link or a forged position for the daemon
+/// to trust, so it is refused as ssh refuses a key file others can write.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "state directory {} is {why}: refusing to use it, since whoever can write there can plant \
+     files the daemon trusts; make it the service account's own, mode 0700 (chown, chmod 0700), \
+     or remove it and let xidwatch create it",
+    dir.display()
+)]
+pub struct UnsafeStateDir {
+    pub dir: PathBuf,
+    pub why: String,
+}
+
+/// Why `meta`, the state directory's, makes it unsafe to use, if it does: writable by group or
+/// others, or not owned by this process's effective uid `euid`.
+pub fn unsafe_dir_reason(meta: &fs::Metadata, euid: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode() & 0o7777;
+    if !meta.is_dir() {
+        return Some("not a directory".to_string());
+    }
+    if meta.uid() != euid {
+        return Some(format!(
+            "owned by uid {}, not by this daemon's uid {euid}",
+            meta.uid()
+        ));
+    }
+    if mode & 0o022 != 0 {
+        return Some(format!("mode {mode:04o}, writable by group or others"));
+    }
+    None
+}
+
+/// Names in the state directory the daemon only writes (by rename), checked at start-up (see
+/// [`file::tidy`]); the ones it reads are checked at every read.
+const WRITTEN_ONLY: [&str; 2] = [
+    crate::daemon::control::STATUS_FILE,
+    crate::alert::dispatch::STATUS_FILE,
+];
 
 impl StateDir {
     /// Opens (creating, mode 0700) the state directory and locks it: a second daemon on the
-    /// same directory gets [`LockError::Busy`] naming the first one's pid.
+    /// same directory gets [`LockError::Busy`] naming the first one's pid. An existing directory
+    /// writable by others or owned by another user is refused ([`UnsafeStateDir`]), before
+    /// anything in it is touched.
     pub fn open(dir: &Path) -> anyhow::Result<StateDir> {
         fs::create_dir_all(dir)
             .with_context(|| format!("creating state directory {}", dir.display()))?;
+        let meta = fs::metadata(dir)
+            .with_context(|| format!("reading the state directory {}", dir.display()))?;
+        if let Some(why) = unsafe_dir_reason(&meta, file::euid()) {
+            return Err(UnsafeStateDir {
+                dir: dir.to_path_buf(),
+                why,
+            }
+            .into());
+        }
         {
             use std::os::unix::fs::PermissionsExt;
             let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
         }
         let lock = StateLock::acquire(dir)?;
         sweep_temp_files(dir);
+        for name in WRITTEN_ONLY {
+            if let Err(e) = file::tidy(&dir.join(name)) {
+                tracing::warn!("{e}");
+            }
+        }
         Ok(StateDir {
             dir: dir.to_path_buf(),
             _lock: Arc::new(lock),
@@ -100,21 +162,14 @@ impl StateDir {
     }
 
     /// Reads a JSON state file; a missing file is `None`, a corrupt one an error naming it.
+    /// Anything but the daemon's own regular file is set aside and read as missing
+    /// ([`file::open_read`]).
     pub fn load_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> anyhow::Result<Option<T>> {
         let path = self.dir.join(name);
-        let f = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        let Some(bytes) = file::read_bounded(&path, MAX_STATE_FILE, file::Reader::Owner)? else {
+            return Ok(None);
         };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if len > MAX_STATE_FILE {
-            anyhow::bail!(
-                "{}: {len} bytes is too large for a state file",
-                path.display()
-            );
-        }
-        let v = serde_json::from_reader(std::io::BufReader::new(f))
+        let v = serde_json::from_slice(&bytes)
             .with_context(|| format!("{}: corrupt state file", path.display()))?;
         Ok(Some(v))
     }
@@ -170,6 +225,47 @@ mod tests {
         fs::write(t.path().join("position.json"), b"{torn").unwrap();
         let e = format!("{:#}", s.load_position().unwrap_err());
         assert!(e.contains("position.json") && e.contains("corrupt"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused_before_anything_in_it_is_touched() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("state");
+        fs::create_dir(&dir).unwrap();
+        for mode in [0o777, 0o770, 0o702] {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+            let e = StateDir::open(&dir).unwrap_err();
+            assert!(e.downcast_ref::<UnsafeStateDir>().is_some());
+            let e = format!("{e:#}");
+            assert!(
+                e.contains(&dir.display().to_string()) && e.contains(&format!("mode {mode:04o}")),
+                "{e}"
+            );
+            assert!(!dir.join(lock::LOCK_FILE).exists(), "nothing created in it");
+        }
+        // Readable by others is not writable by them: used (and tightened to 0700).
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        drop(StateDir::open(&dir).unwrap());
+        // A planted FIFO at a name only ever written is set aside at the start.
+        let status = dir.join(crate::daemon::control::STATUS_FILE);
+        let c = std::ffi::CString::new(status.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let s = StateDir::open(&dir).unwrap();
+        assert!(fs::symlink_metadata(&status).is_err(), "set aside");
+        // And one at a name that is read: read as missing, set aside, written whole next time.
+        let pos = dir.join("position.json");
+        let c = std::ffi::CString::new(pos.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(s.load_position().unwrap(), None);
+        let p = Position {
+            boot_id: [1; 16],
+            last_seq: 9,
+        };
+        s.save_position(&p).unwrap();
+        assert_eq!(s.load_position().unwrap(), Some(p));
     }
 
     #[test]

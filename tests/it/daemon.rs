@@ -311,6 +311,35 @@ fn a_sequence_far_ahead_neither_blinds_the_reader_nor_the_restart() {
 }
 
 #[test]
+fn a_forged_sequence_jump_is_reported_as_a_jump_not_as_lost_records() {
+    let s = Setup::new("");
+    s.append(&xid_record(0, "17", 13));
+    // Two billion ahead: no ring buffer overwrites that many records between two reads.
+    s.append(&xid_record(2_000_000_001, "2a", 48));
+    s.append(&xid_record(2_000_000_002, "3b", 79));
+    let d = s.start();
+    let v = d.wait_for("the jump and the records after it", |l| {
+        l.iter().any(|i| i["xid"] == 79) && l.iter().any(|i| i["kind"] == "kmsg_sequence")
+    });
+    assert!(
+        v.iter().all(|i| i["kind"] != "kmsg_overrun"),
+        "no overrun: {v:#?}"
+    );
+    let jump = v.iter().find(|i| i["kind"] == "kmsg_sequence").unwrap();
+    let title = jump["title"].as_str().unwrap();
+    assert!(title.contains("jump from 0 to 2000000001"), "{title}");
+    d.wait_stderr("caught up");
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains(", 0 lost"), "nothing counted as lost: {err}");
+    let status: Value =
+        serde_json::from_slice(&std::fs::read(s.dir.path().join("state/status.json")).unwrap())
+            .unwrap();
+    assert_eq!(status["kmsg"]["lost"], 0, "{status}");
+    assert_eq!(status["kmsg"]["out_of_sequence"], 1, "{status}");
+}
+
+#[test]
 fn userspace_lines_are_ignored_unless_accepted() {
     let s = Setup::new("");
     s.append("12,0,5,-;NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=x, injected by a user\n");

@@ -21,4 +21,5 @@ mod scan_cli;
 mod scan_groups;
 mod secrets;
 mod service;
+mod state_files;
 mod support;

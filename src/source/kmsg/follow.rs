@@ -16,8 +16,10 @@
 //! what it claims to be costs bounded memory.
 //!
 //! Sequence numbers are judged by [`Sequencer`]: the kernel's only ever go up by one, or jump
-//! forward over records it overwrote. Anything else (a jump too far to be an overrun, a step
-//! back) is counted and reported, and the records after it are still read.
+//! forward over records it overwrote, and it cannot have overwritten more than its ring holds
+//! ([`MAX_LOST`]). Anything else (a jump further than that, a step back) is a sequence jump:
+//! counted and reported with where it jumped from and to, never added to the lost records, and
+//! the records after it are still read.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -62,14 +64,24 @@ pub enum KmsgEvent {
 const RECORD_BUF: usize = 16 * 1024;
 /// Longest line kept from a regular file; the rest of a longer line is skipped with a warning.
 pub const MAX_FILE_RECORD: usize = 64 * 1024;
-/// A forward jump larger than this cannot be records the ring overwrote (no ring holds four
-/// billion records): it is a bad sequence number, not an overrun.
+/// A sequence number this far from where reading starts (the first record of a boot, or the
+/// resume point) is not the kernel's: no boot prints four billion records. Looser than
+/// [`MAX_LOST`] on purpose: across a restart, or before the first start, any number of records
+/// may have come and gone, and a record judged against this bound is not yet compared with a
+/// record read just before it.
 pub const FAR_AHEAD: u64 = 1 << 32;
+
+/// The most records one gap between two records read one after the other may have lost. Between
+/// two reads the kernel can only overwrite what its ring holds: at most one record per 32 bytes
+/// of a 32 MiB buffer, the largest `CONFIG_LOG_BUF_SHIFT` allows, so about a million. A larger
+/// gap (a forged record, a rewritten file) is a sequence jump, not two billion lost records.
+pub const MAX_LOST: u64 = 1 << 20;
 
 /// What was wrong with a record's sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqAnomalyKind {
-    /// More than [`FAR_AHEAD`] past the previous record.
+    /// More than [`MAX_LOST`] records past the previous one (or more than [`FAR_AHEAD`] past
+    /// where reading started).
     FarAhead,
     /// Not after the previous record.
     Backwards,
@@ -98,8 +110,17 @@ impl std::fmt::Display for SeqAnomaly {
             SeqAnomalyKind::Backwards => "goes backwards",
         };
         write!(f, "record sequence number {} {what}", self.seq)?;
-        if let Some(a) = self.after {
-            write!(f, " of {a}")?;
+        match self.after {
+            Some(a) => write!(
+                f,
+                " of {a} (a sequence jump from {a} to {}, not counted as lost records)",
+                self.seq
+            )?,
+            None => write!(
+                f,
+                " (a sequence jump to {} at the start, not counted as lost records)",
+                self.seq
+            )?,
         }
         if !self.delivered {
             f.write_str(" (before the resume point; skipped as possibly handled)")?;
@@ -204,7 +225,7 @@ impl Sequencer {
         if seq <= last {
             return self.anomaly(SeqAnomalyKind::Backwards, seq, true);
         }
-        if seq - last > FAR_AHEAD {
+        if seq - last - 1 > MAX_LOST {
             return self.anomaly(SeqAnomalyKind::FarAhead, seq, true);
         }
         self.last = Some(seq);
@@ -533,6 +554,57 @@ mod tests {
         for q in 11..=20 {
             assert_eq!(s.judge(q), Verdict::Next, "record {q}");
         }
+    }
+
+    #[test]
+    fn a_gap_larger_than_the_ring_is_a_jump_not_lost_records() {
+        use Verdict::*;
+        // As large as the ring can have overwritten: lost.
+        let s = 10 + MAX_LOST + 1;
+        assert_eq!(
+            judge_all(None, &[10, s, s + 1]),
+            [First { not_seen: 10 }, Gap { lost: MAX_LOST }, Next]
+        );
+        // Two billion ahead: a jump from 10 to it, reported once, never lost; the stream after
+        // it is followed.
+        let far = 10 + 2_000_000_000;
+        let v = judge_all(None, &[10, far, far + 1, far + 5]);
+        match v[1] {
+            Anomaly(a) => {
+                assert_eq!(
+                    (a.kind, a.seq, a.after),
+                    (SeqAnomalyKind::FarAhead, far, Some(10))
+                );
+                let text = a.to_string();
+                assert!(
+                    text.contains(&format!("jump from 10 to {far}"))
+                        && text.contains("not counted as lost"),
+                    "{text}"
+                );
+            }
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(v[2..], [Next, Gap { lost: 3 }]);
+        assert!(v
+            .iter()
+            .all(|v| !matches!(v, Gap { lost } if *lost > MAX_LOST)));
+        // Just past the bound: a jump too.
+        assert!(matches!(
+            judge_all(None, &[10, 10 + MAX_LOST + 2])[1],
+            Anomaly(a) if a.kind == SeqAnomalyKind::FarAhead
+        ));
+        // Across a restart: a far jump past the resume point is read and reported, not skipped
+        // nor lost; a long uptime (a first record far past 0) is neither.
+        let v = judge_all(Some(5), &[far, far + 1]);
+        assert!(
+            matches!(v[0], Anomaly(a) if a.delivered && a.after == Some(5)),
+            "{v:?}"
+        );
+        assert_eq!(v[1], Next);
+        assert_eq!(
+            judge_all(None, &[far, far + 1]),
+            [First { not_seen: far }, Next]
+        );
     }
 
     #[test]
