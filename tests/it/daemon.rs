@@ -1159,14 +1159,16 @@ fn a_huge_line_in_a_kmsg_file_is_cut_and_costs_bounded_memory() {
 
 #[test]
 fn failing_state_writes_are_logged_once_and_leave_no_litter() {
-    // position.json is a directory: every save of the position fails at the rename, the way a
-    // full disk fails it at the write; the daemon goes on watching. Pages go out at once (no
-    // settle delay): the test is about the saves, and 20 settle delays would be 40 s of waiting.
+    // position.json becomes a directory once the daemon runs (one there at start is set aside):
+    // every save of the position fails at the rename, the way a full disk fails it at the write;
+    // the daemon goes on watching. Pages go out at once (no settle delay): the test is about the
+    // saves, and 20 settle delays would be 40 s of waiting.
     let s = Setup::new("[incidents]\nsettle_ms = 0\n");
     let state = s.dir.path().join("state");
-    std::fs::create_dir_all(state.join("position.json")).unwrap();
     let d = s.start();
     d.wait_stderr("caught up");
+    let _ = std::fs::remove_file(state.join("position.json"));
+    std::fs::create_dir_all(state.join("position.json").join("x")).unwrap();
     for i in 0..20u64 {
         s.append(&xid_record(i, &format!("{:02x}", 0x20 + i), 79));
         d.wait_for("the incident", |l| {
