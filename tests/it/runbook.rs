@@ -35,6 +35,7 @@ fn env() -> RunbookEnv {
         nvml: None,
         host: "test-host".into(),
         secrets: Redactor::default(),
+        show_arguments: false,
     }
 }
 
@@ -572,7 +573,9 @@ async fn application_runbook_reads_the_process() {
     let p = step(&ev, "the process (if still alive)");
     assert_eq!(p.target, ["/proc/4242/cmdline", "/proc/4242/status"]);
     assert!(
-        p.output.starts_with("cmdline: python3 train.py --lr 0.1\n"),
+        p.output.starts_with(
+            "==> cmdline <==\npython3 train.py --lr <value>\njob: (its cgroup cannot be read)\n"
+        ),
         "{}",
         p.output
     );
