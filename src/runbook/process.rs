@@ -208,7 +208,9 @@ pub fn render_cmdline(raw: &[u8], show_arguments: bool) -> String {
         if !options_done && a.starts_with('-') && a.len() > 1 {
             flush(&mut out, &mut plain);
             out.push(option_name(a));
-            after_option = !a.contains('=') && !(a.len() > 2 && !a.starts_with("--"));
+            // `--k=v` and `-xVALUE` carry their value; `--k` and `-x` may take the next one.
+            let attached = a.contains('=') || (a.len() > 2 && !a.starts_with("--"));
+            after_option = !attached;
             continue;
         }
         if after_option {
