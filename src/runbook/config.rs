@@ -45,6 +45,10 @@ pub struct RunbooksConfig {
     pub sysfs_root: Option<PathBuf>,
     /// Root of procfs for `read` steps. Default `/proc`.
     pub procfs_root: Option<PathBuf>,
+    /// Show a faulting process's whole command line (still through the secrets redactor).
+    /// Default false: the program, an interpreter's script and option names only, because
+    /// arguments carry the job's own secrets (`--api-key=...`), which no redactor knows.
+    pub show_arguments: Option<bool>,
 }
 
 impl RunbooksConfig {
@@ -96,6 +100,7 @@ impl RunbooksConfig {
         if let Some(p) = &self.procfs_root {
             env.procfs_root = p.clone();
         }
+        env.show_arguments = self.show_arguments.unwrap_or(false);
         env
     }
 

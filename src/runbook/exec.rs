@@ -30,6 +30,7 @@ use super::excerpt;
 use super::excerpt::KmsgSpec;
 use super::interpret;
 use super::nvml::{NvmlError, NvmlProbe, NvmlQuery};
+use super::process::{self, Claim};
 use super::redact::Redactor;
 use super::render::secs;
 use super::safety::{self, Pattern};
@@ -62,6 +63,9 @@ pub struct RunbookEnv {
     pub host: String,
     /// Secret values cut out of the evidence (the alert channels' tokens and passwords).
     pub secrets: Redactor,
+    /// `[runbooks] show_arguments`: a process's command line whole, not its program and option
+    /// names only (see [`super::process::render_cmdline`]).
+    pub show_arguments: bool,
 }
 
 impl RunbookEnv {
@@ -84,6 +88,7 @@ impl RunbookEnv {
             nvml: None,
             host: crate::host::hostname(),
             secrets: Redactor::default(),
+            show_arguments: false,
         }
     }
 }
@@ -97,6 +102,7 @@ impl fmt::Debug for RunbookEnv {
             .field("nvml", &self.nvml.is_some())
             .field("host", &self.host)
             .field("secrets", &self.secrets)
+            .field("show_arguments", &self.show_arguments)
             .finish()
     }
 }
@@ -129,7 +135,8 @@ fn ms(d: Duration) -> u64 {
 /// What a step will do once its placeholders are filled.
 enum Job {
     Run(Vec<String>, Option<Arc<Pattern>>),
-    Read(Vec<String>),
+    /// Paths, and what the log line said about its process (checked before /proc/PID is quoted).
+    Read(Vec<String>, Option<Claim>),
     Nvml(NvmlQuery, PciAddress),
 }
 
@@ -184,7 +191,7 @@ fn prepare<'a>(step: &'a Step, values: &Values) -> Prepared<'a> {
         Action::Run(argv) => {
             expand_all(argv).map(|a| (Job::Run(a.clone(), step.pattern.clone()), a))
         }
-        Action::Read(paths) => expand_all(paths).map(|p| (Job::Read(p.clone()), p)),
+        Action::Read(paths) => expand_all(paths).map(|p| (Job::Read(p.clone(), None), p)),
         Action::Nvml(q) => values
             .pci
             .ok_or(Placeholder::Pci)
@@ -239,6 +246,9 @@ pub(super) async fn run_runbook(
             .unwrap_or(own.max_output_bytes)
             .min(limits.max_output_bytes);
         let (job, target) = match prepare(step, &values) {
+            Prepared::Job(Job::Read(paths, _), target) => {
+                (Job::Read(paths, Claim::of(subject)), target)
+            }
             Prepared::Job(job, target) => (job, target),
             Prepared::Excerpt(spec) => {
                 let e = excerpt::excerpt(spec, subject, cap);
@@ -331,7 +341,7 @@ async fn run_job(job: Job, env: &RunbookEnv, timeout: Duration, cap: usize) -> O
         Job::Run(argv, pattern) => {
             run_program(&argv, pattern.as_deref(), &env.search_path, timeout, cap).await
         }
-        Job::Read(paths) => read_paths(paths, env, timeout, cap).await,
+        Job::Read(paths, claim) => read_paths(paths, claim, env, timeout, cap).await,
         Job::Nvml(q, pci) => nvml(q, pci, env.nvml.clone(), timeout).await,
     }
 }
@@ -565,6 +575,14 @@ enum FileRead {
     Dir(Vec<String>),
     Missing,
     Error(String),
+    /// Not read: the pid belongs to another process now.
+    Withheld,
+}
+
+/// The pid of a `/proc/PID/...` path.
+fn proc_pid(logical: &str) -> Option<u32> {
+    let rest = logical.strip_prefix("/proc/")?;
+    rest.split('/').next()?.parse().ok()
 }
 
 fn physical(logical: &str, env: &RunbookEnv) -> Option<PathBuf> {
@@ -618,12 +636,14 @@ fn read_one(path: &Path, room: usize) -> FileRead {
 
 async fn read_paths(
     paths: Vec<String>,
+    claim: Option<Claim>,
     env: &RunbookEnv,
     timeout: Duration,
     cap: usize,
 ) -> Outcome {
     let env = env.clone();
-    let work = tokio::task::spawn_blocking(move || read_paths_blocking(&paths, &env, cap));
+    let work =
+        tokio::task::spawn_blocking(move || read_paths_blocking(&paths, claim.as_ref(), &env, cap));
     match tokio::time::timeout(timeout, work).await {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => Outcome::status(StepStatus::Failed {
@@ -636,11 +656,39 @@ async fn read_paths(
     }
 }
 
-fn read_paths_blocking(paths: &[String], env: &RunbookEnv, cap: usize) -> Outcome {
+fn read_paths_blocking(
+    paths: &[String],
+    claim: Option<&Claim>,
+    env: &RunbookEnv,
+    cap: usize,
+) -> Outcome {
+    // A pid the kernel reused: nothing under /proc/PID is read, and the evidence says why.
+    let reused = claim.and_then(|c| c.check(&env.procfs_root).err().map(|note| (c.pid, note)));
     let mut reads = Vec::new();
     let mut room = cap;
     for logical in paths {
+        let pid = proc_pid(logical);
         let r = match (safety::check_read_path(logical), physical(logical, env)) {
+            _ if reused.as_ref().is_some_and(|(p, _)| pid == Some(*p)) => FileRead::Withheld,
+            (Ok(()), Some(p)) if logical.ends_with("/cmdline") && pid.is_some() => {
+                // A command line carries the job's secrets: program and option names only,
+                // and the job it belongs to (see `process`).
+                match read_one(&p, room) {
+                    FileRead::Text(kept, more) => {
+                        let pid = pid.map(|p| p.to_string()).unwrap_or_default();
+                        let text = format!(
+                            "{}\njob: {}\n",
+                            process::render_cmdline(&kept, env.show_arguments),
+                            process::job_line(&env.procfs_root, &pid)
+                        );
+                        let text = text.into_bytes();
+                        let over = text.len().saturating_sub(room) as u64;
+                        let kept = text[..text.len().min(room)].to_vec();
+                        FileRead::Text(kept, more + over)
+                    }
+                    other => other,
+                }
+            }
             (Ok(()), Some(p)) => read_one(&p, room),
             (Err(r), _) => FileRead::Error(format!("refused: {}", r.reason)),
             (_, None) => FileRead::Error("not under /sys or /proc".into()),
@@ -676,6 +724,7 @@ fn read_paths_blocking(paths: &[String], env: &RunbookEnv, cap: usize) -> Outcom
     let mut texts: Vec<(String, String)> = Vec::new();
     let mut missing = Vec::new();
     let mut errors = 0;
+    let mut withheld = 0;
     let single = reads.len() == 1;
     for (i, (logical, r)) in reads.iter().enumerate() {
         match r {
@@ -712,6 +761,12 @@ fn read_paths_blocking(paths: &[String], env: &RunbookEnv, cap: usize) -> Outcom
                 errors += 1;
                 output.push_str(&format!("{}: (cannot read: {e})\n", label(i)));
             }
+            FileRead::Withheld => {
+                withheld += 1;
+                if !single {
+                    output.push_str(&format!("{}: (not shown)\n", label(i)));
+                }
+            }
         }
     }
     if output.len() > cap {
@@ -724,6 +779,12 @@ fn read_paths_blocking(paths: &[String], env: &RunbookEnv, cap: usize) -> Outcom
     }
 
     let mut notes = Vec::new();
+    if let Some((_, note)) = &reused {
+        if withheld > 0 {
+            output.insert_str(0, &format!("{note}\n"));
+            notes.push(note.clone());
+        }
+    }
     let files: Vec<(&str, &str)> = texts
         .iter()
         .map(|(n, t)| (n.as_str(), t.as_str()))

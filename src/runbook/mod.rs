@@ -25,6 +25,7 @@ mod interpret;
 mod load;
 mod matcher;
 mod nvml;
+pub mod process;
 pub mod redact;
 mod render;
 pub mod safety;

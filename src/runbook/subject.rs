@@ -70,6 +70,12 @@ pub struct Subject {
     pub gpu_index: Option<u32>,
     pub uuid: Option<GpuUuid>,
     pub pid: Option<u32>,
+    /// The process name the line gave with the pid (`name=`), to tell a reused pid from the
+    /// faulting process before quoting it.
+    pub process: Option<String>,
+    /// The kernel timestamp (microseconds since boot) of the line that named the pid: a process
+    /// started after it is not the one that faulted.
+    pub fault_ts_usec: Option<u64>,
     /// Occurrences counted so far (the incident's count); 0 when unknown.
     pub count: u64,
     /// A runbook named by configuration for this incident; wins over matching when it exists.
@@ -102,6 +108,8 @@ impl Subject {
             gpu_index: None,
             uuid: None,
             pid,
+            process: None,
+            fault_ts_usec: None,
             count: 0,
             runbook_override: None,
             kernel_log: Vec::new(),
@@ -160,6 +168,16 @@ impl From<&Incident> for Subject {
             gpu_index: inc.gpu.index,
             uuid: inc.gpu.uuid.as_deref().and_then(GpuUuid::parse),
             pid: inc.findings.iter().find_map(|f| f.pid),
+            process: inc
+                .findings
+                .iter()
+                .find(|f| f.pid.is_some())
+                .and_then(|f| f.process.clone()),
+            fault_ts_usec: inc
+                .findings
+                .iter()
+                .find(|f| f.pid.is_some())
+                .and_then(|f| f.origin.ts_usec),
             count: inc.count,
             runbook_override: inc.runbook_override.clone(),
             port_from_log: inc.pci.and_then(|gpu| {

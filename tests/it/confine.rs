@@ -167,6 +167,7 @@ fn env_for(bin: &Path) -> RunbookEnv {
         nvml: None,
         host: "test-host".into(),
         secrets: Redactor::default(),
+        show_arguments: false,
     }
 }
 

@@ -15,6 +15,7 @@ mod install;
 mod nvml;
 mod ops;
 mod page_cli;
+mod privacy;
 mod promises;
 mod runbook;
 mod scan_cli;

@@ -443,3 +443,87 @@ fn only_a_real_change_of_what_is_in_force_reloads() {
     super::support::sigterm(&d);
     d.wait().unwrap();
 }
+
+/// The shipped unit's case through the daemon: an operator's `allow` entry that is a script
+/// attacks the daemon running it (truncate its position file, plant a state file, read its
+/// config with the webhook URL, signal it, connect to the receiver, write through /bin/sh). The
+/// page's own evidence shows each attack denied, the daemon goes on and stops cleanly, and its
+/// state is intact.
+#[test]
+fn an_allowed_step_cannot_touch_the_daemon_that_runs_it() {
+    let rx = Receiver::start(0);
+    let port = rx
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let port: String = port.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let runbook = "title = \"attack\"\n[[match]]\nxids = [48]\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n\
+         [[step]]\nname = \"attack\"\nrun = [\"attack-daemon\", \"{name}\", \"{port}\"]\ntimeout_secs = 20\n";
+    let s = Setup::with_allow(
+        "",
+        "",
+        &rx.url,
+        "allow = [[\"attack-daemon\", \"{name}\", \"{port}\"]]",
+    );
+    let name = s
+        .dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.dir.path().starts_with("/tmp"),
+        "the tool finds its targets under /tmp"
+    );
+    std::fs::write(
+        s.path("runbooks/rb.toml"),
+        runbook.replace("{name}", &name).replace("{port}", &port),
+    )
+    .unwrap();
+    let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap();
+    std::fs::write(
+        s.path("xidwatch.toml"),
+        cfg.replace("{name}", &name).replace("{port}", &port),
+    )
+    .unwrap();
+    let mut d = s.spawn(&[]);
+    wait_until("start-up", Duration::from_secs(20), || {
+        s.stderr().contains("caught up")
+    });
+    let position = std::fs::read(s.path("state/position.json")).unwrap_or_default();
+    s.append(&xid_on(0, 0x2a, 48));
+    wait_until("the page", Duration::from_secs(30), || !rx.all().is_empty());
+    let page = rx.all()[0].doc.clone();
+    let out = page["evidence"][0]["steps"][0]["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for attack in [
+        "truncate-position",
+        "plant-state",
+        "read-config",
+        "signal-daemon",
+        "connect-receiver",
+        "shell-write",
+    ] {
+        assert!(
+            out.contains(&format!("{attack}: denied")),
+            "{attack} not denied in the page's evidence:\n{out}\n{page:#}"
+        );
+    }
+    assert!(d.try_wait().unwrap().is_none(), "the daemon died");
+    assert!(!s.path("state/planted").exists());
+    let now = std::fs::read(s.path("state/position.json")).unwrap_or_default();
+    assert!(
+        !now.is_empty() || position.is_empty(),
+        "the position file was emptied"
+    );
+    super::support::sigterm(&d);
+    let st = d.wait().unwrap();
+    assert!(st.success(), "{st:?}\n{}", s.stderr());
+}

@@ -35,6 +35,7 @@ fn env() -> RunbookEnv {
         nvml: None,
         host: "test-host".into(),
         secrets: Redactor::default(),
+        show_arguments: false,
     }
 }
 
@@ -564,6 +565,32 @@ async fn driver_runbook_compares_versions() {
     assert_eq!(step(&ev, "running kernel").output, "6.8.0-45-generic\n");
 }
 
+/// `[runbooks] show_arguments = true` is the operator's opt-in to the whole command line.
+#[tokio::test]
+async fn show_arguments_opts_in_to_the_whole_command_line() {
+    let set = shipped();
+    let rb = set.get("application").unwrap();
+    let c: xidwatch::runbook::RunbooksConfig =
+        toml::from_str("show_arguments = true\nprocfs_root = \"/nowhere\"").unwrap();
+    let mut e = env();
+    e.show_arguments = c.env().show_arguments;
+    assert!(e.show_arguments);
+    let ev = rb
+        .run(
+            &xid_subject(13, Category::Application),
+            &e,
+            &RunLimits::default(),
+        )
+        .await;
+    let p = step(&ev, "the process (if still alive)");
+    assert!(
+        p.output
+            .starts_with("==> cmdline <==\npython3 train.py --lr 0.1\n"),
+        "{}",
+        p.output
+    );
+}
+
 #[tokio::test]
 async fn application_runbook_reads_the_process() {
     let set = shipped();
@@ -572,7 +599,9 @@ async fn application_runbook_reads_the_process() {
     let p = step(&ev, "the process (if still alive)");
     assert_eq!(p.target, ["/proc/4242/cmdline", "/proc/4242/status"]);
     assert!(
-        p.output.starts_with("cmdline: python3 train.py --lr 0.1\n"),
+        p.output.starts_with(
+            "==> cmdline <==\npython3 train.py --lr <value>\njob: (its cgroup cannot be read)\n"
+        ),
         "{}",
         p.output
     );
