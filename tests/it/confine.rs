@@ -450,3 +450,40 @@ fn state_changing_entries_get_no_access_beyond_reading() {
         assert!(!p.kernel_log(), "{p}");
     }
 }
+
+/// Who could put another program under a catalog name is refused: a search directory others can
+/// write (here world-writable, without the sticky bit), and a program with a second hard link.
+#[tokio::test]
+async fn search_directories_others_can_write_and_hard_links_are_refused() {
+    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake-tools/echo-argv");
+    let refused = |out: &xidwatch::model::StepResult, needle: &str| matches!(&out.status, StepStatus::Failed { error } if error.contains(needle));
+    let step = |bin: PathBuf| async move {
+        let catalog = Catalog::with_additions(&[vec!["echo-argv".to_string()]]).unwrap();
+        let text = "title = \"t\"\nfallback = true\n[guide]\nmeaning = \"m\"\nnext_steps = \"n\"\n[[step]]\nrun = [\"echo-argv\"]\n";
+        let rb = Runbook::from_toml(Path::new("t.toml"), text, &catalog).unwrap();
+        let ev = rb
+            .run(
+                &Subject::manual(None, None, None),
+                &env_for(&bin),
+                &RunLimits::default(),
+            )
+            .await;
+        ev.steps[0].clone()
+    };
+
+    let open = script_dir();
+    std::fs::copy(&real, open.path().join("echo-argv")).unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = step(open.path().to_path_buf()).await;
+    assert!(refused(&s, "is writable by others"), "{s:?}");
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = step(open.path().to_path_buf()).await;
+    assert!(
+        matches!(s.status, StepStatus::Done { .. }),
+        "the same directory, closed again: {s:?}"
+    );
+
+    std::fs::hard_link(open.path().join("echo-argv"), open.path().join("lsmod")).unwrap();
+    let s = step(open.path().to_path_buf()).await;
+    assert!(refused(&s, "hard links"), "{s:?}");
+}
