@@ -2,7 +2,7 @@
 //! names and its job go out; the values of its arguments never do, and a pid the kernel has given
 //! to another process is not quoted at all.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -19,25 +19,9 @@ fn receiver() -> (String, Arc<Mutex<Vec<String>>>) {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             let mut r = BufReader::new(conn.try_clone().unwrap());
-            let (mut line, mut len) = (String::new(), 0usize);
-            if r.read_line(&mut line).unwrap_or(0) == 0 {
+            let Some((_, body)) = super::support::read_request(&mut r) else {
                 continue;
-            }
-            loop {
-                line.clear();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.parse().unwrap_or(0);
-                    }
-                }
-            }
-            let mut body = vec![0; len];
-            if r.read_exact(&mut body).is_err() {
-                continue;
-            }
+            };
             g.lock()
                 .unwrap()
                 .push(String::from_utf8_lossy(&body).into_owned());

@@ -3,7 +3,7 @@
 //! `xidwatch status`, `status.json`, `alert-status.json` or the outbox; an `env:` secret is not
 //! in `/proc/PID/environ`, the daemon is not dumpable, and a reload still resolves the secret.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -28,25 +28,10 @@ fn echo_receiver(code: u16) -> (String, Arc<AtomicUsize>) {
                 continue;
             };
             let mut r = BufReader::new(clone);
-            let mut echo = String::new();
-            let mut len = 0usize;
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.parse().unwrap_or(0);
-                    }
-                }
-                echo.push_str(&line);
-            }
-            let mut body = vec![0; len];
-            if r.read_exact(&mut body).is_err() {
+            let Some((head, body)) = super::support::read_request(&mut r) else {
                 continue;
-            }
+            };
+            let mut echo = head.concat();
             echo.push_str("\r\n");
             echo.push_str(&String::from_utf8_lossy(&body));
             c.fetch_add(1, Ordering::SeqCst);

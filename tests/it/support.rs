@@ -66,3 +66,29 @@ pub fn require_kmsg_e2e() {
     );
     require_root("it writes test lines to /dev/kmsg");
 }
+
+/// Reads one HTTP/1.1 request from `r`: its request line and header lines (each with its
+/// `\r\n`) and its body (`content-length` bytes). `None` when the peer closed before a whole
+/// request. Loopback receivers of the tests share it.
+pub fn read_request<R: std::io::BufRead>(r: &mut R) -> Option<(Vec<String>, Vec<u8>)> {
+    let mut head = Vec::new();
+    let mut len = 0usize;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.trim_end().split_once(": ") {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.parse().unwrap_or(0);
+            }
+        }
+        head.push(line);
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
