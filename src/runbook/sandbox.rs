@@ -304,10 +304,12 @@ impl Sandbox {
     /// Runs in the forked child: async-signal-safe system calls only, no allocation.
     ///
     /// As root, every call must succeed or the program does not run. As another user (the
-    /// service, under its unit's system call filter, which refuses `setrlimit` and `capset` with
-    /// EPERM), an EPERM there is tolerated: the ambient set, through which the daemon's
-    /// CAP_SYSLOG would reach the program, is then cleared directly, and no_new_privs keeps file
-    /// capabilities and set-user-ID bits from granting anything.
+    /// service, under its unit's system call filter, which refuses `capset` with EPERM; the
+    /// limits go through `prlimit64`, which it allows), an EPERM from `capset` or a limit is
+    /// tolerated: the ambient set, through which the daemon's CAP_SYSLOG would reach the
+    /// program, is then cleared directly, and no_new_privs keeps file capabilities and
+    /// set-user-ID bits from granting anything. The confinement ([`super::confine`]) is never
+    /// tolerated to fail.
     pub fn apply(&self) -> io::Result<()> {
         let root = self.run_as.is_some();
         let check = |rc: libc::c_long| {
