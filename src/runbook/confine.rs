@@ -668,6 +668,23 @@ mod tests {
         }
     }
 
+    /// On a kernel without Landlock the shipped catalog still runs, with what the kernel offers:
+    /// the filter, the working directory and the rest of the sandbox.
+    #[test]
+    fn without_landlock_a_step_still_gets_the_filter() {
+        let c = Confinement::prepare(
+            Needs::default(),
+            &[],
+            Support {
+                landlock_abi: None,
+                seccomp: true,
+            },
+        )
+        .unwrap();
+        assert!(c.ruleset.is_none());
+        assert!(!c.filter.is_empty());
+    }
+
     #[test]
     fn support_is_described_plainly() {
         let none = Support {
