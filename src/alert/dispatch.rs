@@ -685,8 +685,10 @@ impl Intake {
             }
             let held_until =
                 hold.map(|h| mono.saturating_add(u64::try_from(h.as_millis()).unwrap_or(u64::MAX)));
-            // The readable report is written when the evidence is there.
-            let keep = if hold.is_some() { 0 } else { self.keep_reports };
+            // The readable report is written now, so that a held alert sent without its evidence
+            // (the hold ran out, the runbook was stopped) still names a real file; the evidence,
+            // when it comes, writes it again under the same name.
+            let keep = self.keep_reports;
             work.push((doc, targets, now, held_until, keep));
             acks.push(ack);
         }

@@ -629,7 +629,11 @@ impl Outbox {
             s.held_until_mono.is_some() && s.doc.id == doc.id && s.doc.phase == doc.phase
         })?;
         doc.dropped_alerts_before = slot.doc.dropped_alerts_before;
-        doc.report_path.clone_from(&slot.doc.report_path);
+        // The report written with the evidence names the file; an older path is kept only when
+        // this one could not be written (the opening page must never lose where its report is).
+        if doc.report_path.is_none() {
+            doc.report_path.clone_from(&slot.doc.report_path);
+        }
         slot.doc = Arc::new(doc);
         slot.held_until_mono = None;
         let seq = slot.seq;

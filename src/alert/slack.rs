@@ -241,7 +241,9 @@ pub fn payload(doc: &AlertDocument) -> Value {
 
     let where_ = match &doc.report_path {
         Some(p) => format!("full report: `{}` on {}", escape(p), escape(&doc.host)),
-        None => format!("full report: the xidwatch journal on {}", escape(&doc.host)),
+        // Only a file can be pointed at: the journal holds the report only when standard output
+        // is a channel, which this message cannot know.
+        None => format!("no report file kept on {}", escape(&doc.host)),
     };
     blocks.push(json!({
         "type": "context",

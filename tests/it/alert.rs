@@ -1571,3 +1571,57 @@ fn page_details_say_each_thing_once() {
     let all = serde_json::to_string(&slack::payload(&doc)).unwrap();
     assert!(all.contains("*Fault*\\npcie_aer\""), "{all}");
 }
+
+/// The path every real incident takes: the alert is held during the settle delay and while its
+/// runbook runs, then the evidence is attached. The opening page sent to Slack and to the webhook
+/// names the report file kept on the host, and that file holds the attached evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_alert_with_attached_evidence_names_its_report() {
+    let rx = Receiver::start().await;
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.webhook]]\nname = \"hook\"\nurl = \"{}\"\nformat = \"json\"\n\
+         [[alerts.webhook]]\nname = \"slack\"\nurl = \"{}\"\nformat = \"slack\"\n",
+        rx.url("/hook"),
+        rx.url("/slack"),
+    ));
+    let run = Running::start(&cfg, state.path());
+    let mut bare = alert_with_id("held-then-attached", Severity::Critical);
+    bare.evidence.clear();
+    let ack = run
+        .sender
+        .submit(bare, Some(Duration::from_secs(60)), None)
+        .await
+        .unwrap();
+    ack.await.unwrap();
+    assert!(rx.requests().is_empty(), "held: nothing sent yet");
+    run.sender
+        .attach_evidence(alert_with_id("held-then-attached", Severity::Critical))
+        .await
+        .unwrap();
+    wait_until("the opening page on both channels", 20, || {
+        rx.requests_to("/hook").len() == 1 && rx.requests_to("/slack").len() == 1
+    })
+    .await;
+    let hook = rx.requests_to("/hook")[0].json();
+    let path = hook["report_path"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the opening document names its report: {hook:#}"))
+        .to_string();
+    assert!(
+        Path::new(&path).starts_with(state.path()),
+        "{path} lies in the state directory"
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("link degraded"),
+        "the evidence is in it: {text}"
+    );
+    let slack = serde_json::to_string(&rx.requests_to("/slack")[0].json()).unwrap();
+    assert!(
+        slack.contains(&path),
+        "the Slack footer names {path}: {slack}"
+    );
+    assert!(!slack.contains("journal"), "{slack}");
+    run.stop().await;
+}
