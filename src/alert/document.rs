@@ -226,12 +226,22 @@ impl AlertDocument {
         let inc = &alert.incident;
         let gpu = gpu_doc(inc);
         let (meaning, next_steps) = meaning_and_steps(&alert.evidence, alert.catalog.as_ref());
-        let findings: Vec<FindingDoc> = inc
+        let mut findings: Vec<FindingDoc> = inc
             .findings
             .iter()
             .take(MAX_FINDINGS)
             .map(finding_doc)
             .collect();
+        let folded = fold_init_pairs(&mut findings);
+        let findings_omitted = inc.findings.len().saturating_sub(findings.len() + folded);
+        let mut count = inc.count;
+        if inc.kind == crate::model::FindingKind::DriverInitFailure {
+            count = count.saturating_sub(folded as u64).max(1);
+        }
+        let meaning = match findings.first().and_then(api_versions) {
+            Some(v) => format!("{v}. {meaning}"),
+            None => meaning,
+        };
         AlertDocument {
             schema: SCHEMA.to_string(),
             id: inc.id.clone(),
@@ -248,7 +258,7 @@ impl AlertDocument {
             kind: inc.kind.as_str().to_string(),
             xid: inc.xid,
             title: inc.title.clone(),
-            headline: headline(inc),
+            headline: headline(inc, escalation(&alert.evidence).as_deref()),
             gpu,
             meaning,
             next_steps,
@@ -256,7 +266,7 @@ impl AlertDocument {
             first_seen_ms: inc.first_seen_ms,
             last_seen: rfc3339(inc.last_seen_ms),
             last_seen_ms: inc.last_seen_ms,
-            count: inc.count,
+            count,
             found_at_startup: inc.found_at_startup,
             dropped_alerts_before: inc.dropped_alerts_before,
             echoes: inc
@@ -268,7 +278,7 @@ impl AlertDocument {
                     count: e.count,
                 })
                 .collect(),
-            findings_omitted: inc.findings.len().saturating_sub(findings.len()),
+            findings_omitted,
             findings,
             catalog: alert.catalog.clone(),
             runbook_override: inc.runbook_override.clone(),
@@ -318,9 +328,22 @@ impl AlertDocument {
 
     /// Every kernel log line of the carried findings, in order; a finding's first line carries
     /// the timestamp the log gave it (`[ 9512.238711] NVRM: Xid ...`).
+    ///
+    /// The findings are listed by kernel sequence number (else by kernel timestamp): the cause
+    /// leads the document's findings, but in the log an AER line often came before the Xid, and
+    /// the on-call reads the log in the order it happened.
     pub fn kernel_lines(&self) -> Vec<String> {
+        let mut order: Vec<&FindingDoc> = self.findings.iter().collect();
+        if order.iter().all(|f| f.seq.is_some()) {
+            order.sort_by_key(|f| f.seq);
+        } else if order
+            .iter()
+            .all(|f| f.timestamp.as_deref().and_then(uptime_us).is_some())
+        {
+            order.sort_by_key(|f| f.timestamp.as_deref().and_then(uptime_us));
+        }
         let mut out = Vec::new();
-        for f in &self.findings {
+        for f in order {
             for (i, l) in f.raw.iter().enumerate() {
                 match (&f.timestamp, i) {
                     (Some(ts), 0) => out.push(format!("{ts} {l}")),
@@ -351,6 +374,11 @@ impl AlertDocument {
         out
     }
 
+    /// The opening fault in words: "Xid 79", "driver initialisation failure".
+    pub fn fault_words(&self) -> String {
+        kind_words(&self.kind, self.xid)
+    }
+
     /// "GPU 3 (0000:17:00.0)" or "host" when no GPU is known.
     pub fn gpu_label(&self) -> String {
         match &self.gpu {
@@ -365,8 +393,10 @@ impl AlertDocument {
     }
 }
 
-/// `gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79, critical`.
-fn headline(inc: &Incident) -> String {
+/// `gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79, critical`; a repeat offender's
+/// `... - Xid 79 (2nd time in 30 days: replace the board), critical`, so that its page and mail
+/// subject never read as a duplicate of the first one.
+fn headline(inc: &Incident, escalation: Option<&str>) -> String {
     let mut s = String::new();
     if inc.test {
         s.push_str("[TEST] ");
@@ -378,8 +408,11 @@ fn headline(inc: &Incident) -> String {
     s.push_str(": ");
     s.push_str(&inc.title);
     s.push_str(" - ");
-    if let Some(x) = inc.xid {
-        s.push_str(&format!("Xid {x}, "));
+    match (inc.xid, escalation) {
+        (Some(x), Some(e)) => s.push_str(&format!("Xid {x} ({e}), ")),
+        (Some(x), None) => s.push_str(&format!("Xid {x}, ")),
+        (None, Some(e)) => s.push_str(&format!("{e}, ")),
+        (None, None) => {}
     }
     s.push_str(inc.severity.as_str());
     if inc.phase == IncidentPhase::Resolved {
@@ -397,6 +430,138 @@ fn headline(inc: &Incident) -> String {
         ));
     }
     s
+}
+
+/// The history runbook's escalation of a repeat offender, in headline words: "2nd time in 30
+/// days: replace the board". `None` when the repeat-offender rule did not match.
+fn escalation(evidence: &[Evidence]) -> Option<String> {
+    let notes: Vec<&str> = evidence
+        .iter()
+        .filter(|e| e.runbook == "gpu-history")
+        .flat_map(|e| e.steps.iter())
+        .flat_map(|s| s.notes.iter().map(String::as_str))
+        .collect();
+    if !notes.iter().any(|n| n.starts_with("repeat offender")) {
+        return None;
+    }
+    // "history: the 2nd Xid 79 on this board (serial 1650923017654) in 30 days"
+    let times = notes.iter().find_map(|n| {
+        let rest = n.strip_prefix("history: the ")?;
+        let (nth, _) = rest.split_once(' ')?;
+        let days = rest.rsplit_once(" in ")?.1;
+        nth.starts_with(|c: char| c.is_ascii_digit())
+            .then(|| format!("{nth} time in {days}"))
+    });
+    Some(match times {
+        Some(t) => format!("{t}: replace the board"),
+        None => "repeat offender: replace the board".to_string(),
+    })
+}
+
+/// "the user-space driver is 535.54.03 and the kernel module 525.85.12", for an API mismatch
+/// whose versions the kernel log gave: the on-call needs both to know which one to change.
+fn api_versions(f: &FindingDoc) -> Option<String> {
+    let d = f.detail.as_ref()?;
+    let client = d.get("client_version")?.as_str().unwrap_or_default();
+    let kernel = d.get("kernel_version")?.as_str().unwrap_or_default();
+    let word = |v: &str| {
+        if v.is_empty() {
+            "not in the log".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    (!client.is_empty() || !kernel.is_empty()).then(|| {
+        format!(
+            "The user-space driver (client) is version {} and the kernel module version {}",
+            word(client),
+            word(kernel)
+        )
+    })
+}
+
+/// `RmInitAdapter failed!` and the `rm_init_adapter failed, device minor number N` that follows
+/// it are one failure reported twice by the driver: the second is folded into the first (its
+/// lines kept) when it follows for the same GPU (or names none). Returns how many were folded.
+fn fold_init_pairs(findings: &mut Vec<FindingDoc>) -> usize {
+    let is_init = |f: &FindingDoc, what: &str| {
+        f.kind == "driver_init_failure" && f.title.contains(what) && f.xid.is_none()
+    };
+    let mut folded = 0;
+    let mut i = 1;
+    while i < findings.len() {
+        let (head, tail) = findings.split_at_mut(i);
+        let (prev, cur) = (&mut head[i - 1], &tail[0]);
+        let same_gpu = cur.pci.is_none() || cur.pci == prev.pci;
+        if is_init(prev, "RmInitAdapter failed")
+            && is_init(cur, "rm_init_adapter failed")
+            && same_gpu
+            && !prev.raw.iter().any(|l| l.contains("rm_init_adapter"))
+        {
+            let cur = findings.remove(i);
+            let prev = &mut findings[i - 1];
+            for (n, l) in cur.raw.into_iter().enumerate() {
+                match (&cur.timestamp, n) {
+                    (Some(ts), 0) if prev.timestamp.as_ref() != Some(ts) => {
+                        prev.raw.push(format!("{ts} {l}"))
+                    }
+                    _ => prev.raw.push(l),
+                }
+            }
+            prev.raw_omitted += cur.raw_omitted;
+            folded += 1;
+        } else {
+            i += 1;
+        }
+    }
+    folded
+}
+
+/// `[ 9512.238711]` as microseconds since boot; `None` for any other timestamp text.
+fn uptime_us(ts: &str) -> Option<u64> {
+    let inner = ts.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+    let (s, frac) = inner.split_once('.').unwrap_or((inner, "0"));
+    let frac: String = frac.chars().chain(std::iter::repeat('0')).take(6).collect();
+    Some(s.parse::<u64>().ok()?.checked_mul(1_000_000)? + frac.parse::<u64>().ok()?)
+}
+
+/// A finding kind in words for pages ("PCIe AER error", not `pcie_aer`); the JSON keeps the
+/// stable kind names for programs.
+pub fn kind_words(kind: &str, xid: Option<u32>) -> String {
+    match (kind, xid) {
+        ("xid", Some(x)) => return format!("Xid {x}"),
+        ("sxid", Some(x)) => return format!("SXid {x}"),
+        _ => {}
+    }
+    let words = match kind {
+        "xid" => "Xid",
+        "sxid" => "SXid",
+        "fallen_off_bus" => "GPU fell off the bus",
+        "driver_init_failure" => "driver initialisation failure",
+        "api_mismatch" => "driver API mismatch",
+        "driver_error" => "driver error",
+        "pcie_aer" => "PCIe AER error",
+        "gpu_identity" => "GPU identity",
+        "kmsg_overrun" => "kernel log records lost",
+        "kmsg_sequence" => "kernel log sequence gap",
+        "ecc_error" => "ECC error",
+        "gpu_lost" => "GPU lost",
+        "gpu_missing" => "GPU missing",
+        "nvml_unavailable" => "NVML unavailable",
+        "config_rejected" => "config refused",
+        "driver_unresponsive" => "driver not responding",
+        "gpu_temperature" => "GPU temperature",
+        "gpu_throttling" => "GPU clocks slowed down",
+        "pcie_link_degraded" => "PCIe link degraded",
+        "memory_repair" => "GPU memory repair",
+        "ecc_dbe_increase" => "uncorrectable ECC errors rising",
+        "recovery_action" => "GPU recovery action",
+        "power_over_limit" => "power over the limit",
+        "persistence_mode_off" => "persistence mode off",
+        "inventory_changed" => "GPU inventory changed",
+        other => return other.replace('_', " "),
+    };
+    words.to_string()
 }
 
 /// "42 s", "5 min", "3 h".

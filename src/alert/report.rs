@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::document::{duration_words, AlertDocument, Phase};
+use super::document::{duration_words, kind_words, AlertDocument, Phase};
 
 /// The whole report, evidence included.
 pub fn render(doc: &AlertDocument) -> String {
@@ -55,10 +55,7 @@ pub fn summary(doc: &AlertDocument) -> String {
         }
         let _ = writeln!(o, "GPU:       {}", parts.join(", "));
     }
-    let mut fault = match doc.xid {
-        Some(x) => format!("Xid {x}"),
-        None => doc.kind.clone(),
-    };
+    let mut fault = doc.fault_words();
     if let Some(c) = &doc.catalog {
         // For other kinds the catalog's mnemonic is the kind itself: not twice.
         if !c.mnemonic.is_empty() && c.mnemonic != doc.kind {
@@ -161,17 +158,7 @@ pub fn summary(doc: &AlertDocument) -> String {
     if !doc.echoes.is_empty() {
         o.push_str("\nFolded into this incident\n");
         for e in &doc.echoes {
-            match e.xid {
-                Some(x) if e.kind == "xid" => {
-                    let _ = writeln!(o, "  Xid {x}: {} time(s)", e.count);
-                }
-                Some(x) => {
-                    let _ = writeln!(o, "  {} {x}: {} time(s)", e.kind, e.count);
-                }
-                None => {
-                    let _ = writeln!(o, "  {}: {} time(s)", e.kind, e.count);
-                }
-            }
+            let _ = writeln!(o, "  {}: {} time(s)", kind_words(&e.kind, e.xid), e.count);
         }
     }
     o

@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::document::{AlertDocument, Phase};
+use super::document::{kind_words, AlertDocument, Phase, StepDoc, StepStatusDoc};
 use crate::model::Severity;
 
 const SECTION_MAX: usize = 3000;
@@ -84,6 +84,108 @@ fn code_block(lines: &[String], max: usize) -> String {
     out
 }
 
+/// Output excerpt shown per step, in characters.
+const EXCERPT_MAX: usize = 160;
+
+/// `title` then as many whole `items` (one a line) as fit in `max` characters; when some do not
+/// fit, a last line says how many were left out and where the full report is. Never cut inside
+/// an item: a path or a step cut in half reads as something it is not.
+fn whole_items(title: &str, items: &[String], max: usize, where_: &str) -> String {
+    let mut text = title.to_string();
+    let mut shown = 0;
+    for (i, item) in items.iter().enumerate() {
+        let left = items.len() - i - 1;
+        // Room for the "left out" line, unless this is the last item.
+        let reserve = if left == 0 {
+            0
+        } else {
+            60 + where_.chars().count()
+        };
+        if text.chars().count() + 1 + item.chars().count() + reserve > max {
+            break;
+        }
+        text.push('\n');
+        text.push_str(item);
+        shown += 1;
+    }
+    if shown < items.len() {
+        text.push_str(&format!(
+            "\n_{} more item(s) left out here; {where_}_",
+            items.len() - shown
+        ));
+    }
+    text
+}
+
+/// One line per step saying what it found: its first note, else the first line of its output;
+/// the steps whose program is not installed are said once, together.
+fn evidence_items(steps: &[StepDoc]) -> Vec<String> {
+    let mut items = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    let mut searched: Option<String> = None;
+    // The one "not installed" line stands where the first such step was.
+    let mut missing_at = None;
+    for s in steps {
+        if let StepStatusDoc::Missing { what } = &s.status {
+            if let Some((program, rest)) = what.split_once(" is not installed ") {
+                if !missing.iter().any(|m| m == program) {
+                    missing.push(program.to_string());
+                }
+                searched.get_or_insert_with(|| rest.trim().to_string());
+                missing_at.get_or_insert(items.len());
+                continue;
+            }
+        }
+        let mut line = format!(
+            "• `{}` {} ({} ms)",
+            escape(&s.name),
+            escape(&s.status.describe()),
+            s.duration_ms
+        );
+        let found = s
+            .notes
+            .first()
+            .map(|n| n.to_string())
+            .or_else(|| excerpt(&s.output));
+        if let Some(f) = found {
+            line.push_str(&format!(": {}", escape(&f.replace('`', "'"))));
+        }
+        items.push(line);
+    }
+    if !missing.is_empty() {
+        let mut line = format!("• not installed here: {}", escape(&missing.join(", ")));
+        if let Some(w) = searched.filter(|w| !w.is_empty()) {
+            line.push_str(&format!(" {}", escape(&w)));
+        }
+        items.insert(missing_at.unwrap_or(items.len()), line);
+    }
+    items
+}
+
+/// The first non-empty line of a step's output (cut at a word to [`EXCERPT_MAX`] characters,
+/// and said so), and how many lines follow it in the full report.
+fn excerpt(output: &str) -> Option<String> {
+    let first = output.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let more = output
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+        .saturating_sub(1);
+    let mut out = if first.chars().count() <= EXCERPT_MAX {
+        first.to_string()
+    } else {
+        let cut: String = first.chars().take(EXCERPT_MAX).collect();
+        match cut.rfind(' ') {
+            Some(i) if i > EXCERPT_MAX / 2 => format!("{} [line cut]", &cut[..i]),
+            _ => format!("{cut} [line cut]"),
+        }
+    };
+    if more > 0 {
+        out.push_str(&format!(" (+{more} line(s))"));
+    }
+    Some(out)
+}
+
 /// The message posted to the incoming webhook.
 pub fn payload(doc: &AlertDocument) -> Value {
     if doc.phase == Phase::Resolved {
@@ -144,10 +246,7 @@ pub fn payload(doc: &AlertDocument) -> Value {
             fields.push(format!("*Serial*\n`{}`", escape(s)));
         }
     }
-    let mut fault = match doc.xid {
-        Some(x) => format!("Xid {x}"),
-        None => escape(&doc.kind),
-    };
+    let mut fault = escape(&doc.fault_words());
     // For other kinds the catalog's mnemonic is the kind itself: not twice.
     if let Some(c) = doc
         .catalog
@@ -186,13 +285,25 @@ pub fn payload(doc: &AlertDocument) -> Value {
             .collect::<Vec<_>>(),
     }));
 
+    let where_ = match &doc.report_path {
+        Some(p) => format!("full report: `{}` on {}", escape(p), escape(&doc.host)),
+        // Only a file can be pointed at: the journal holds the report only when standard output
+        // is a channel, which this message cannot know.
+        None => format!("no report file kept on {}", escape(&doc.host)),
+    };
+
     let notes = doc.notes();
     if !notes.is_empty() {
-        let mut text = String::from("*Runbook findings*");
-        for (step, note) in &notes {
-            text.push_str(&format!("\n• {} (`{}`)", escape(note), escape(step)));
-        }
-        blocks.push(section(fit(&text, NOTES_MAX)));
+        let items: Vec<String> = notes
+            .iter()
+            .map(|(step, note)| format!("• {} (`{}`)", escape(note), escape(step)))
+            .collect();
+        blocks.push(section(whole_items(
+            "*Runbook findings*",
+            &items,
+            NOTES_MAX,
+            &where_,
+        )));
     }
 
     let lines = doc.kernel_lines();
@@ -207,10 +318,7 @@ pub fn payload(doc: &AlertDocument) -> Value {
         let parts: Vec<String> = doc
             .echoes
             .iter()
-            .map(|e| match e.xid {
-                Some(x) => format!("Xid {x} x{}", e.count),
-                None => format!("{} x{}", escape(&e.kind), e.count),
-            })
+            .map(|e| format!("{} x{}", escape(&kind_words(&e.kind, e.xid)), e.count))
             .collect();
         blocks.push(section(fit(
             &format!("*Folded into this incident*: {}", parts.join(", ")),
@@ -219,32 +327,24 @@ pub fn payload(doc: &AlertDocument) -> Value {
     }
 
     if !doc.evidence.is_empty() {
-        let mut text = String::from("*Evidence*");
+        let mut items = Vec::new();
         for e in &doc.evidence {
-            text.push_str(&format!(
-                "\nrunbook `{}` ({} step(s), {} ms)",
+            items.push(format!(
+                "runbook `{}` ({} step(s), {} ms)",
                 escape(&e.runbook),
-                e.steps.len(),
+                e.steps.len() + e.steps_omitted,
                 e.duration_ms
             ));
-            for s in &e.steps {
-                text.push_str(&format!(
-                    "\n• `{}` {} ({} ms)",
-                    escape(&s.name),
-                    escape(&s.status.describe()),
-                    s.duration_ms
-                ));
-            }
+            items.extend(evidence_items(&e.steps));
         }
-        blocks.push(section(fit(&text, EVIDENCE_MAX)));
+        blocks.push(section(whole_items(
+            "*Evidence*",
+            &items,
+            EVIDENCE_MAX,
+            &where_,
+        )));
     }
 
-    let where_ = match &doc.report_path {
-        Some(p) => format!("full report: `{}` on {}", escape(p), escape(&doc.host)),
-        // Only a file can be pointed at: the journal holds the report only when standard output
-        // is a channel, which this message cannot know.
-        None => format!("no report file kept on {}", escape(&doc.host)),
-    };
     blocks.push(json!({
         "type": "context",
         "elements": [

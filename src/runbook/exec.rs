@@ -852,9 +852,9 @@ async fn nvml(
     match tokio::time::timeout(timeout, work).await {
         Ok(Ok(Ok(text))) => Outcome {
             status: StepStatus::Done { exit_code: None },
+            notes: super::interpret::nvml_notes(&text),
             output: sanitize(&text),
             bytes_dropped: 0,
-            notes: Vec::new(),
         },
         Ok(Ok(Err(NvmlError::NotSupported))) => Outcome::status(StepStatus::Skipped {
             reason: format!("NVML does not support {q} on this GPU or driver"),

@@ -23,6 +23,42 @@ pub fn program_notes(program: &str, output: &str) -> Vec<String> {
     notes
 }
 
+/// Notes on the answer of an NVML query step (`key: value` lines): the same findings as from
+/// nvidia-smi, so a pending row remap read through NVML is not a silent "done".
+pub fn nvml_notes(output: &str) -> Vec<String> {
+    let value = |k: &str| {
+        output
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(key, _)| key.trim() == k)
+            .map(|(_, v)| v.trim().to_ascii_lowercase())
+    };
+    let yes = |k: &str| value(k).is_some_and(|v| v == "true" || v == "yes" || v == "1");
+    let mut notes = Vec::new();
+    if yes("pending") {
+        notes.push(
+            "a row remap is pending: it takes effect at the next GPU reset; drain the GPU's \
+             jobs and schedule a reset (xidwatch never resets anything)"
+                .into(),
+        );
+    }
+    if yes("failure") {
+        notes.push(
+            "row remapping failed: a memory bank has no spare rows left; the GPU needs \
+             replacing (RMA, contact support)"
+                .into(),
+        );
+    }
+    if yes("pending_retirement") {
+        notes.push(
+            "a page retirement is pending: it takes effect when the GPU is reset or the \
+             driver reloaded"
+                .into(),
+        );
+    }
+    notes
+}
+
 /// What nvidia-smi (or NVML through it) says when it cannot reach the GPU or the driver.
 fn driver_state_notes(output: &str) -> Vec<String> {
     const SIGNS: &[(&str, &str)] = &[
@@ -358,6 +394,15 @@ pub fn cross_notes(steps: &[StepResult]) -> Vec<(usize, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_nvml_pending_row_remap_is_a_finding() {
+        let notes = nvml_notes("correctable: 0\nuncorrectable: 1\npending: true\nfailure: false\n");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("row remap is pending"));
+        assert!(nvml_notes("correctable: 0\npending: false\nfailure: false\n").is_empty());
+        assert!(nvml_notes("pending_retirement: true\n")[0].contains("page retirement"));
+    }
     use crate::model::StepStatus;
 
     const REMAP: &str = "\

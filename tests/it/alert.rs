@@ -1567,9 +1567,12 @@ fn page_details_say_each_thing_once() {
     });
     let doc = AlertDocument::build(&aer);
     let text = report::summary(&doc);
-    assert!(text.contains("Fault:     pcie_aer (category"), "{text}");
+    assert!(
+        text.contains("Fault:     PCIe AER error (category"),
+        "{text}"
+    );
     let all = serde_json::to_string(&slack::payload(&doc)).unwrap();
-    assert!(all.contains("*Fault*\\npcie_aer\""), "{all}");
+    assert!(all.contains("*Fault*\\nPCIe AER error\""), "{all}");
 }
 
 /// The path every real incident takes: the alert is held during the settle delay and while its
@@ -1624,4 +1627,267 @@ async fn a_held_alert_with_attached_evidence_names_its_report() {
     );
     assert!(!slack.contains("journal"), "{slack}");
     run.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the page says: the truth, in words, in order
+
+fn step(name: &str, status: StepStatus, output: &str, notes: &[&str]) -> StepResult {
+    StepResult {
+        name: name.to_string(),
+        kind: "run".to_string(),
+        target: vec![name.to_string()],
+        status,
+        output: output.to_string(),
+        bytes_dropped: 0,
+        duration_ms: 3,
+        notes: notes.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+fn slack_section(payload: &serde_json::Value, title: &str) -> String {
+    payload["attachments"][0]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"]["text"].as_str())
+        .find(|t| t.starts_with(title))
+        .unwrap_or_else(|| panic!("no {title} section: {payload:#}"))
+        .to_string()
+}
+
+/// The Slack evidence says what each step found (a note, or the first line of its output), says
+/// once which programs are not installed, and when it is too long cuts between whole items,
+/// saying how many were left out and where the full report is.
+#[test]
+fn slack_evidence_shows_findings_collapses_missing_and_cuts_at_whole_items() {
+    let mut alert = xid79_alert();
+    let missing = |p: &str| StepStatus::Missing {
+        what: format!("{p} is not installed (searched /usr/local/bin:/usr/bin:/usr/sbin)"),
+    };
+    let done = StepStatus::Done { exit_code: Some(0) };
+    let mut steps = vec![
+        step("dmidecode", missing("dmidecode"), "", &[]),
+        step("ipmitool", missing("ipmitool"), "", &[]),
+        step(
+            "driver version",
+            done.clone(),
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.54.03\nGCC version: 12\n",
+            &[],
+        ),
+        step("ipmitool again", missing("ipmitool"), "", &[]),
+    ];
+    for i in 0..30 {
+        steps.push(step(
+            &format!("sysfs read {i}"),
+            done.clone(),
+            &format!(
+                "/sys/bus/pci/devices/0000:17:00.0/very/long/path/number/{i}/current_link_speed\n"
+            ),
+            &[],
+        ));
+    }
+    alert.evidence[0].steps.extend(steps);
+    let mut doc = AlertDocument::build(&alert);
+    doc.report_path = Some("/var/lib/xidwatch/alert-reports/x.txt".to_string());
+    let ev = slack_section(&slack::payload(&doc), "*Evidence*");
+    assert!(!ev.contains("is not installed"), "{ev}");
+    assert_eq!(
+        ev.matches(
+            "not installed here: dmidecode, ipmitool (searched /usr/local/bin:/usr/bin:/usr/sbin)"
+        )
+        .count(),
+        1,
+        "{ev}"
+    );
+    assert!(
+        ev.contains("NVIDIA UNIX x86_64 Kernel Module  535.54.03"),
+        "{ev}"
+    );
+    assert!(ev.contains("link degraded: x8 at 8GT/s"), "{ev}");
+    assert!(!ev.contains('…'), "cut mid-item: {ev}");
+    for l in ev.lines().skip(1) {
+        assert!(
+            l.starts_with("• ") || l.starts_with("runbook ") || l.starts_with('_'),
+            "not a whole item: {l:?}\n{ev}"
+        );
+        if l.contains("very/long/path") {
+            assert!(l.ends_with("current_link_speed"), "a path cut: {l:?}");
+        }
+    }
+    let last = ev.lines().last().unwrap();
+    assert!(
+        last.contains("more item(s) left out")
+            && last.contains("/var/lib/xidwatch/alert-reports/x.txt"),
+        "{last}"
+    );
+}
+
+/// An API mismatch page states both versions; the kind names never stand where words belong.
+#[test]
+fn an_api_mismatch_page_states_both_versions_in_words() {
+    let mut alert = xid79_alert();
+    let inc = &mut alert.incident;
+    inc.kind = FindingKind::ApiMismatch;
+    inc.xid = None;
+    inc.title = "driver API mismatch: user-space driver and kernel module versions differ".into();
+    inc.echoes = vec![EchoCount {
+        kind: FindingKind::PcieAer,
+        xid: None,
+        count: 1,
+    }];
+    let f = &mut inc.findings[0];
+    f.kind = FindingKind::ApiMismatch;
+    f.xid = None;
+    f.origin.raw = vec!["NVRM: API mismatch: the client has the version 535.54.03, but".into()];
+    f.detail = Some(xidwatch::model::Detail::ApiMismatch {
+        client_version: "535.54.03".into(),
+        kernel_version: "525.85.12".into(),
+    });
+    alert.evidence.clear();
+    alert.catalog = None;
+    let doc = AlertDocument::build(&alert);
+    let slack = serde_json::to_string(&slack::payload(&doc)).unwrap();
+    let text = report::render(&doc);
+    for page in [&slack, &text] {
+        assert!(
+            page.contains("535.54.03")
+                && page.contains("525.85.12")
+                && page.contains("kernel module version 525.85.12"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("api_mismatch") && !page.contains("pcie_aer"),
+            "{page}"
+        );
+        assert!(page.contains("PCIe AER error"), "{page}");
+    }
+    assert!(slack.contains("driver API mismatch"), "{slack}");
+}
+
+/// `RmInitAdapter failed!` and the `rm_init_adapter failed, device minor number N` after it are
+/// one failure: one occurrence on the page, both lines kept.
+#[test]
+fn rm_init_adapter_and_its_minor_number_line_are_one_event() {
+    let mut alert = xid79_alert();
+    let inc = &mut alert.incident;
+    inc.kind = FindingKind::DriverInitFailure;
+    inc.xid = None;
+    inc.count = 2;
+    inc.echoes.clear();
+    inc.title = "GPU 3 (0000:17:00.0) failed to initialise".into();
+    let mut first = Finding::new(
+        FindingKind::DriverInitFailure,
+        Severity::Critical,
+        Category::Driver,
+        "driver initialisation failure: RmInitAdapter failed".into(),
+    );
+    first.pci = inc.pci;
+    first.origin.seq = Some(100);
+    first.origin.timestamp = Some("[   12.500000]".into());
+    first.origin.raw = vec!["NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x22:0x56:884)".into()];
+    let mut second = Finding::new(
+        FindingKind::DriverInitFailure,
+        Severity::Critical,
+        Category::Driver,
+        "driver initialisation failure: rm_init_adapter failed for device minor 3".into(),
+    );
+    second.origin.seq = Some(101);
+    second.origin.timestamp = Some("[   12.500100]".into());
+    second.origin.raw = vec!["NVRM: rm_init_adapter failed, device minor number 3".into()];
+    inc.findings = vec![first, second];
+    alert.evidence.clear();
+    alert.catalog = None;
+    let doc = AlertDocument::build(&alert);
+    assert_eq!(doc.count, 1);
+    assert_eq!(doc.findings.len(), 1);
+    assert_eq!(
+        doc.kernel_lines(),
+        vec![
+            "[   12.500000] NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x22:0x56:884)",
+            "[   12.500100] NVRM: rm_init_adapter failed, device minor number 3",
+        ]
+    );
+    let slack = serde_json::to_string(&slack::payload(&doc)).unwrap();
+    assert!(slack.contains(" x1"), "{slack}");
+    assert!(!slack.contains(" x2"), "{slack}");
+    assert!(!slack.contains("driver_init_failure"), "{slack}");
+    assert!(slack.contains("driver initialisation failure"), "{slack}");
+    let text = report::render(&doc);
+    assert!(text.contains(", 1 occurrence(s)"), "{text}");
+    assert!(!text.contains("driver_init_failure"), "{text}");
+}
+
+/// The second Xid 79 on a board is not a duplicate: its headline and mail subject carry the
+/// escalation.
+#[test]
+fn a_repeat_offenders_headline_and_subject_carry_the_escalation() {
+    let first = AlertDocument::build(&xid79_alert());
+    let mut alert = xid79_alert();
+    let summary = xidwatch::history::Summary {
+        count_in_window: 2,
+        window_days: 30,
+        repeat_offender: true,
+        earlier: Vec::new(),
+        board: "serial:1650923017654".into(),
+        what: "Xid 79".into(),
+    };
+    alert.evidence.push(xidwatch::history::evidence(
+        &summary,
+        "gpu-node-7",
+        1_764_404_043_300,
+    ));
+    let doc = AlertDocument::build(&alert);
+    assert_ne!(doc.headline, first.headline);
+    assert_eq!(
+        doc.headline,
+        "gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79 (2nd time in 30 days: replace the board), critical"
+    );
+    let from: lettre::message::Mailbox = "xidwatch <xidwatch@example.org>".parse().unwrap();
+    let msg =
+        xidwatch::alert::email::message(&doc, &from, std::slice::from_ref(&from), "[xidwatch]")
+            .unwrap();
+    // Headers are folded at 78 characters: unfold before reading the subject.
+    let head = String::from_utf8_lossy(&msg.formatted()).replace("\r\n ", " ");
+    let subject = head
+        .lines()
+        .find(|l| l.starts_with("Subject:"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(subject.contains("2nd time in 30 days"), "{subject}");
+}
+
+/// The kernel-log block is in the order the kernel wrote it: an AER line before the Xid is shown
+/// before it, though the Xid leads the findings as the cause.
+#[test]
+fn the_kernel_log_block_is_in_kernel_order() {
+    let mut alert = xid79_alert();
+    let mut aer = Finding::new(
+        FindingKind::PcieAer,
+        Severity::Critical,
+        Category::Pcie,
+        "PCIe AER: fatal error".into(),
+    );
+    aer.origin.seq = Some(81230);
+    aer.origin.timestamp = Some("[ 9512.100231]".into());
+    aer.origin.raw =
+        vec!["pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0".into()];
+    alert.incident.findings[1].origin.seq = Some(81235);
+    alert.incident.findings.push(aer);
+    let doc = AlertDocument::build(&alert);
+    let lines = doc.kernel_lines();
+    assert!(
+        lines[0].starts_with("[ 9512.100231] pcieport"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[1].starts_with("[ 9512.238711] NVRM: Xid"),
+        "{lines:#?}"
+    );
+    let text = report::render(&doc);
+    let (aer_at, xid_at) = (
+        text.find("AER: Uncorrected").unwrap(),
+        text.find("NVRM: Xid").unwrap(),
+    );
+    assert!(aer_at < xid_at, "{text}");
 }
