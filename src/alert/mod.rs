@@ -127,6 +127,7 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
             "NVRM: Xid (PCI:0000:ff:1f): 79, pid=0, name=xidwatch-test, GPU has fallen off the bus. [xidwatch test-alert: this line is synthetic]"
                 .to_string(),
         ],
+        raw_ts_usec: Vec::new(),
     };
     let incident = Incident {
         id: format!("test-{host}-{now_ms}"),

@@ -316,7 +316,7 @@ impl Classifier {
         match (p, &shape) {
             (Pending::TheNvidiaGpu { finding, last_line }, _) => {
                 if matches!(shape, Shape::FallenOffBusTail) || msg.contains("fallen off the bus") {
-                    fold_raw(finding, msg, line, last_line);
+                    fold_raw(finding, msg, at, last_line);
                     let f = finding.clone();
                     self.pending = None;
                     let f = self.enrich(f);
@@ -326,7 +326,7 @@ impl Classifier {
                 if let (Shape::Other, Some(rest)) = (&shape, msg.strip_prefix("NVRM: ")) {
                     // "(PCI ID: 10de:2330) installed in this system has": keep waiting.
                     if rest.starts_with("(PCI ID") && finding.origin.raw.len() < 3 {
-                        fold_raw(finding, msg, line, last_line);
+                        fold_raw(finding, msg, at, last_line);
                         return None;
                     }
                 }
@@ -334,7 +334,7 @@ impl Classifier {
                     // "installed in this system is not supported by the NVIDIA 550.54.14 driver
                     // release" / "by open nvidia.ko": the driver will not drive this GPU.
                     let mut f = finding.clone();
-                    fold_raw(&mut f, msg, line, last_line);
+                    fold_raw(&mut f, msg, at, last_line);
                     f.kind = FindingKind::DriverError;
                     f.severity = Severity::Warning;
                     f.category = Category::Driver;
@@ -367,7 +367,7 @@ impl Classifier {
                 Shape::ApiMismatchClient { client: c },
             ) => {
                 *client = Some(c.clone());
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -380,7 +380,7 @@ impl Classifier {
                 Shape::ApiMismatchKernel { kernel: k },
             ) => {
                 *kernel = Some(k.clone());
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -389,7 +389,7 @@ impl Classifier {
                 },
                 Shape::ApiMismatchTail { last },
             ) => {
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 if *last {
                     self.flush(out);
                 }
@@ -418,7 +418,7 @@ impl Classifier {
                         continuation.push(s.rest.clone());
                     }
                 }
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -452,13 +452,13 @@ impl Classifier {
                         .is_some_and(|p| self.nvidia_devices.contains(&p));
                     finding.severity = finding.severity.max(status_severity(st, nvidia));
                 }
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (Pending::Gsp { finding, last_line }, Shape::GspDump { text, .. })
                 if !text.contains("_kgspLogXid119") =>
             {
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -469,7 +469,7 @@ impl Classifier {
                 },
                 Shape::GspDump { .. },
             ) => {
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -483,7 +483,7 @@ impl Classifier {
                 if finding.pci.is_none() {
                     finding.pci = shapes::find_address(msg);
                 }
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -498,7 +498,7 @@ impl Classifier {
                 if module.is_none() {
                     *module = *m;
                 }
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             (
@@ -526,7 +526,7 @@ impl Classifier {
                 if module.is_none() {
                     *module = *m;
                 }
-                fold_raw(finding, msg, line, last_line);
+                fold_raw(finding, msg, at, last_line);
                 None
             }
             _ => {
@@ -1212,6 +1212,7 @@ fn base_owned(
         ts_usec: at.ts_usec,
         timestamp: at.timestamp.clone(),
         raw: vec![msg.to_string()],
+        raw_ts_usec: vec![at.ts_usec],
     };
     f
 }
@@ -1242,13 +1243,19 @@ fn held_by(f: &Finding, task: &Option<String>) -> bool {
 }
 
 /// Adds a physical line to a folded finding: counted always, kept up to the bound.
-fn fold_raw(f: &mut Finding, msg: &str, line: u64, last_line: &mut u64) {
+fn fold_raw(f: &mut Finding, msg: &str, at: &LineOrigin, last_line: &mut u64) {
+    let line = at.line;
     if line != *last_line || line == 0 {
         f.origin.lines += 1;
     }
     *last_line = line.max(*last_line);
     if f.origin.raw.len() < MAX_FOLDED_LINES {
-        f.origin.raw.push(msg.to_string());
+        // Each folded line keeps its own time: the lines before it keep the finding's.
+        let first = f.origin.ts_usec;
+        let o = &mut f.origin;
+        o.raw_ts_usec.resize(o.raw.len(), first);
+        o.raw.push(msg.to_string());
+        o.raw_ts_usec.push(at.ts_usec.or(first));
     }
 }
 

@@ -39,3 +39,27 @@ pub fn loud_line(line: &str, prefilter: bool) -> Vec<Finding> {
         .filter(|f| f.severity >= Severity::Warning)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    /// A message the driver prints over several records keeps each record's own time, so the
+    /// page's kernel-log block dates every line (not all of them at the first line's time).
+    #[test]
+    fn folded_lines_keep_their_own_times() {
+        let f = super::read(
+            &[
+                "[  100.000001] NVRM: The NVIDIA GPU 0000:17:00.0",
+                "[  100.500002] NVRM: (PCI ID: 10de:2330) installed in this system has",
+                "[  101.000003] NVRM: fallen off the bus and is not responding to commands.",
+            ],
+            false,
+        );
+        let f = f
+            .iter()
+            .find(|f| f.origin.raw.len() == 3)
+            .unwrap_or_else(|| panic!("no folded finding in {f:#?}"));
+        assert_eq!(f.origin.line_ts(0), Some(100_000_001));
+        assert_eq!(f.origin.line_ts(1), Some(100_500_002));
+        assert_eq!(f.origin.line_ts(2), Some(101_000_003));
+    }
+}

@@ -172,6 +172,17 @@ pub struct Origin {
     pub timestamp: Option<String>,
     /// The message lines as read (prefixes removed), for the evidence.
     pub raw: Vec<String>,
+    /// Each raw line's own kernel timestamp, where the lines were read from records of their
+    /// own (a detail line under an Xid); missing entries are the finding's [`Origin::ts_usec`].
+    #[serde(skip)]
+    pub raw_ts_usec: Vec<Option<u64>>,
+}
+
+impl Origin {
+    /// The kernel timestamp of raw line `i`: its own where it had one, else the finding's.
+    pub fn line_ts(&self, i: usize) -> Option<u64> {
+        self.raw_ts_usec.get(i).copied().flatten().or(self.ts_usec)
+    }
 }
 
 /// The NVIDIA recovery action carried by Xid 154.

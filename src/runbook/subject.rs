@@ -142,7 +142,7 @@ impl From<&Incident> for Subject {
             for (i, text) in f.origin.raw.iter().enumerate() {
                 kernel_log.push(LogLine {
                     seq: f.origin.seq.map(|s| s.saturating_add(i as u64)),
-                    ts_usec: f.origin.ts_usec,
+                    ts_usec: f.origin.line_ts(i),
                     text: text.clone(),
                 });
             }

@@ -57,6 +57,7 @@ fn xid79_incident() -> Incident {
         raw: vec![
             "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.".to_string(),
         ],
+        ..Default::default()
     };
     let mut g = Finding::new(
         FindingKind::FallenOffBus,

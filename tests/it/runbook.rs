@@ -1838,3 +1838,23 @@ fn the_configuration_cannot_widen_what_runs() {
         assert!(err.contains(needle), "{text}: {err}");
     }
 }
+
+/// The kernel log lines a runbook sees, and the page shows, carry each line's own time where
+/// the finding kept one per line (a detail line under its head).
+#[test]
+fn each_kernel_log_line_keeps_its_own_time() {
+    let mut f = Finding::new(
+        FindingKind::FallenOffBus,
+        Severity::Critical,
+        Category::Pcie,
+        "fell off the bus".into(),
+    );
+    f.origin.ts_usec = Some(100_000_001);
+    f.origin.seq = Some(7);
+    f.origin.raw = vec!["head".into(), "detail".into()];
+    f.origin.raw_ts_usec = vec![Some(100_000_001), Some(101_000_003)];
+    let inc = incident(vec![f], FindingKind::FallenOffBus, None);
+    let s = Subject::from(&inc);
+    let times: Vec<Option<u64>> = s.kernel_log.iter().map(|l| l.ts_usec).collect();
+    assert_eq!(times, [Some(100_000_001), Some(101_000_003)]);
+}
