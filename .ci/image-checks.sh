@@ -43,19 +43,23 @@ name=xidwatch-ci-drill-$$
 tmp=$(mktemp -d)
 sink_pid=
 container=
-podman_ok=
 cleanup() {
     local rc=$?
     if [ "$rc" != 0 ] && [ -n "$container" ]; then
         echo "--- container log ($container)" >&2
-        timeout 30 podman logs "$container" >&2 2>&1 | tail -80 >&2 || true
+        pod 30 logs "$container" >&2 2>&1 | tail -80 >&2 || true
     fi
     if [ "$rc" != 0 ] && [ -s "$tmp/sink.log" ]; then
         echo "--- webhook receiver log" >&2
         tail -40 "$tmp/sink.log" >&2 || true
     fi
-    if [ -n "$container" ]; then timeout 60 podman rm -f -t 5 "$container" >/dev/null 2>&1 || true; fi
+    if [ -n "$container" ]; then pod 60 rm -f -t 5 "$container" >/dev/null 2>&1 || true; fi
     if [ -n "$sink_pid" ]; then kill "$sink_pid" 2>/dev/null || true; wait "$sink_pid" 2>/dev/null || true; fi
+    # The overlay driver mounts its directory on itself and leaves it so: unmounted, target/ can
+    # be removed (cargo clean) after the run. The cached images stay.
+    if [ -n "${driver:-}" ] && mountpoint -q "$cache/storage-$driver/$driver" 2>/dev/null; then
+        umount "$cache/storage-$driver/$driver" 2>/dev/null || true
+    fi
     rm -rf "$tmp"
     exit "$rc"
 }
@@ -88,11 +92,14 @@ events_logger = "file"
 EOF
 export CONTAINERS_CONF=$tmp/containers.conf
 driver=${XIDWATCH_IMAGE_STORAGE_DRIVER:-overlay}
-podman() {
-    command podman --root "$cache/storage-$driver" --runroot "$cache/run-$driver" \
+# podman on this script's own storage (target/image-ci), bounded: pod SECONDS ARGS...
+pod() {
+    local limit=$1
+    shift
+    timeout "$limit" podman --root "$cache/storage-$driver" --runroot "$cache/run-$driver" \
         --storage-driver "$driver" --cgroup-manager=cgroupfs --events-backend=file "$@"
 }
-echo "$(command podman --version), $(runc --version | head -1), debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo '?')"
+echo "$(podman --version), $(runc --version | head -1), debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo '?')"
 
 step "release binary"
 timeout 1800 cargo build --release --locked --quiet --bin xidwatch
@@ -136,22 +143,23 @@ else
     echo "cached rootfs: $rootfs_tar"
 fi
 import_base() {
-    timeout 300 podman image exists "$base" && return 0
-    timeout 300 podman import --quiet "$rootfs_tar" "$base" >/dev/null
+    pod 300 image exists "$base" && return 0
+    pod 300 import --quiet "$rootfs_tar" "$base" >/dev/null
 }
 import_base || fail "podman import"
-if ! timeout 120 podman run --rm --network=host "$base" /bin/true 2>"$tmp/probe.log"; then
+if ! pod 120 run --rm --network=host "$base" /bin/true 2>"$tmp/probe.log"; then
     if [ -z "${XIDWATCH_IMAGE_STORAGE_DRIVER:-}" ] && [ "$driver" = overlay ]; then
         echo "overlay storage does not work here ($(tail -1 "$tmp/probe.log")); using vfs"
         driver=vfs
         import_base || fail "podman import (vfs)"
-        timeout 120 podman run --rm --network=host "$base" /bin/true || fail "a container of $base does not start"
+        pod 120 run --rm --network=host "$base" /bin/true || fail "a container of $base does not start"
     else
         cat "$tmp/probe.log" >&2
         fail "a container of $base does not start"
     fi
 fi
-echo "$base: Debian $(podman run --rm --network=host "$base" cat /etc/debian_version), storage $driver"
+debian=$(pod 120 run --rm --network=host "$base" cat /etc/debian_version)
+echo "$base: Debian $debian, storage $driver"
 
 step "image $image (Dockerfile, --target prebuilt, BASE=$base)"
 # The binary from the build context: the repository itself when the binary is in its target/
@@ -171,14 +179,14 @@ esac
 [ "$binary_arg" = target/release/xidwatch ] || [ "$context" != "$repo" ] ||
     fail "the binary is at $binary_arg in the repository, which .dockerignore leaves out"
 # --network=host: the runtime stage's apt-get reaches the mirror the way apt does here.
-timeout 900 podman build --quiet --network=host --pull=never -f "$repo/Dockerfile" --target prebuilt \
+pod 900 build --quiet --network=host --pull=never -f "$repo/Dockerfile" --target prebuilt \
     --build-arg BASE="$base" --build-arg BINARY="$binary_arg" -t "$image" "$context" >"$tmp/build.log" 2>&1 ||
     { tail -40 "$tmp/build.log" >&2; fail "podman build"; }
-podman images --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' "$image"
+pod 60 images --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' "$image"
 
 step "image contents"
-in_image() { timeout 120 podman run --rm --network=host --entrypoint /bin/sh "$image" -c "$1"; }
-got=$(timeout 60 podman run --rm --network=host "$image" --version)
+in_image() { pod 120 run --rm --network=host --entrypoint /bin/sh "$image" -c "$1"; }
+got=$(pod 60 run --rm --network=host "$image" --version)
 [ "$got" = "$("$bin" --version)" ] || fail "the image's binary says '$got', the one built says '$("$bin" --version)'"
 echo "xidwatch --version: $got"
 in_image 'for p in lspci lsmod modinfo ps uname; do command -v $p >/dev/null || { echo "no $p"; exit 1; }; done' ||
@@ -190,7 +198,7 @@ in_image 'ls /usr/share/xidwatch/runbooks/*.toml >/dev/null && id xidwatch >/dev
 [ "$(in_image 'ls /usr/share/xidwatch/runbooks' | sort)" = "$(cd runbooks && ls -- *.toml | sort)" ] ||
     fail "the image's runbooks are not the shipped ones"
 cmp -s <(in_image 'cat /etc/xidwatch/xidwatch.toml') systemd/xidwatch.toml || fail "the default config is not the shipped one"
-timeout 60 podman run --rm --network=host "$image" check --config /etc/xidwatch/xidwatch.toml >"$tmp/check.log" 2>&1 ||
+pod 60 run --rm --network=host "$image" check --config /etc/xidwatch/xidwatch.toml >"$tmp/check.log" 2>&1 ||
     { cat "$tmp/check.log" >&2; fail "xidwatch check rejects the image's default config"; }
 echo "runbook programs, runbooks, xidwatch user, default config (xidwatch check: OK): OK"
 
@@ -224,35 +232,57 @@ url = "http://127.0.0.1:$port/page"
 format = "json"
 EOF
 chmod 0640 "$drill/etc/xidwatch.toml"
-timeout 60 podman run --rm --network=host -v "$drill/etc:/etc/xidwatch:ro" "$image" \
+pod 60 run --rm --network=host -v "$drill/etc:/etc/xidwatch:ro" "$image" \
     check --config /etc/xidwatch/xidwatch.toml >"$tmp/check.log" 2>&1 ||
     { cat "$tmp/check.log" >&2; fail "xidwatch check rejects the drill config"; }
 # The image's own entrypoint and command (run --config /etc/xidwatch/xidwatch.toml), the config
 # mounted over the default as the DaemonSet does, the state directory a tmpfs.
 container=$name
-timeout 120 podman run -d --name "$name" --network=host \
+pod 120 run -d --name "$name" --network=host \
     -v "$drill/etc:/etc/xidwatch:ro" -v "$drill/kmsg:/drill/kmsg:ro" \
     --tmpfs /var/lib/xidwatch:rw,mode=0755 "$image" >/dev/null || fail "podman run"
 # The fault as a GPU falling off the bus logs it, appended to the file the daemon follows.
 cat >>"$drill/kmsg" <<'EOF'
 3,4410,9512100231,-;pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0
-3,4412,9512105231,-;NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+3,4411,9512105231,-;NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 EOF
+# The pages received, kept for a look after the run.
+pages=$cache/drill-pages.jsonl
+xid_page() {
+    python3 - "$tmp/pages.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    page = json.loads(json.loads(line)["body"])
+    if page.get("kind") == "xid" and page.get("xid") == 79:
+        sys.exit(0)
+sys.exit(1)
+EOF
+}
 deadline=$((SECONDS + 60))
-until [ -s "$tmp/pages.jsonl" ]; do
-    [ "$(timeout 30 podman inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] ||
-        fail "the container stopped before paging (exit $(timeout 30 podman inspect -f '{{.State.ExitCode}}' "$name" 2>/dev/null))"
-    [ "$SECONDS" -lt "$deadline" ] || fail "no page within 60 s"
+until xid_page; do
+    [ "$(pod 30 inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] ||
+        fail "the container stopped before paging (exit $(pod 30 inspect -f '{{.State.ExitCode}}' "$name" 2>/dev/null))"
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        cp "$tmp/pages.jsonl" "$pages"
+        fail "no Xid 79 page within 60 s ($(wc -l <"$tmp/pages.jsonl") other requests, in $pages)"
+    fi
     sleep 0.5
 done
 echo "page received after $((SECONDS + 60 - deadline)) s"
-python3 - "$tmp/pages.jsonl" <<'EOF' || fail "the page"
+cp "$tmp/pages.jsonl" "$pages"
+python3 - "$tmp/pages.jsonl" <<'EOF' || fail "the page (all requests received: $pages)"
 import json, sys
 
-req = json.loads(open(sys.argv[1]).readline())
+reqs = [json.loads(line) for line in open(sys.argv[1])]
+pages = [json.loads(r["body"]) for r in reqs]
+for page in pages:
+    print(f"page: {page.get('headline')}")
+# One fault, one page: the AER report folds into the Xid 79's incident.
+if len(pages) != 1:
+    sys.exit(f"{len(pages)} pages for one fault")
+req, page = reqs[0], pages[0]
 h = {k.lower(): v for k, v in req["headers"].items()}
-page = json.loads(req["body"])
-print(f"POST {req['path']}: {page.get('headline')}")
+evidence = page.get("evidence") or []
 checks = [
     (req["path"] == "/page", f"path {req['path']}"),
     (h.get("content-type", "").startswith("application/json"), f"content-type {h.get('content-type')}"),
@@ -272,12 +302,13 @@ if bad:
     print(json.dumps(page, indent=2)[:4000], file=sys.stderr)
     sys.exit("wrong page: " + "; ".join(bad))
 print("Xid 79, critical, 0000:17:00.0, fell off the bus: OK")
+print("evidence:", ", ".join(e.get("runbook", "?") for e in evidence) or "none")
 EOF
-timeout 60 podman stop -t 10 "$name" >/dev/null || fail "podman stop"
-code=$(timeout 30 podman inspect -f '{{.State.ExitCode}}' "$name")
+pod 60 stop -t 10 "$name" >/dev/null || fail "podman stop"
+code=$(pod 30 inspect -f '{{.State.ExitCode}}' "$name")
 echo "container stopped, exit status $code"
 [ "$code" = 0 ] || fail "the daemon exited $code on SIGTERM"
-timeout 60 podman rm "$name" >/dev/null
+pod 60 rm "$name" >/dev/null
 container=
 kill "$sink_pid" 2>/dev/null || true
 wait "$sink_pid" 2>/dev/null || true
