@@ -13,7 +13,9 @@
 #   5. A drill in the running image: a kmsg record file with an AER report and an Xid 79, NVML
 #      off, a JSON webhook to a receiver on the host's loopback (.ci/webhook_sink.py, host
 #      network), the state directory a tmpfs. The page must arrive within 60 s and be the
-#      Xid 79 "fell off the bus" incident for 0000:17:00.0, with the runbook's evidence.
+#      Xid 79 "fell off the bus" incident for 0000:17:00.0, one page for the AER report and the
+#      Xid, with the fallen-off-bus runbook's lspci steps done inside the image; the daemon
+#      then stops cleanly on SIGTERM (podman stop).
 #
 # Every step is bounded in time; a failure prints the container's log and the receiver's.
 # Needs root (podman's root storage, debootstrap). Environment: XIDWATCH_DEBIAN_MIRROR (else read
@@ -120,11 +122,12 @@ if [ -z "$mirror" ]; then
             if ($i ~ /^Suites:/) { n = split($i, w, /[ \t]+/); for (j = 2; j <= n; j++) if (w[j] == s) ok = 1 }
             if ($i ~ /^Types:/ && $i ~ /(^|[ \t])deb([ \t]|$)/) deb = 1
           }
-          if (ok && deb && uris != "") { print uris; exit } }')
+          if (ok && deb && uris != "") { print uris; exit } }' || true)
 fi
 if [ -z "$mirror" ]; then
-    mirror=$(cat /etc/apt/sources.list 2>/dev/null | awk -v s="$suite" '
-        $1 == "deb" { i = 2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } if ($(i + 1) == s) { print $i; exit } }')
+    mirror=$(awk -v s="$suite" '
+        $1 == "deb" { i = 2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } if ($(i + 1) == s) { print $i; exit } }' \
+        /etc/apt/sources.list 2>/dev/null || true)
 fi
 mirror=${mirror:-http://deb.debian.org/debian}
 rootfs_tar=$cache/debian-$suite-minbase.tar
@@ -189,13 +192,16 @@ in_image() { pod 120 run --rm --network=host --entrypoint /bin/sh "$image" -c "$
 got=$(pod 60 run --rm --network=host "$image" --version)
 [ "$got" = "$("$bin" --version)" ] || fail "the image's binary says '$got', the one built says '$("$bin" --version)'"
 echo "xidwatch --version: $got"
+# shellcheck disable=SC2016
 in_image 'for p in lspci lsmod modinfo ps uname; do command -v $p >/dev/null || { echo "no $p"; exit 1; }; done' ||
     fail "a runbook program is missing from the image"
+# shellcheck disable=SC2016
 in_image 'ls /usr/share/xidwatch/runbooks/*.toml >/dev/null && id xidwatch >/dev/null &&
     [ "$(stat -c "%a %U:%G" /etc/xidwatch/xidwatch.toml)" = "640 root:xidwatch" ] &&
     [ "$(stat -c %a /usr/bin/xidwatch)" = 755 ]' ||
     fail "runbooks, the xidwatch user, the default config (0640 root:xidwatch) or the binary's mode"
-[ "$(in_image 'ls /usr/share/xidwatch/runbooks' | sort)" = "$(cd runbooks && ls -- *.toml | sort)" ] ||
+[ "$(# shellcheck disable=SC2016
+in_image 'ls /usr/share/xidwatch/runbooks' | sort)" = "$(cd runbooks && printf '%s\n' *.toml | sort)" ] ||
     fail "the image's runbooks are not the shipped ones"
 cmp -s <(in_image 'cat /etc/xidwatch/xidwatch.toml') systemd/xidwatch.toml || fail "the default config is not the shipped one"
 pod 60 run --rm --network=host "$image" check --config /etc/xidwatch/xidwatch.toml >"$tmp/check.log" 2>&1 ||
@@ -238,10 +244,18 @@ pod 60 run --rm --network=host -v "$drill/etc:/etc/xidwatch:ro" "$image" \
 # The image's own entrypoint and command (run --config /etc/xidwatch/xidwatch.toml), the config
 # mounted over the default as the DaemonSet does, the state directory a tmpfs.
 container=$name
+started_run=$SECONDS
 pod 120 run -d --name "$name" --network=host \
     -v "$drill/etc:/etc/xidwatch:ro" -v "$drill/kmsg:/drill/kmsg:ro" \
     --tmpfs /var/lib/xidwatch:rw,mode=0755 "$image" >/dev/null || fail "podman run"
-# The fault as a GPU falling off the bus logs it, appended to the file the daemon follows.
+# The fault as a GPU falling off the bus logs it, appended to the file once the daemon has read
+# it to its end and follows it, as new records come on /dev/kmsg.
+until pod 30 logs "$name" 2>&1 | grep -q 'kernel log: caught up'; do
+    [ "$(pod 30 inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] ||
+        fail "the container stopped at start-up (exit $(pod 30 inspect -f '{{.State.ExitCode}}' "$name" 2>/dev/null))"
+    [ "$SECONDS" -lt "$((started_run + 30))" ] || fail "the daemon did not read the record file within 30 s"
+    sleep 0.2
+done
 cat >>"$drill/kmsg" <<'EOF'
 3,4410,9512100231,-;pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0
 3,4411,9512105231,-;NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
@@ -296,13 +310,23 @@ checks = [
     ((page.get("gpu") or {}).get("pci") == "0000:17:00.0", f"gpu {page.get('gpu')}"),
     ("fell off the bus" in page.get("title", ""), f"title {page.get('title')}"),
     ("Xid 79" in page.get("headline", ""), f"headline {page.get('headline')}"),
+    # The fallen-off-bus runbook ran in the image: its lspci steps, through the step sandbox.
+    (any(e.get("runbook") == "fallen-off-bus" and any(
+        st.get("kind") == "run" and "lspci" in str(st.get("target")) and st.get("status") == "done"
+        and st.get("exit_code") == 0 for st in e.get("steps", [])) for e in evidence),
+     "no fallen-off-bus evidence with an lspci step done: " + json.dumps(
+        [{"runbook": e.get("runbook"), "steps": [(st.get("name"), st.get("status")) for st in e.get("steps", [])]}
+         for e in evidence])),
 ]
 bad = [what for ok, what in checks if not ok]
 if bad:
     print(json.dumps(page, indent=2)[:4000], file=sys.stderr)
     sys.exit("wrong page: " + "; ".join(bad))
-print("Xid 79, critical, 0000:17:00.0, fell off the bus: OK")
-print("evidence:", ", ".join(e.get("runbook", "?") for e in evidence) or "none")
+print("Xid 79, critical, 0000:17:00.0, fell off the bus, the fallen-off-bus runbook's lspci steps: OK")
+for e in evidence:
+    steps = e.get("steps", [])
+    done = sum(st.get("status") == "done" for st in steps)
+    print(f"evidence {e.get('runbook')}: {done} of {len(steps)} steps done ({', '.join(sorted({st.get('status', '?') for st in steps}))})")
 EOF
 pod 60 stop -t 10 "$name" >/dev/null || fail "podman stop"
 code=$(pod 30 inspect -f '{{.State.ExitCode}}' "$name")
