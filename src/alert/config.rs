@@ -869,7 +869,7 @@ pub(crate) fn check_http_url(text: &str) -> Result<reqwest::Url, String> {
     let url = reqwest::Url::parse(text).map_err(|e| format!("not a valid URL ({e})"))?;
     match url.scheme() {
         "http" | "https" => {}
-        other => return Err(format!("scheme {other:?} is not http or https")),
+        _ => return Err("the scheme is not http or https".to_string()),
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err("the URL has no host".to_string());
@@ -935,17 +935,18 @@ impl SmtpTarget {
         };
         let security = match (url.scheme(), tls) {
             ("smtps", SmtpTls::Auto | SmtpTls::Implicit) => SmtpSecurity::Implicit,
-            ("smtps", other) => {
-                return Err(format!(
-                    "smtps:// means implicit TLS, but tls = {:?}",
-                    format!("{other:?}").to_lowercase()
-                ))
+            ("smtps", _) => {
+                return Err(
+                    "smtps:// means implicit TLS, which `tls` contradicts: leave `tls` out or set it to \"implicit\""
+                        .to_string(),
+                )
             }
             ("smtp", SmtpTls::Auto) if loopback => SmtpSecurity::Plain,
             ("smtp", SmtpTls::Auto | SmtpTls::Starttls) => SmtpSecurity::Starttls,
             ("smtp", SmtpTls::Implicit) => SmtpSecurity::Implicit,
             ("smtp", SmtpTls::None) => SmtpSecurity::Plain,
-            (other, _) => return Err(format!("scheme {other:?} is not smtp or smtps")),
+            // The scheme is part of the URL, which is never repeated.
+            (_, _) => return Err("the scheme is not smtp or smtps".to_string()),
         };
         let port = url.port().unwrap_or(match security {
             SmtpSecurity::Implicit => 465,
@@ -1068,7 +1069,7 @@ mod tests {
         let errs = cfg.validate().unwrap_err();
         let all = errs.join("\n");
         for want in [
-            "alerts.webhook[0] (a).url: scheme \"ftp\"",
+            "alerts.webhook[0] (a).url: the scheme is not http or https",
             "alerts.webhook[1].name: \"a\" is used by another channel",
             "alerts.webhook[1] (a).url: environment variable XIDWATCH_TEST_NOT_SET_EVER is not set",
             "alerts.email[0] (mail).tls: a plain SMTP connection",
