@@ -26,11 +26,8 @@ const TMPFILES: &str = include_str!("../../systemd/xidwatch.tmpfile");
 /// The default config: every key commented out.
 pub const DEFAULT_CONFIG: &str = include_str!("../../systemd/xidwatch.toml");
 
-mod shipped {
-    // `RUNBOOKS: &[(file name, contents)]`, every runbooks/*.toml, written by build.rs.
-    include!(concat!(env!("OUT_DIR"), "/runbooks.rs"));
-}
-pub use shipped::RUNBOOKS;
+/// Every runbooks/*.toml, by file name, as embedded at build time.
+pub use crate::runbook::EMBEDDED as RUNBOOKS;
 
 /// Where things go, relative to the root.
 const BIN: &str = "usr/local/bin/xidwatch";
