@@ -345,12 +345,9 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         None => None,
         Some(p) => {
             let path = (p.as_os_str() != "-").then_some(p.as_path());
-            match crate::config::Config::load(path) {
+            match super::load_config_sending_nothing(path) {
                 Ok(c) => Some(c),
-                Err(e) => {
-                    eprintln!("xidwatch: config error: {e}");
-                    return Ok(super::EXIT_CONFIG);
-                }
+                Err(code) => return Ok(code),
             }
         }
     };

@@ -158,6 +158,10 @@ pub struct Config {
     pub metrics: metrics::MetricsConfig,
     /// `[metrics]` as checked when the config was loaded.
     pub metrics_settings: metrics::MetricsSettings,
+    /// Loaded for a command that sends nothing ([`Config::load_sending_nothing`]): why the alert
+    /// channels were left out (an `env:` secret only the service's environment holds, typically),
+    /// worded as refusals are, with no value. `None` when the channels were built.
+    pub channels_left_out: Option<String>,
     pub health: crate::health::HealthConfig,
     pub inventory: crate::health::config::InventoryConfig,
     pub history: crate::health::config::HistoryConfig,
@@ -307,6 +311,18 @@ fn key_line(text: &str, key: &str) -> Option<usize> {
 impl Config {
     /// Loads `path`; with `None`, the default path if it exists, else built-in defaults.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::load_for(path, true)
+    }
+
+    /// Like [`load`](Self::load), for a command that sends nothing (`scan --runbooks`,
+    /// `runbook list|show|run`): alert channels that do not build (a secret's environment
+    /// variable unset, as it is outside the service) are left out with a note in
+    /// `channels_left_out` instead of refusing the config, as `status` and `history` do.
+    pub fn load_sending_nothing(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::load_for(path, false)
+    }
+
+    fn load_for(path: Option<&Path>, sends: bool) -> Result<Config, ConfigError> {
         let path = match path {
             Some(p) => Some(p.to_path_buf()),
             None if Path::new(DEFAULT_PATH).exists() => Some(PathBuf::from(DEFAULT_PATH)),
@@ -318,14 +334,18 @@ impl Config {
                     path: p.clone(),
                     source,
                 })?;
-                Config::from_toml(&text, Some(&p))
+                Config::from_toml_for(&text, Some(&p), sends)
             }
-            None => Config::from_raw(RawConfig::default(), None),
+            None => Config::from_raw(RawConfig::default(), None, sends),
         }
     }
 
     /// Parses and validates config text; `path` is only used in messages.
     pub fn from_toml(text: &str, path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::from_toml_for(text, path, true)
+    }
+
+    fn from_toml_for(text: &str, path: Option<&Path>, sends: bool) -> Result<Config, ConfigError> {
         let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Invalid {
             path: shown.clone(),
@@ -340,16 +360,20 @@ impl Config {
                 ),
             });
         }
-        Config::from_raw(raw, path).map_err(|e| match (e, &tree) {
+        let mut c = Config::from_raw(raw, path, sends).map_err(|e| match (e, &tree) {
             (ConfigError::Invalid { path, message }, Some(tree)) => ConfigError::Invalid {
                 path,
                 message: scrub_values(&message, tree),
             },
             (e, _) => e,
-        })
+        })?;
+        if let (Some(note), Some(tree)) = (&c.channels_left_out, &tree) {
+            c.channels_left_out = Some(scrub_values(note, tree));
+        }
+        Ok(c)
     }
 
-    fn from_raw(raw: RawConfig, path: Option<&Path>) -> Result<Config, ConfigError> {
+    fn from_raw(raw: RawConfig, path: Option<&Path>, sends: bool) -> Result<Config, ConfigError> {
         let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
         let invalid = |message: String| ConfigError::Invalid {
             path: shown.clone(),
@@ -402,8 +426,28 @@ impl Config {
         }
         raw.handoff.validate().map_err(invalid)?;
         // Checked and built here, once: the daemon, a reload and test-alert use these channels.
+        let mut channels_left_out = None;
         let alert_channels = match crate::alert::channel::BuiltChannels::build(&raw.alerts) {
             Ok(b) => b,
+            Err(e) if !sends => {
+                // Nothing is sent: the channels are not needed, only worth a word.
+                channels_left_out = Some(match e {
+                    crate::alert::AlertError::Config(errors) => errors.join("; "),
+                    e => e.to_string(),
+                });
+                let bare = crate::alert::AlertConfig {
+                    webhook: Vec::new(),
+                    email: Vec::new(),
+                    alertmanager: Vec::new(),
+                    ..raw.alerts.clone()
+                };
+                crate::alert::channel::BuiltChannels::build(&bare).map_err(|e| {
+                    invalid(match e {
+                        crate::alert::AlertError::Config(errors) => errors.join("; "),
+                        e => e.to_string(),
+                    })
+                })?
+            }
             Err(crate::alert::AlertError::Config(errors)) => {
                 return Err(invalid(errors.join("; ")))
             }
@@ -457,6 +501,7 @@ impl Config {
             health: raw.health,
             inventory: raw.inventory,
             history: raw.history,
+            channels_left_out,
         })
     }
 }

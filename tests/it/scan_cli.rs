@@ -516,3 +516,39 @@ fn a_file_truncated_while_it_is_scanned_ends_the_scan_not_the_process() {
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(out.contains("\"xid\":79"), "{out}");
 }
+
+/// Commands that send nothing need no alert secret: with a channel's `env:` variable unset (as it
+/// is outside the service), `scan --runbooks` and `runbook run` warn and go on, as `status`
+/// does; `check`, which vouches for the channels, still refuses.
+#[test]
+fn commands_that_send_nothing_need_no_alert_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fake_machine_config(dir.path());
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(
+        "[[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"env:XIDWATCH_IT_NEVER_SET_HOOK\"\n",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let run = |args: &[&str]| {
+        let out = bin()
+            .args(args)
+            .arg(&cfg)
+            .args(["--xid", "79"].iter().filter(|_| args[0] == "runbook"))
+            .env_remove("XIDWATCH_IT_NEVER_SET_HOOK")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["scan", "--runbooks"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("config error"), "{err}");
+    assert!(err.contains("XIDWATCH_IT_NEVER_SET_HOOK"), "{err}");
+    let (code, err) = run(&["runbook", "run", "fallback", "--config"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("sends nothing"), "{err}");
+    let (code, err) = run(&["check", "--config"]);
+    assert_eq!(code, Some(78), "{err}");
+}
