@@ -95,8 +95,9 @@ pub struct IncidentsConfig {
     /// cause a few milliseconds after an AER warning, Xid 45 cleanups), so one fault is one page
     /// led by its cause. 0 sends at once.
     pub settle_ms: u64,
-    /// How long an incident must have been quiet (no new finding), once its window has closed,
-    /// before a resolved notice goes out. 0: never send resolved notices.
+    /// How long after an incident's last finding its resolved notice goes out (never before its
+    /// window has closed): counted from the last finding, not from the window's end, since a
+    /// fault that stopped long ago is over whatever window it opened. 0: never.
     pub quiet_secs: u64,
     /// Hostname for alerts; when unset, `$NODE_NAME` (Kubernetes) if set, else the machine's.
     pub host: Option<String>,
@@ -894,6 +895,49 @@ mod tests {
     }
 
     use super::*;
+
+    /// The README's "every key, with its default" block, as the README has it.
+    pub fn readme_defaults_block() -> &'static str {
+        let readme = include_str!("../../README.md");
+        let at = readme.find("Every key, with its default").unwrap_or(0);
+        let start = readme[at..].find("```toml\n").map_or(at, |i| at + i + 8);
+        let end = readme[start..].find("```\n").map_or(start, |i| start + i);
+        &readme[start..end]
+    }
+
+    /// The README's block of defaults says what the defaults are: read as a config, it is the
+    /// config of no file at all.
+    #[test]
+    fn the_readme_defaults_are_the_defaults() {
+        let block = readme_defaults_block();
+        assert!(
+            block.contains("[kmsg]") && block.contains("quiet_secs"),
+            "{block}"
+        );
+        let written = Config::from_toml(block, Some(Path::new("README.md")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let none = Config::from_raw(RawConfig::default(), None, true).unwrap();
+        assert_eq!(written.kmsg, none.kmsg);
+        assert_eq!(written.nvml, none.nvml);
+        assert_eq!(written.state_dir, none.state_dir);
+        assert_eq!(
+            format!("{:?}", written.incidents),
+            format!("{:?}", none.incidents)
+        );
+        assert_eq!(written.runbooks, none.runbooks);
+        assert_eq!(written.metrics, none.metrics);
+        assert_eq!(written.health, none.health);
+        assert_eq!(written.inventory, none.inventory);
+        assert_eq!(written.history, none.history);
+        assert_eq!(
+            format!("{:?}", written.alerts),
+            format!("{:?}", none.alerts)
+        );
+        assert_eq!(
+            format!("{:?}", written.overrides),
+            format!("{:?}", none.overrides)
+        );
+    }
 
     #[test]
     fn defaults_and_required_names() {
