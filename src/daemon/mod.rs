@@ -323,6 +323,9 @@ struct Pipeline {
     current: Config,
     last_reload_error: Option<String>,
     fingerprint: Fingerprint,
+    /// Whether the log said that a program's kernel log line that looked like a GPU fault was
+    /// ignored: said once, so that whoever tests with `echo ... > /dev/kmsg` learns the key.
+    said_userspace: bool,
 }
 
 impl Pipeline {
@@ -416,6 +419,7 @@ impl Pipeline {
             current: cfg.clone(),
             last_reload_error: None,
             fingerprint: Fingerprint::of(cfg),
+            said_userspace: false,
         };
         Ok((p, probe_memory))
     }
@@ -445,6 +449,18 @@ impl Pipeline {
                     if !rec.is_kernel() && !self.current.kmsg.accept_userspace {
                         self.stats.kmsg_userspace_ignored += 1;
                         self.tel.kmsg_userspace_ignored(1);
+                        // Only a line that looks like a GPU fault: programs (systemd among them)
+                        // write other lines to the kernel log at every boot.
+                        if !self.said_userspace
+                            && crate::classify::prefilter::Prefilter::shared()
+                                .is_candidate(rec.message.as_bytes())
+                        {
+                            self.said_userspace = true;
+                            tracing::info!(
+                                "a kernel log line written by a program, not the kernel, is ignored (kmsg record {}): set [kmsg] accept_userspace = true to accept such lines (fire drills); said once, the rest are counted in `xidwatch status`",
+                                rec.seq
+                            );
+                        }
                         continue;
                     }
                     let at = LineOrigin {

@@ -343,13 +343,20 @@ fn a_forged_sequence_jump_is_reported_as_a_jump_not_as_lost_records() {
 fn userspace_lines_are_ignored_unless_accepted() {
     let s = Setup::new("");
     s.append("12,0,5,-;NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=x, injected by a user\n");
-    s.append(&xid_record(1, "2a", 48));
+    s.append("12,1,6,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, injected again\n");
+    s.append(&xid_record(2, "2a", 48));
     let d = s.start();
     d.wait_for("the kernel's Xid 48", |l| l.iter().any(|i| i["xid"] == 48));
     d.wait_stderr("caught up");
     let (_, all, err) = d.stop();
     assert!(all.iter().all(|i| i["xid"] != 79), "{all:#?}");
-    assert!(err.contains("1 userspace ignored"), "{err}");
+    assert!(err.contains("2 userspace ignored"), "{err}");
+    // Said once, naming the key, so a test with `echo` is not met by silence.
+    assert_eq!(
+        err.matches("kmsg] accept_userspace = true").count(),
+        1,
+        "{err}"
+    );
 
     let s = Setup::new("");
     let cfg = std::fs::read_to_string(s.config())
