@@ -755,9 +755,24 @@ impl AlertConfig {
     pub fn secret_warnings(&self, config_path: Option<&Path>) -> Vec<String> {
         let mut out = Vec::new();
         let secrets = self.secrets();
+        // An inline URL to this machine with no credentials in it (a local receiver) gives
+        // nothing away to whoever reads the file.
+        let harmless = |s: &Secret| match s {
+            Secret::Inline(v) => url::Url::parse(v).is_ok_and(|u| {
+                u.username().is_empty()
+                    && u.password().is_none()
+                    && match u.host() {
+                        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+                        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+                        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                        None => false,
+                    }
+            }),
+            _ => false,
+        };
         let inline: Vec<&str> = secrets
             .iter()
-            .filter(|(_, s)| s.is_inline())
+            .filter(|(k, s)| s.is_inline() && !(k.ends_with(".url") && harmless(s)))
             .map(|(k, _)| k.as_str())
             .collect();
         if let (Some(path), false) = (config_path, inline.is_empty()) {
@@ -1133,5 +1148,27 @@ mod tests {
         );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(cfg.secret_warnings(Some(&path)).is_empty());
+    }
+
+    /// A loopback receiver's URL with no credentials is no secret worth a warning; one with a
+    /// password in it, or to another machine, still is.
+    #[test]
+    fn a_loopback_url_without_credentials_is_no_inline_secret() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("xidwatch.toml");
+        for (url, warned) in [
+            ("http://127.0.0.1:8080/hook", false),
+            ("http://localhost:8080/hook", false),
+            ("http://[::1]:8080/hook", false),
+            ("http://u:pw@127.0.0.1:8080/hook", true),
+            ("https://hooks.example.com/T0/B0/x", true),
+        ] {
+            let text = format!("[[alerts.webhook]]\nname='a'\nurl='{url}'\nformat='json'\n");
+            std::fs::write(&path, &text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let w = parse(&text).secret_warnings(Some(&path));
+            assert_eq!(!w.is_empty(), warned, "{url}: {w:?}");
+        }
     }
 }

@@ -552,3 +552,56 @@ fn commands_that_send_nothing_need_no_alert_secret() {
     let (code, err) = run(&["check", "--config"]);
     assert_eq!(code, Some(78), "{err}");
 }
+
+/// `check` names the node a drain command will be for: the configured host when `[handoff]`
+/// names no node, not a placeholder.
+#[test]
+fn check_names_the_real_node_of_the_hand_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("xidwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[state]\ndir = {:?}\n[incidents]\nhost = \"gpu-node-42\"\n[handoff]\nscheduler = \"slurm\"\n",
+            dir.path().join("state")
+        ),
+    )
+    .unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("for node gpu-node-42") && !text.contains('<'),
+        "{text}"
+    );
+}
+
+/// The README's block of every key with its default, as it stands, passes `check`.
+#[test]
+fn the_readme_defaults_block_passes_check() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let at = readme.find("Every key, with its default").unwrap();
+    let start = at + readme[at..].find("```toml\n").unwrap() + 8;
+    let end = start + readme[start..].find("```\n").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("xidwatch.toml");
+    std::fs::write(&cfg, &readme[start..end]).unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
