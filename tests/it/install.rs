@@ -561,3 +561,25 @@ fn the_binary_alone_runs_with_its_built_in_runbooks() {
         }
     }
 }
+
+/// `--root` need not exist: a dry run says it would create it and changes nothing (the directory
+/// is still not there), an install creates it, and an uninstall from nowhere says so clearly.
+#[test]
+fn a_root_that_does_not_exist_yet() {
+    let d = TempDir::new().unwrap();
+    let root = d.path().join("image/rootfs");
+    let out = run(&["install", "--dry-run"], &root);
+    assert!(
+        out.contains("would create") && out.contains("nothing was changed"),
+        "{out}"
+    );
+    assert!(!d.path().join("image").exists());
+    let out = run(&["install"], &root);
+    assert!(out.contains("did not exist"), "{out}");
+    assert!(root.join("etc/xidwatch/xidwatch.toml").is_file());
+    let gone = d.path().join("never");
+    let out = run_status(&["uninstall"], &gone);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+}
