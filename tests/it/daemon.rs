@@ -1317,3 +1317,21 @@ fn config_errors_never_echo_a_value_through_check_or_a_reload() {
     let (code, _, err) = d.stop();
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// A clean stop takes the status socket with it: the state directory holds no socket file once
+/// the daemon has stopped.
+#[test]
+fn a_clean_stop_removes_the_status_socket() {
+    let s = Setup::new("");
+    let sock = s.dir.path().join("state").join("xidwatch.sock");
+    let d = s.start();
+    d.wait_stderr("caught up");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < LIMIT, "no socket at {}", sock.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!sock.exists(), "{} left behind:\n{err}", sock.display());
+}
