@@ -605,3 +605,32 @@ fn the_readme_defaults_block_passes_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `scan --runbooks` runs a runbook per incident, as the daemon does: an Xid 45 folded into the
+/// Xid 79 before it is that fault's cleanup, and runs no application runbook of its own.
+#[test]
+fn a_folded_xid_45_runs_no_runbook_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fake_machine_config(dir.path());
+    let log = dir.path().join("k.log");
+    std::fs::write(
+        &log,
+        "[ 9512.238711] NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n\
+         [ 9512.240012] NVRM: Xid (PCI:0000:17:00): 45, pid=2207, name=python3, Ch 00000001 caused by previous Xid 79\n",
+    )
+    .unwrap();
+    for json in [false, true] {
+        let mut cmd = bin();
+        cmd.arg("scan");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg("--runbooks").arg(&cfg).arg(&log).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("fallen-off-bus"), "{text}");
+        assert!(
+            !text.contains("runbook application") && !text.contains("\"runbook\":\"application\""),
+            "{text}"
+        );
+    }
+}
