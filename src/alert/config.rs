@@ -755,9 +755,24 @@ impl AlertConfig {
     pub fn secret_warnings(&self, config_path: Option<&Path>) -> Vec<String> {
         let mut out = Vec::new();
         let secrets = self.secrets();
+        // An inline URL to this machine with no credentials in it (a local receiver) gives
+        // nothing away to whoever reads the file.
+        let harmless = |s: &Secret| match s {
+            Secret::Inline(v) => url::Url::parse(v).is_ok_and(|u| {
+                u.username().is_empty()
+                    && u.password().is_none()
+                    && match u.host() {
+                        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+                        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+                        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                        None => false,
+                    }
+            }),
+            _ => false,
+        };
         let inline: Vec<&str> = secrets
             .iter()
-            .filter(|(_, s)| s.is_inline())
+            .filter(|(k, s)| s.is_inline() && !(k.ends_with(".url") && harmless(s)))
             .map(|(k, _)| k.as_str())
             .collect();
         if let (Some(path), false) = (config_path, inline.is_empty()) {
@@ -869,7 +884,7 @@ pub(crate) fn check_http_url(text: &str) -> Result<reqwest::Url, String> {
     let url = reqwest::Url::parse(text).map_err(|e| format!("not a valid URL ({e})"))?;
     match url.scheme() {
         "http" | "https" => {}
-        other => return Err(format!("scheme {other:?} is not http or https")),
+        _ => return Err("the scheme is not http or https".to_string()),
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err("the URL has no host".to_string());
@@ -935,17 +950,18 @@ impl SmtpTarget {
         };
         let security = match (url.scheme(), tls) {
             ("smtps", SmtpTls::Auto | SmtpTls::Implicit) => SmtpSecurity::Implicit,
-            ("smtps", other) => {
-                return Err(format!(
-                    "smtps:// means implicit TLS, but tls = {:?}",
-                    format!("{other:?}").to_lowercase()
-                ))
+            ("smtps", _) => {
+                return Err(
+                    "smtps:// means implicit TLS, which `tls` contradicts: leave `tls` out or set it to \"implicit\""
+                        .to_string(),
+                )
             }
             ("smtp", SmtpTls::Auto) if loopback => SmtpSecurity::Plain,
             ("smtp", SmtpTls::Auto | SmtpTls::Starttls) => SmtpSecurity::Starttls,
             ("smtp", SmtpTls::Implicit) => SmtpSecurity::Implicit,
             ("smtp", SmtpTls::None) => SmtpSecurity::Plain,
-            (other, _) => return Err(format!("scheme {other:?} is not smtp or smtps")),
+            // The scheme is part of the URL, which is never repeated.
+            (_, _) => return Err("the scheme is not smtp or smtps".to_string()),
         };
         let port = url.port().unwrap_or(match security {
             SmtpSecurity::Implicit => 465,
@@ -1068,7 +1084,7 @@ mod tests {
         let errs = cfg.validate().unwrap_err();
         let all = errs.join("\n");
         for want in [
-            "alerts.webhook[0] (a).url: scheme \"ftp\"",
+            "alerts.webhook[0] (a).url: the scheme is not http or https",
             "alerts.webhook[1].name: \"a\" is used by another channel",
             "alerts.webhook[1] (a).url: environment variable XIDWATCH_TEST_NOT_SET_EVER is not set",
             "alerts.email[0] (mail).tls: a plain SMTP connection",
@@ -1132,5 +1148,27 @@ mod tests {
         );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(cfg.secret_warnings(Some(&path)).is_empty());
+    }
+
+    /// A loopback receiver's URL with no credentials is no secret worth a warning; one with a
+    /// password in it, or to another machine, still is.
+    #[test]
+    fn a_loopback_url_without_credentials_is_no_inline_secret() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("xidwatch.toml");
+        for (url, warned) in [
+            ("http://127.0.0.1:8080/hook", false),
+            ("http://localhost:8080/hook", false),
+            ("http://[::1]:8080/hook", false),
+            ("http://u:pw@127.0.0.1:8080/hook", true),
+            ("https://hooks.example.com/T0/B0/x", true),
+        ] {
+            let text = format!("[[alerts.webhook]]\nname='a'\nurl='{url}'\nformat='json'\n");
+            std::fs::write(&path, &text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let w = parse(&text).secret_warnings(Some(&path));
+            assert_eq!(!w.is_empty(), warned, "{url}: {w:?}");
+        }
     }
 }

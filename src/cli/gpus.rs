@@ -172,7 +172,7 @@ pub fn history(args: &HistoryArgs) -> anyhow::Result<u8> {
         println!(
             "{}  {:<28} {:<9} {:<22} {}",
             crate::alert::document::rfc3339(e.at_ms),
-            e.board,
+            crate::history::board_words(&e.board),
             format!("{:?}", e.severity).to_lowercase(),
             e.what(),
             e.title

@@ -26,11 +26,8 @@ const TMPFILES: &str = include_str!("../../systemd/xidwatch.tmpfile");
 /// The default config: every key commented out.
 pub const DEFAULT_CONFIG: &str = include_str!("../../systemd/xidwatch.toml");
 
-mod shipped {
-    // `RUNBOOKS: &[(file name, contents)]`, every runbooks/*.toml, written by build.rs.
-    include!(concat!(env!("OUT_DIR"), "/runbooks.rs"));
-}
-pub use shipped::RUNBOOKS;
+/// Every runbooks/*.toml, by file name, as embedded at build time.
+pub use crate::runbook::EMBEDDED as RUNBOOKS;
 
 /// Where things go, relative to the root.
 const BIN: &str = "usr/local/bin/xidwatch";
@@ -80,13 +77,13 @@ pub struct UninstallArgs {
 }
 
 pub fn install(args: &InstallArgs) -> anyhow::Result<u8> {
-    let mut s = Session::new(&args.root, args.dry_run)?;
+    let mut s = Session::new(&args.root, args.dry_run, true)?;
     let r = s.install();
     s.finish("install", r)
 }
 
 pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<u8> {
-    let mut s = Session::new(&args.root, args.dry_run)?;
+    let mut s = Session::new(&args.root, args.dry_run, false)?;
     let r = s.uninstall(args.purge);
     s.finish("uninstall", r)
 }
@@ -150,11 +147,40 @@ struct Session {
 }
 
 impl Session {
-    fn new(root: &Path, dry_run: bool) -> anyhow::Result<Self> {
-        let root = root
-            .canonicalize()
-            .with_context(|| format!("--root {}", root.display()))?;
-        if !root.is_dir() {
+    /// `create`: a `--root` that does not exist yet is created (install into an empty image
+    /// tree); with `--dry-run` it is only said, since a dry run changes nothing, and the run
+    /// goes on as into an empty directory.
+    fn new(root: &Path, dry_run: bool, create: bool) -> anyhow::Result<Self> {
+        let missing = matches!(
+            std::fs::symlink_metadata(root),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        );
+        let root = match (missing, create, dry_run) {
+            (false, _, _) => root
+                .canonicalize()
+                .with_context(|| format!("--root {}", root.display()))?,
+            (true, false, _) => bail!(
+                "--root {} does not exist: nothing is installed there",
+                root.display()
+            ),
+            (true, true, true) => {
+                let root = std::path::absolute(root)
+                    .with_context(|| format!("--root {}", root.display()))?;
+                println!(
+                    "would create {}  (--root does not exist yet)",
+                    root.display()
+                );
+                root
+            }
+            (true, true, false) => {
+                std::fs::create_dir_all(root)
+                    .with_context(|| format!("--root {}: cannot create it", root.display()))?;
+                println!("created   {}  (--root did not exist)", root.display());
+                root.canonicalize()
+                    .with_context(|| format!("--root {}", root.display()))?
+            }
+        };
+        if !missing && !root.is_dir() {
             bail!("--root {} is not a directory", root.display());
         }
         Ok(Self {

@@ -174,6 +174,27 @@ pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Conf
     })
 }
 
+/// [`load_config`] for a command that sends nothing: an alert channel that cannot be built (a
+/// secret's environment variable unset outside the service) is a warning, not a refusal.
+pub fn load_config_sending_nothing(
+    path: Option<&std::path::Path>,
+) -> Result<crate::config::Config, u8> {
+    match crate::config::Config::load_sending_nothing(path) {
+        Ok(c) => {
+            if let Some(why) = &c.channels_left_out {
+                eprintln!(
+                    "xidwatch: warning: the alert channels are left out ({why}); this command sends nothing"
+                );
+            }
+            Ok(c)
+        }
+        Err(e) => {
+            eprintln!("xidwatch: config error: {e}");
+            Err(EXIT_CONFIG)
+        }
+    }
+}
+
 /// A runtime for one subcommand: single-threaded, timers and I/O on.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()

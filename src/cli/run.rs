@@ -89,7 +89,10 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                 (s, node) => println!(
                     "hand-off: {} drain command in pages whose guide says to drain, for node {} (suggested; never run)",
                     s.as_str(),
-                    node.as_deref().unwrap_or("<the alert's host name>")
+                    // Unset: the alert's host name, as the daemon will resolve it here.
+                    node.clone().unwrap_or_else(|| crate::host::alert_host(
+                        c.incidents.host.as_deref()
+                    ))
                 ),
             }
             Ok(0)

@@ -9,7 +9,7 @@ use crate::runbook::{render_evidence, render_list, render_show, Subject};
 pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
     match cmd {
         RunbookCommand::List { config } => {
-            let c = match super::load_config(config.as_deref()) {
+            let c = match super::load_config_sending_nothing(config.as_deref()) {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
@@ -17,7 +17,7 @@ pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
             Ok(0)
         }
         RunbookCommand::Show { name, config } => {
-            let c = match super::load_config(config.as_deref()) {
+            let c = match super::load_config_sending_nothing(config.as_deref()) {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
@@ -39,7 +39,7 @@ pub fn run(cmd: RunbookCommand) -> anyhow::Result<u8> {
             pid,
             config,
         } => {
-            let c = match super::load_config(config.as_deref()) {
+            let c = match super::load_config_sending_nothing(config.as_deref()) {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };

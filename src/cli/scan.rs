@@ -196,18 +196,6 @@ struct Output<W: Write> {
 impl<W: Write> Output<W> {
     /// Counts a finding and, for `--json`, prints it. Text output is per incident instead.
     fn emit(&mut self, file: &str, f: &Finding) {
-        if let Some(subjects) = self.subjects.as_mut() {
-            if f.severity >= Severity::Warning && subjects.len() < 64 {
-                subjects.entry((f.kind, f.xid, f.pci)).or_insert_with(|| {
-                    let mut s = crate::runbook::Subject::manual(f.pci, f.xid, f.pid);
-                    s.kind = f.kind;
-                    s.category = f.category;
-                    s.severity = f.severity;
-                    s.gpu_index = f.gpu.index;
-                    s
-                });
-            }
-        }
         self.worst = self.worst.max(Some(f.severity));
         *self.counts.entry(f.severity).or_default() += 1;
         if f.kind != FindingKind::GpuIdentity {
@@ -228,6 +216,27 @@ impl<W: Write> Output<W> {
         let res = super::json::write_finding(&mut self.out, file, f);
         if res.is_err() {
             self.closed = true;
+        }
+    }
+
+    /// With `--runbooks`: a subject for each incident's cause, as the daemon runs a runbook per
+    /// incident. A finding folded into another's incident (the Xid 45 cleanup after an Xid 79, an
+    /// echo) is evidence of that fault, not a fault of its own, and runs nothing by itself.
+    fn subjects_from(&mut self, incidents: &[Incident]) {
+        let Some(subjects) = self.subjects.as_mut() else {
+            return;
+        };
+        for f in incidents.iter().filter_map(|i| i.findings.first()) {
+            if f.severity >= Severity::Warning && subjects.len() < 64 {
+                subjects.entry((f.kind, f.xid, f.pci)).or_insert_with(|| {
+                    let mut s = crate::runbook::Subject::manual(f.pci, f.xid, f.pid);
+                    s.kind = f.kind;
+                    s.category = f.category;
+                    s.severity = f.severity;
+                    s.gpu_index = f.gpu.index;
+                    s
+                });
+            }
         }
     }
 
@@ -345,12 +354,9 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         None => None,
         Some(p) => {
             let path = (p.as_os_str() != "-").then_some(p.as_path());
-            match crate::config::Config::load(path) {
+            match super::load_config_sending_nothing(path) {
                 Ok(c) => Some(c),
-                Err(e) => {
-                    eprintln!("xidwatch: config error: {e}");
-                    return Ok(super::EXIT_CONFIG);
-                }
+                Err(code) => return Ok(code),
             }
         }
     };
@@ -390,7 +396,8 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     };
     let mut classifier = Classifier::new();
     let mut findings = Vec::new();
-    let mut grouper = (!out.json).then(Grouper::new);
+    // Grouped for the text blocks, and for `--runbooks` (one run per incident) in either form.
+    let mut grouper = (!out.json || out.subjects.is_some()).then(Grouper::new);
     let mut invalid_utf8 = 0u64;
     let mut on_line = |line_no: u64, bytes: &[u8]| {
         let text = match std::str::from_utf8(bytes) {
@@ -435,7 +442,10 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
     }
     if let Some(g) = grouper.take() {
         let incidents = g.finish();
-        out.incidents(&name, &incidents);
+        out.subjects_from(&incidents);
+        if !out.json {
+            out.incidents(&name, &incidents);
+        }
     }
     if invalid_utf8 > 0 {
         eprintln!("xidwatch: {name}: note: {invalid_utf8} candidate line(s) held invalid UTF-8; the bad bytes were replaced and the rest classified");

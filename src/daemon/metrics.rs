@@ -69,7 +69,7 @@ fn now_ms() -> u64 {
 /// Every severity and incident phase, so `xidwatch_incidents_total` has all its series at 0
 /// from the first scrape: a rule over `increase()` cannot see a series' first value.
 const SEVERITIES: [Severity; 3] = [Severity::Info, Severity::Warning, Severity::Critical];
-const PHASES: [&str; 2] = ["opened", "digest"];
+const PHASES: [&str; 3] = ["opened", "digest", "resolved"];
 
 pub use crate::config::metrics::{MetricsConfig, MetricsSettings, DEFAULT_LISTEN};
 
@@ -175,7 +175,7 @@ impl Collector for SnapshotCollector {
         counter_family(
             e,
             "xidwatch_incidents",
-            "Incidents handed to the alert stage, by severity and phase (opened: first alert; digest: counts after the window). Every series exists from the start, at 0.",
+            "Incidents handed to the alert stage, by severity and phase (opened: first alert; digest: counts after the window; resolved: quiet for the quiet period). Every series exists from the start, at 0.",
             SEVERITIES.iter().flat_map(|sev| {
                 PHASES.iter().map(move |phase| {
                     let count = s
@@ -647,7 +647,7 @@ mod tests {
     fn incident_series_exist_at_zero_before_the_first_incident() {
         let text = render(&Telemetry::started(1_700_000_000_000, 1).snapshot());
         for sev in ["info", "warning", "critical"] {
-            for phase in ["opened", "digest"] {
+            for phase in ["opened", "digest", "resolved"] {
                 let line =
                     format!("xidwatch_incidents_total{{severity=\"{sev}\",phase=\"{phase}\"}} 0");
                 assert!(

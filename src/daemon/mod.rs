@@ -142,7 +142,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     p.out.env.nvml = nvml_link.probe_handle();
     p.out.pages = Some(nvml_link.pages());
 
-    let ops_shutdown = start_ops(cfg, &tel).await?;
+    let (ops_shutdown, status_socket) = start_ops(cfg, &tel).await?;
 
     let mut watchdog =
         tokio::time::interval(notifier.watchdog_every.unwrap_or(Duration::from_secs(3600)));
@@ -244,6 +244,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     drop(krx);
     let _ = kthread.join();
     let _ = ops_shutdown.send(true);
+    // The socket this daemon bound goes with it: a clean stop leaves no file that `status`
+    // would have to tell from a crash's.
+    if let Some(path) = status_socket {
+        if let Err(e) = std::fs::remove_file(&path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("cannot remove the status socket {}: {e}", path.display());
+            }
+        }
+    }
     p.stopped();
     drop(p);
     alerts.stop().await;
@@ -274,11 +283,11 @@ fn learn_topology(classifier: &mut Classifier, sysfs_root: &std::path::Path) {
 }
 
 /// The Prometheus endpoint (when configured) and the status socket; they end when the returned
-/// sender says so.
+/// sender says so. Also gives the socket's path when this daemon bound it, for the stop to remove.
 async fn start_ops(
     cfg: &Config,
     tel: &Arc<Telemetry>,
-) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
+) -> anyhow::Result<(tokio::sync::watch::Sender<bool>, Option<std::path::PathBuf>)> {
     let (ops_shutdown, ops_rx) = tokio::sync::watch::channel(false);
     let metrics_settings = &cfg.metrics_settings;
     for w in &metrics_settings.warnings {
@@ -291,15 +300,20 @@ async fn start_ops(
         tracing::info!("metrics on http://{addr}/metrics");
         tokio::spawn(metrics::serve(l, tel.clone(), ops_rx.clone()));
     }
-    match control::bind_status_socket(&control::socket_path(&cfg.state_dir)) {
+    let path = control::socket_path(&cfg.state_dir);
+    let bound = match control::bind_status_socket(&path) {
         Ok(sock) => {
             tokio::spawn(control::serve_status_on(sock, tel.clone(), ops_rx.clone()));
+            Some(path)
         }
         Err(e) => {
-            tracing::warn!("status socket unavailable ({e:#}); `xidwatch status` reads status.json")
+            tracing::warn!(
+                "status socket unavailable ({e:#}); `xidwatch status` reads status.json"
+            );
+            None
         }
-    }
-    Ok(ops_shutdown)
+    };
+    Ok((ops_shutdown, bound))
 }
 
 /// Classify, correlate, hand over, checkpoint: everything the processing task owns. Nothing in
@@ -323,6 +337,9 @@ struct Pipeline {
     current: Config,
     last_reload_error: Option<String>,
     fingerprint: Fingerprint,
+    /// Whether the log said that a program's kernel log line that looked like a GPU fault was
+    /// ignored: said once, so that whoever tests with `echo ... > /dev/kmsg` learns the key.
+    said_userspace: bool,
 }
 
 impl Pipeline {
@@ -416,6 +433,7 @@ impl Pipeline {
             current: cfg.clone(),
             last_reload_error: None,
             fingerprint: Fingerprint::of(cfg),
+            said_userspace: false,
         };
         Ok((p, probe_memory))
     }
@@ -445,6 +463,18 @@ impl Pipeline {
                     if !rec.is_kernel() && !self.current.kmsg.accept_userspace {
                         self.stats.kmsg_userspace_ignored += 1;
                         self.tel.kmsg_userspace_ignored(1);
+                        // Only a line that looks like a GPU fault: programs (systemd among them)
+                        // write other lines to the kernel log at every boot.
+                        if !self.said_userspace
+                            && crate::classify::prefilter::Prefilter::shared()
+                                .is_candidate(rec.message.as_bytes())
+                        {
+                            self.said_userspace = true;
+                            tracing::info!(
+                                "a kernel log line written by a program, not the kernel, is ignored (kmsg record {}): set [kmsg] accept_userspace = true to accept such lines (fire drills); said once, the rest are counted in `xidwatch status`",
+                                rec.seq
+                            );
+                        }
                         continue;
                     }
                     let at = LineOrigin {

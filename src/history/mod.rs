@@ -89,7 +89,7 @@ pub struct Summary {
 impl Summary {
     /// "the 3rd Xid 79 on this board (serial 1650923011234) in 30 days".
     pub fn line(&self) -> String {
-        let board = self.board.replace(':', " ");
+        let board = board_words(&self.board);
         if self.count_in_window <= 1 {
             return format!(
                 "the first {} on this board ({board}) in {} days",
@@ -102,6 +102,15 @@ impl Summary {
             self.what,
             self.window_days
         )
+    }
+}
+
+/// A board key as words: `serial 1650923011234`, `pci 0007:86:00.0`. Only the kind's colon
+/// becomes a space: the address keeps its own, or the page names a GPU no one can find.
+pub fn board_words(board: &str) -> String {
+    match board.split_once(':') {
+        Some((kind, value)) => format!("{kind} {value}"),
+        None => board.to_string(),
     }
 }
 
@@ -376,6 +385,20 @@ mod tests {
         assert_eq!(h.events.len(), 2);
         assert_eq!(ordinal(11), "11th");
         assert_eq!(ordinal(23), "23rd");
+    }
+
+    /// A GPU NVML cannot name is keyed by its address, and the page writes the address as it is.
+    #[test]
+    fn a_board_known_only_by_address_keeps_its_colons() {
+        let mut i = inc("a", 1000);
+        i.gpu = GpuIdentity::default();
+        i.pci = PciAddress::parse("0007:86:00.0").ok();
+        let s = History::default()
+            .record(&i, &HistoryConfig::default(), 2000)
+            .unwrap();
+        assert_eq!(s.board, "pci:0007:86:00.0");
+        assert!(s.line().contains("(pci 0007:86:00.0)"), "{}", s.line());
+        assert_eq!(board_words("serial:1650923011234"), "serial 1650923011234");
     }
 
     #[test]

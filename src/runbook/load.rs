@@ -31,6 +31,16 @@ pub(super) fn load_dirs(dirs: &[PathBuf], catalog: &Catalog) -> (RunbookSet, Vec
     let mut errors = Vec::new();
     let mut loaded = Vec::new();
     for dir in dirs {
+        if dir.as_os_str() == super::EMBEDDED_DIR {
+            for (name, text) in super::EMBEDDED {
+                let path = dir.join(name);
+                match parse_runbook(&path, text, catalog) {
+                    Ok(rb) => loaded.push(rb),
+                    Err(es) => errors.extend(es),
+                }
+            }
+            continue;
+        }
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) => {

@@ -54,15 +54,28 @@ pub use template::{Placeholder, Template, Values};
 
 /// Where an installed xidwatch keeps its shipped runbooks.
 pub const INSTALLED_DIR: &str = "/usr/share/xidwatch/runbooks";
-/// The shipped runbooks in the source tree (for development and tests).
+/// The shipped runbooks in the source tree (for development and tests; never a default: a
+/// binary copied to a fleet has no source tree, and must not depend on the build machine's).
 pub const SOURCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/runbooks");
+/// Stands for the runbooks embedded in the binary wherever a runbook directory may be named; it
+/// is not a path, and `check`, `runbook list` and the load errors print it as it is.
+pub const EMBEDDED_DIR: &str = "(built into the binary)";
 
-/// The shipped runbooks: the installed copy when there is one, else the source tree's.
+mod embedded {
+    // `RUNBOOKS: &[(file name, contents)]`, every runbooks/*.toml, written by build.rs.
+    include!(concat!(env!("OUT_DIR"), "/runbooks.rs"));
+}
+/// The shipped runbooks as embedded at build time, by file name: what `install` writes, and what
+/// runs when neither a config nor an installed copy names a directory.
+pub use embedded::RUNBOOKS as EMBEDDED;
+
+/// The shipped runbooks: the installed copy when there is one, else the copies embedded in the
+/// binary, so that a binary alone runs with the runbooks it was built with.
 pub fn shipped_dir() -> PathBuf {
     if Path::new(INSTALLED_DIR).is_dir() {
         PathBuf::from(INSTALLED_DIR)
     } else {
-        PathBuf::from(SOURCE_DIR)
+        PathBuf::from(EMBEDDED_DIR)
     }
 }
 

@@ -343,13 +343,20 @@ fn a_forged_sequence_jump_is_reported_as_a_jump_not_as_lost_records() {
 fn userspace_lines_are_ignored_unless_accepted() {
     let s = Setup::new("");
     s.append("12,0,5,-;NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=x, injected by a user\n");
-    s.append(&xid_record(1, "2a", 48));
+    s.append("12,1,6,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, injected again\n");
+    s.append(&xid_record(2, "2a", 48));
     let d = s.start();
     d.wait_for("the kernel's Xid 48", |l| l.iter().any(|i| i["xid"] == 48));
     d.wait_stderr("caught up");
     let (_, all, err) = d.stop();
     assert!(all.iter().all(|i| i["xid"] != 79), "{all:#?}");
-    assert!(err.contains("1 userspace ignored"), "{err}");
+    assert!(err.contains("2 userspace ignored"), "{err}");
+    // Said once, naming the key, so a test with `echo` is not met by silence.
+    assert_eq!(
+        err.matches("kmsg] accept_userspace = true").count(),
+        1,
+        "{err}"
+    );
 
     let s = Setup::new("");
     let cfg = std::fs::read_to_string(s.config())
@@ -1231,4 +1238,100 @@ fn aer_on_the_port_above_a_gpu_is_tied_to_it_through_sysfs() {
         !pcis.contains(&"0000:31:00.0") && !pcis.contains(&"0000:32:00.0"),
         "a port above two GPUs names neither: {v:#?}"
     );
+}
+
+/// Config values that must never come back in an error, one per kind of value; each refused
+/// through `check` and through a running daemon's reload, whose log line goes to the journal.
+const NEVER_ECHOED: &[(&str, &str)] = &[
+    ("[incidents]\nwindow_secs = 987654321\n", "987654321"),
+    ("[incidents]\nwindow_secs = 12345.678\n", "12345.678"),
+    ("[runbooks]\nmax_budget_secs = 98765.4321\n", "98765.4321"),
+    ("[health]\ninterval_secs = true\n", "true"),
+    ("[runbooks]\nallow = [[\"ibstat\"], 424242]\n", "424242"),
+    ("[runbooks]\nallow = [{ k = \"table-secret\" }]\n", "table-secret"),
+    ("[metrics]\nlisten = \"10.1.2.3:sekrit\"\n", "sekrit"),
+    (
+        "[[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtp://mail.example:587\"\nfrom = \"x@example.com\"\nto = [\"y@example.com\"]\nusername = \"u\"\npassword = 987654321\n",
+        "987654321",
+    ),
+    (
+        "[[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtps://mail.example\"\ntls = \"starttls\"\nfrom = \"x@example.com\"\nto = [\"y@example.com\"]\n",
+        "starttls",
+    ),
+    (
+        "[[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtp://mail.example\"\ntls = \"tls-sekrit\"\nfrom = \"x@example.com\"\nto = [\"y@example.com\"]\n",
+        "tls-sekrit",
+    ),
+    (
+        "[[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"ftp://hooks.example/T0/SECRETTOKEN\"\n",
+        "ftp",
+    ),
+];
+
+#[test]
+fn config_errors_never_echo_a_value_through_check_or_a_reload() {
+    let s = Setup::new("");
+    let base = std::fs::read_to_string(s.config()).unwrap();
+    for (extra, value) in NEVER_ECHOED {
+        std::fs::write(s.config(), format!("{base}{extra}")).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args(["check", "--config"])
+            .arg(s.config())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(78), "{extra}");
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(all.contains("xidwatch.toml"), "{extra}: {all}");
+        assert!(!all.contains(value), "{extra}: {all}");
+    }
+
+    std::fs::write(s.config(), &base).unwrap();
+    let d = s.start();
+    d.wait_stderr("caught up");
+    for (n, (extra, value)) in NEVER_ECHOED.iter().enumerate() {
+        std::fs::write(s.config(), format!("{base}{extra}")).unwrap();
+        super::support::signal(&d.child, libc::SIGHUP);
+        let start = Instant::now();
+        let refused = loop {
+            let err = d.stderr.lock().unwrap().clone();
+            let refused: Vec<String> = err
+                .lines()
+                .filter(|l| l.contains("config reload refused"))
+                .map(str::to_string)
+                .collect();
+            if refused.len() > n {
+                break refused[n].clone();
+            }
+            assert!(start.elapsed() < LIMIT, "{extra}: {err}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            refused.contains("xidwatch.toml") && !refused.contains(value),
+            "{extra}: {refused}"
+        );
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// A clean stop takes the status socket with it: the state directory holds no socket file once
+/// the daemon has stopped.
+#[test]
+fn a_clean_stop_removes_the_status_socket() {
+    let s = Setup::new("");
+    let sock = s.dir.path().join("state").join("xidwatch.sock");
+    let d = s.start();
+    d.wait_stderr("caught up");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < LIMIT, "no socket at {}", sock.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!sock.exists(), "{} left behind:\n{err}", sock.display());
 }

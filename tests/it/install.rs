@@ -508,3 +508,78 @@ fn the_default_config_parses_as_shipped_and_with_every_key_uncommented() {
         panic!("the example config does not load: {e}");
     }
 }
+
+/// A binary copied alone to a machine (no package, no source tree) runs with the runbooks built
+/// into it: `check` and `runbook list` succeed, and nothing they report points at the build
+/// machine's source tree, which a fleet node does not have.
+#[test]
+fn the_binary_alone_runs_with_its_built_in_runbooks() {
+    let d = TempDir::new().unwrap();
+    let bin = d.path().join("xidwatch");
+    fs::copy(BIN, &bin).unwrap();
+    let cfg = d.path().join("xidwatch.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[kmsg]\npath = {:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n",
+            d.path().join("kmsg"),
+            d.path().join("state")
+        ),
+    )
+    .unwrap();
+    let source = repo("runbooks");
+    for args in [
+        &["check", "--config"][..],
+        &["runbook", "list", "--config"][..],
+    ] {
+        let out = Command::new(&bin)
+            .args(args)
+            .arg(&cfg)
+            .current_dir(d.path())
+            .env_remove("CARGO_MANIFEST_DIR")
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{args:?}: {all}");
+        assert!(
+            !all.contains(source.to_str().unwrap()),
+            "{args:?} names the build tree: {all}"
+        );
+        assert!(
+            args[0] != "check"
+                || all.contains("(built into the binary)")
+                || all.contains("/usr/share/xidwatch/runbooks"),
+            "{args:?}: {all}"
+        );
+        for name in shipped_runbooks().keys() {
+            let name = name.trim_end_matches(".toml");
+            assert!(all.contains(name), "{args:?} lacks {name}: {all}");
+        }
+    }
+}
+
+/// `--root` need not exist: a dry run says it would create it and changes nothing (the directory
+/// is still not there), an install creates it, and an uninstall from nowhere says so clearly.
+#[test]
+fn a_root_that_does_not_exist_yet() {
+    let d = TempDir::new().unwrap();
+    let root = d.path().join("image/rootfs");
+    let out = run(&["install", "--dry-run"], &root);
+    assert!(
+        out.contains("would create") && out.contains("nothing was changed"),
+        "{out}"
+    );
+    assert!(!d.path().join("image").exists());
+    let out = run(&["install"], &root);
+    assert!(out.contains("did not exist"), "{out}");
+    assert!(root.join("etc/xidwatch/xidwatch.toml").is_file());
+    let gone = d.path().join("never");
+    let out = run_status(&["uninstall"], &gone);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+}

@@ -106,6 +106,11 @@ fn fed() -> Arc<Telemetry> {
         Severity::Critical,
         IncidentPhase::Digest,
     ));
+    t.record_incident(&incident(
+        "xid79-old",
+        Severity::Critical,
+        IncidentPhase::Resolved,
+    ));
     t.set_open_incidents_from([&inc]);
     t.runbook_run("xid79", Duration::from_millis(1500), true);
     t.runbook_run("xid79", Duration::from_secs(45), false);
@@ -199,6 +204,7 @@ async fn metrics_endpoint_serves_every_metric_with_its_labels() {
         "xidwatch_findings_total{kind=\"kmsg_overrun\",xid=\"\",pci=\"\",severity=\"warning\"} 1",
         "xidwatch_incidents_total{severity=\"critical\",phase=\"opened\"} 1",
         "xidwatch_incidents_total{severity=\"critical\",phase=\"digest\"} 1",
+        "xidwatch_incidents_total{severity=\"critical\",phase=\"resolved\"} 1",
         "xidwatch_open_incidents 1",
         "xidwatch_kmsg_records_total 1200",
         "xidwatch_kmsg_lost_records_total 7",

@@ -516,3 +516,121 @@ fn a_file_truncated_while_it_is_scanned_ends_the_scan_not_the_process() {
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(out.contains("\"xid\":79"), "{out}");
 }
+
+/// Commands that send nothing need no alert secret: with a channel's `env:` variable unset (as it
+/// is outside the service), `scan --runbooks` and `runbook run` warn and go on, as `status`
+/// does; `check`, which vouches for the channels, still refuses.
+#[test]
+fn commands_that_send_nothing_need_no_alert_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fake_machine_config(dir.path());
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(
+        "[[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"env:XIDWATCH_IT_NEVER_SET_HOOK\"\n",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let run = |args: &[&str]| {
+        let out = bin()
+            .args(args)
+            .arg(&cfg)
+            .args(["--xid", "79"].iter().filter(|_| args[0] == "runbook"))
+            .env_remove("XIDWATCH_IT_NEVER_SET_HOOK")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["scan", "--runbooks"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("config error"), "{err}");
+    assert!(err.contains("XIDWATCH_IT_NEVER_SET_HOOK"), "{err}");
+    let (code, err) = run(&["runbook", "run", "fallback", "--config"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("sends nothing"), "{err}");
+    let (code, err) = run(&["check", "--config"]);
+    assert_eq!(code, Some(78), "{err}");
+}
+
+/// `check` names the node a drain command will be for: the configured host when `[handoff]`
+/// names no node, not a placeholder.
+#[test]
+fn check_names_the_real_node_of_the_hand_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("xidwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[state]\ndir = {:?}\n[incidents]\nhost = \"gpu-node-42\"\n[handoff]\nscheduler = \"slurm\"\n",
+            dir.path().join("state")
+        ),
+    )
+    .unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("for node gpu-node-42") && !text.contains('<'),
+        "{text}"
+    );
+}
+
+/// The README's block of every key with its default, as it stands, passes `check`.
+#[test]
+fn the_readme_defaults_block_passes_check() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let at = readme.find("Every key, with its default").unwrap();
+    let start = at + readme[at..].find("```toml\n").unwrap() + 8;
+    let end = start + readme[start..].find("```\n").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("xidwatch.toml");
+    std::fs::write(&cfg, &readme[start..end]).unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `scan --runbooks` runs a runbook per incident, as the daemon does: an Xid 45 folded into the
+/// Xid 79 before it is that fault's cleanup, and runs no application runbook of its own.
+#[test]
+fn a_folded_xid_45_runs_no_runbook_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = fake_machine_config(dir.path());
+    let log = dir.path().join("k.log");
+    std::fs::write(
+        &log,
+        "[ 9512.238711] NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n\
+         [ 9512.240012] NVRM: Xid (PCI:0000:17:00): 45, pid=2207, name=python3, Ch 00000001 caused by previous Xid 79\n",
+    )
+    .unwrap();
+    for json in [false, true] {
+        let mut cmd = bin();
+        cmd.arg("scan");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg("--runbooks").arg(&cfg).arg(&log).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("fallen-off-bus"), "{text}");
+        assert!(
+            !text.contains("runbook application") && !text.contains("\"runbook\":\"application\""),
+            "{text}"
+        );
+    }
+}
