@@ -583,3 +583,51 @@ fn a_root_that_does_not_exist_yet() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("does not exist"), "{err}");
 }
+
+/// The same with the build tree really gone: in a mount namespace of its own (the machine's
+/// mounts are untouched) an empty tmpfs covers the source tree, and the copied binary still
+/// checks its config and lists every shipped runbook.
+#[test]
+#[ignore = "needs root"]
+fn as_root_the_binary_runs_with_the_source_tree_hidden() {
+    super::support::require_root("it mounts a tmpfs over the source tree in a private namespace");
+    let d = TempDir::new().unwrap();
+    let bin = d.path().join("xidwatch");
+    fs::copy(BIN, &bin).unwrap();
+    let cfg = d.path().join("xidwatch.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[kmsg]\npath = {:?}\n[nvml]\nenabled = false\n[state]\ndir = {:?}\n",
+            d.path().join("kmsg"),
+            d.path().join("state")
+        ),
+    )
+    .unwrap();
+    let source = repo("");
+    let script = format!(
+        "mount -t tmpfs none {src:?} && test ! -e {src:?}/runbooks && {bin:?} check --config {cfg:?} && {bin:?} runbook list --config {cfg:?}",
+        src = source,
+        bin = bin,
+        cfg = cfg
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    for name in shipped_runbooks().keys() {
+        let name = name.trim_end_matches(".toml");
+        assert!(all.contains(name), "lacks {name}: {all}");
+    }
+    assert!(
+        repo("runbooks").is_dir(),
+        "the source tree is still there outside"
+    );
+}
