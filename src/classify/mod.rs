@@ -7,6 +7,7 @@
 //! (`GPU at PCI:...: GPU-uuid`, board serial) name a GPU for the findings that follow.
 
 pub mod catalog;
+pub mod fabricmanager;
 pub mod guidance;
 #[cfg(test)]
 mod harmless_tests;
@@ -902,6 +903,7 @@ impl Classifier {
                 }
             }
             Shape::Sxid(s) => self.sxid(s, msg, at),
+            Shape::FabricManager(ev) => out.push(self.fabric_manager(ev, msg, at)),
             Shape::Aer(a) => self.aer(a, msg, at, out),
             Shape::DriverLoaded { version } => self.driver_version = Some(version),
             Shape::UnreadableXid => {
@@ -1002,6 +1004,77 @@ impl Classifier {
             switch: s.switch,
             last_line: at.line,
         });
+    }
+
+    /// A Fabric Manager error. Its NVSwitch errors are SXids (named from the SXid catalog, the
+    /// switch as the finding's device, the port as its link); its own failures stop every CUDA
+    /// job on an NVSwitch system, so they are critical though no Xid follows.
+    fn fabric_manager(
+        &mut self,
+        ev: fabricmanager::FmEvent,
+        msg: &str,
+        at: &LineOrigin,
+    ) -> Finding {
+        use fabricmanager::FmEvent;
+        let title = match ev {
+            FmEvent::SwitchError {
+                fatal,
+                sxid: no,
+                switch,
+                physical_id,
+                port,
+            } => {
+                let mut f = base(
+                    FindingKind::Sxid,
+                    Severity::Warning,
+                    Category::Nvlink,
+                    "",
+                    msg,
+                    at,
+                );
+                f.xid = Some(no);
+                f.pci = switch;
+                f.detail = Some(Detail::Sxid {
+                    fatal,
+                    link: port,
+                    continuation: Vec::new(),
+                });
+                set_sxid_severity(&mut f, no, fatal);
+                let mut where_ = String::new();
+                if let Some(p) = physical_id {
+                    where_ += &format!(" switch {p}");
+                }
+                if let Some(p) = port {
+                    where_ += &format!(" port {p}");
+                }
+                f.title = format!("{}{where_}, reported by Fabric Manager", f.title);
+                return self.enrich(f);
+            }
+            FmEvent::Aborted { topology: true } => {
+                "Fabric Manager aborted: the NVSwitch topology it found is not one it supports"
+            }
+            FmEvent::Aborted { topology: false } => "Fabric Manager aborted",
+            FmEvent::GpuHandleMissing => {
+                "Fabric Manager cannot find a GPU of the job's NVLink multicast team"
+            }
+            FmEvent::SwitchDriverRequestFailed => {
+                "Fabric Manager's request to the NVSwitch driver failed"
+            }
+            FmEvent::OtherError => "Fabric Manager error",
+        };
+        let sev = if matches!(ev, FmEvent::OtherError) {
+            Severity::Warning
+        } else {
+            Severity::Critical
+        };
+        base(
+            FindingKind::DriverError,
+            sev,
+            Category::Nvlink,
+            title,
+            msg,
+            at,
+        )
     }
 
     fn aer(&mut self, a: AerLine, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {

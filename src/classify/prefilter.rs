@@ -46,6 +46,10 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "ERR!  ",
     // The fabric manager daemon (`nv-fabricmanager[pid]:`), which names no nvidia tag.
     "fabricmanager",
+    // Fabric Manager's own log file, whose records name no daemon: `[stamp] [ERROR] [tid N] ...`.
+    // Only the two levels that can be findings.
+    "] [ERROR] ",
+    "] [WARNING] ",
 ];
 
 /// The literal prefilter.

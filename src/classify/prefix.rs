@@ -293,6 +293,7 @@ fn other_start(line: &str) -> Option<usize> {
         .or_else(|| frame_start(line))
         .or_else(|| symbol_start(line))
         .or_else(|| crate::classify::shapes::module_loader_failure(line).map(|(at, _, _)| at))
+        .or_else(|| crate::classify::fabricmanager::record_start(line))
 }
 
 /// Where a module-loader line about NVIDIA's symbols starts when the module is not NVIDIA's own

@@ -19,6 +19,8 @@ use crate::model::PciAddress;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shape {
     Xid(XidLine),
+    /// A Fabric Manager record that is an error (its own log file, or the journal's copy).
+    FabricManager(crate::classify::fabricmanager::FmEvent),
     /// `NVRM: GPU at PCI:0000:17:00: GPU-...`
     GpuUuid {
         pci: PciAddress,
@@ -340,6 +342,9 @@ pub fn parse(msg: &str) -> Shape {
         if let Some(a) = parse_aer(msg) {
             return Shape::Aer(a);
         }
+    }
+    if let Some(s) = fabric_manager(msg) {
+        return s;
     }
     if let Some(s) = daemon_version_mismatch(msg) {
         return s;
@@ -1815,6 +1820,33 @@ fn container_cli(m: &str) -> Option<Shape> {
         critical: text.contains("version mismatch"),
         text: text.to_string(),
     })
+}
+
+/// A Fabric Manager record: bare, as its log file holds it (`[ERROR] [tid 841] ...`, the stamp
+/// left in the prefix), or after the journal's `nv-fabricmanager[pid]: ` tag, with or without its
+/// own stamp and level. A record at a level that is never a finding is harmless; journal text
+/// without a level that is none of the known failures is left to the other daemon checks.
+fn fabric_manager(msg: &str) -> Option<Shape> {
+    use crate::classify::fabricmanager as fm;
+    let of_record = |r: fm::Record<'_>| {
+        let error = matches!(r.level, Some("ERROR" | "FATAL"));
+        Some(match fm::classify(r.text, error) {
+            Some(ev) => Shape::FabricManager(ev),
+            None => Shape::Harmless,
+        })
+    };
+    if msg.starts_with('[') {
+        return fm::record(msg).and_then(of_record);
+    }
+    let rest = msg.strip_prefix("nv-fabricmanager[")?;
+    let (pid, text) = rest.split_once("]: ")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if let Some(r) = fm::record(text) {
+        return of_record(r);
+    }
+    fm::classify(text, false).map(Shape::FabricManager)
 }
 
 /// An NVIDIA user-space daemon (`nv-fabricmanager[29850]: ...`) saying it does not match the

@@ -128,6 +128,17 @@ pub fn explain_text(code: u32) -> String {
         );
     }
     row(&mut s, "applies to", &e.applies_to.join(", "));
+    if !e.added_in.is_empty() {
+        // Said outright: an on-call comparing with NVIDIA's catalog page will not find the code.
+        row(
+            &mut s,
+            "source",
+            &format!(
+                "defined by the driver from {}; not yet in NVIDIA's published Xid catalog (no resolution bucket given)",
+                e.added_in
+            ),
+        );
+    }
     if !e.xid154.is_empty() {
         row(
             &mut s,
@@ -166,5 +177,32 @@ pub fn runbook_for(e: &catalog::XidEntry) -> String {
             sel.runbook.name()
         ),
         None => "none".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explain_names_the_codes_past_the_published_catalog() {
+        for (code, name, sev) in [
+            (173, "C2C fatal link failure", "critical"),
+            (174, "Silent channel reset", "warning"),
+            (175, "Memory subsystem error", "critical"),
+            (176, "PCIe correctable-error fault", "warning"),
+            (185, "Sparing event", "warning"),
+        ] {
+            let t = explain_text(code);
+            assert!(t.starts_with(&format!("Xid {code}  {name}\n")), "{t}");
+            assert!(t.contains(&format!("severity    {sev}")), "{t}");
+            assert!(
+                t.contains("not yet in NVIDIA's published Xid catalog"),
+                "{t}"
+            );
+            assert!(!t.contains("unknown to this catalog"), "{t}");
+        }
+        assert!(explain_text(79).lines().all(|l| !l.contains("source ")));
+        assert!(explain_text(177).contains("unknown to this catalog"));
     }
 }

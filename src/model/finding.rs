@@ -196,6 +196,14 @@ pub enum RecoveryAction {
     DrainAndReset,
     OsReboot,
     PfFlr,
+    /// R595's Xid 154 action for GPUs of a multi-node NVLink (IMEX) domain: the domain's memory
+    /// export must be recovered, which touches every node sharing it, not just this GPU.
+    RecoverImexDomain,
+    /// NVML's newer recovery value: a PCIe bus reset of the GPU (more than a GPU reset, less
+    /// than a reboot).
+    BusReset,
+    /// NVML's newer recovery value: the whole system must be rebooted.
+    SystemReboot,
     /// A value this version does not know, kept as the driver wrote it.
     Other(String),
 }
@@ -213,6 +221,9 @@ impl RecoveryAction {
             "drain and reset" => RecoveryAction::DrainAndReset,
             "os reboot" => RecoveryAction::OsReboot,
             "pf flr" => RecoveryAction::PfFlr,
+            "recover imex domain" | "imex domain recovery" => RecoveryAction::RecoverImexDomain,
+            "bus reset" | "gpu bus reset" => RecoveryAction::BusReset,
+            "system reboot" | "reboot system" => RecoveryAction::SystemReboot,
             _ => RecoveryAction::Other(text.trim().to_string()),
         }
     }
@@ -235,6 +246,11 @@ impl RecoveryAction {
             RecoveryAction::DrainAndReset => "drain, then reset".into(),
             RecoveryAction::OsReboot => "OS reboot required".into(),
             RecoveryAction::PfFlr => "PCIe function-level reset required".into(),
+            RecoveryAction::RecoverImexDomain => {
+                "recover the IMEX domain (every node sharing its NVLink memory)".into()
+            }
+            RecoveryAction::BusReset => "PCIe bus reset required".into(),
+            RecoveryAction::SystemReboot => "system reboot required".into(),
             RecoveryAction::Other(s) => s.clone(),
         }
     }

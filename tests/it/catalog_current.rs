@@ -139,7 +139,8 @@ fn generate() -> String {
         "/// Where the facts came from.\npub const SOURCE: &str = {};\n",
         lit(
             "NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), \
-             four sheets exported as CSV, copy dated about October 2025"
+             four sheets exported as CSV, copy dated about October 2025; codes past 172 from the \
+             driver's headers (R580 to R620)"
         )
     )
     .unwrap();
@@ -154,13 +155,14 @@ fn generate() -> String {
     let c_imm = s.col("Resolution Bucket (Immediate");
     let c_inv = s.col("Resolution Bucket (Investigatory");
     let c_154 = s.col("Xid 154 linkage");
-    let mut entries = BTreeMap::new();
+    // Published rows: (row, driver branch that added the code; empty for NVIDIA's sheet).
+    let mut entries: BTreeMap<u32, (Vec<String>, String)> = BTreeMap::new();
     for row in &s.rows {
         let code: u32 = match s.get(row, c_code).parse() {
             Ok(c) => c,
             Err(_) => continue,
         };
-        entries.insert(code, row.clone());
+        entries.insert(code, (row.clone(), String::new()));
     }
     let max = *entries.keys().max().expect("no Xids");
     assert_eq!(
@@ -170,11 +172,45 @@ fn generate() -> String {
     );
     writeln!(
         out,
-        "/// The highest code the catalog knows.\npub const XID_CODES_MAX: u32 = {max};\n"
+        "/// The highest code of NVIDIA's published catalog (every code from 1 to it is listed).\n\
+         pub const XID_CODES_MAX: u32 = {max};\n"
+    )
+    .unwrap();
+    // Codes the driver defines past the published sheet (its headers and release notes): the
+    // same columns by name, plus the driver branch that added each. A code NVIDIA's sheet
+    // already lists keeps the sheet's row, so a newer export simply takes over.
+    let h = Sheet::load("Xids_driver_headers.csv");
+    let c_drv = h.col("Driver");
+    let mut newest = 0u32;
+    for row in &h.rows {
+        let Ok(code) = h.get(row, h.col("Code")).parse::<u32>() else {
+            continue;
+        };
+        let drv = h.get(row, c_drv).to_string();
+        let n: u32 = drv
+            .strip_prefix('R')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| {
+                panic!("Xids_driver_headers.csv: code {code} driver {drv:?} is not R<number>")
+            });
+        newest = newest.max(n);
+        // Reorder the row into the published sheet's column order.
+        let mut mapped = vec![String::new(); s.headers.len()];
+        for (i, hd) in s.headers.iter().enumerate() {
+            if let Some(j) = h.headers.iter().position(|x| x == hd) {
+                mapped[i] = h.get(row, j).to_string();
+            }
+        }
+        entries.entry(code).or_insert((mapped, drv));
+    }
+    writeln!(
+        out,
+        "/// The newest driver branch whose Xids the catalog holds (R{newest}).\n\
+         pub const NEWEST_DRIVER_BRANCH: u32 = {newest};\n"
     )
     .unwrap();
     out.push_str("pub(super) static XIDS: &[XidEntry] = &[\n");
-    for (code, row) in &entries {
+    for (code, (row, added_in)) in &entries {
         let w = xids_words
             .get(&code.to_string())
             .and_then(|v| v.as_table())
@@ -207,7 +243,7 @@ fn generate() -> String {
             "    XidEntry {{\n        code: {code},\n        mnemonic: {},\n        in_use: {},\n        \
              applies_to: &[{}],\n        immediate: {},\n        investigatory: {},\n        \
              xid154: {},\n        category: Category::{category},\n        severity: Severity::{severity},\n        \
-             summary: {},\n        causes: {},\n        check: {},\n    }},",
+             summary: {},\n        causes: {},\n        check: {},\n        added_in: {},\n    }},",
             lit(&s
                 .get(row, c_mn)
                 .split('\n')
@@ -223,6 +259,7 @@ fn generate() -> String {
             lit(&word("summary")),
             lit(&word("causes")),
             lit(&word("check")),
+            lit(added_in),
         )
         .unwrap();
     }
@@ -377,4 +414,25 @@ fn csv_parser_handles_quotes_and_newlines() {
 #[test]
 fn bit_patterns_read_msb_first() {
     assert_eq!(bits("------------------------------01"), (0b11, 0b01));
+}
+
+/// The README promises the catalog is current to a driver branch; this holds it to that, so a
+/// claim raised without the rows (or rows dropped under the claim) fails here.
+#[test]
+fn catalog_is_as_current_as_the_readme_claims() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("reading README.md");
+    let key = "current to driver R";
+    let at = readme.find(key).expect("README.md claims no driver branch");
+    let claim: u32 = readme[at + key.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .expect("a branch number after the claim");
+    assert!(
+        xidwatch::classify::catalog::NEWEST_DRIVER_BRANCH >= claim,
+        "README.md claims R{claim}; the catalog's newest driver is R{}",
+        xidwatch::classify::catalog::NEWEST_DRIVER_BRANCH
+    );
 }

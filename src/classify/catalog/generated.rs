@@ -6,10 +6,13 @@ use super::{BitPattern, Bucket, Nvlink5Row, XidEntry};
 use crate::model::{Category, Severity};
 
 /// Where the facts came from.
-pub const SOURCE: &str = "NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), four sheets exported as CSV, copy dated about October 2025";
+pub const SOURCE: &str = "NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), four sheets exported as CSV, copy dated about October 2025; codes past 172 from the driver's headers (R580 to R620)";
 
-/// The highest code the catalog knows.
+/// The highest code of NVIDIA's published catalog (every code from 1 to it is listed).
 pub const XID_CODES_MAX: u32 = 172;
+
+/// The newest driver branch whose Xids the catalog holds (R620).
+pub const NEWEST_DRIVER_BRANCH: u32 = 620;
 
 pub(super) static XIDS: &[XidEntry] = &[
     XidEntry {
@@ -25,6 +28,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a bad method in a GPU command channel (FIFO).",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, treat it as a driver-level channel error of unknown cause.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 2,
@@ -39,6 +43,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a software method the channel could not handle.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver mismatch or a channel error of unknown cause.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 3,
@@ -53,6 +58,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an unknown method arriving in a command channel.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect corrupted commands or a mismatched driver stack.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 4,
@@ -67,6 +73,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a command channel that stayed busy.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a hung channel or a driver problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 5,
@@ -81,6 +88,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a command-channel run-out or overflow.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver problem with channel bookkeeping.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 6,
@@ -95,6 +103,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a parse error in a channel's command stream.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a corrupted command stream from the application or the driver.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 7,
@@ -109,6 +118,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a bad page-table entry hit by a command channel.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver or memory-mapping problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 8,
@@ -123,6 +133,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A GPU command channel went idle-timeout: the GPU stopped making progress on a job's work.",
         causes: "Often a job that hung or deadlocked on the GPU; less often a driver bug or a GPU that is starting to fail.",
         check: "Restart the job and watch whether it recurs; if it repeats on this GPU across different jobs, capture nvidia-bug-report.sh and run dcgmi diag -r 3.",
+        added_in: "",
     },
     XidEntry {
         code: 9,
@@ -137,6 +148,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a graphics-engine instance error.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver problem in graphics/compute engine handling.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 10,
@@ -151,6 +163,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a graphics-engine single-step (debug) event.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check whether someone is running a GPU debugger on this node.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 11,
@@ -165,6 +178,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU rejected a command stream as invalid or corrupted and stopped the job that sent it.",
         causes: "Most often the application or CUDA library sent malformed work; a driver bug or data corruption on the way to the GPU is less likely.",
         check: "Identify the process from the PID in the log line and restart it; if the same code fails again, have its owner debug it, and check dmesg for PCIe/AER errors.",
+        added_in: "",
     },
     XidEntry {
         code: 12,
@@ -179,6 +193,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an unhandled graphics-engine software method.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver mismatch.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 13,
@@ -193,6 +208,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A graphics/compute engine exception (Xid 13) killed a job: usually an out-of-range access or illegal instruction.",
         causes: "Usually an application bug such as indexing past an array, a bad instruction or register; rarely, failing hardware or a driver bug.",
         check: "Note the GPC/TPC/SM in the message and the PID; rerun the job under compute-sanitizer or cuda-gdb, and if the same TPC/GPC keeps failing across jobs run dcgmi diag -r 3.",
+        added_in: "",
     },
     XidEntry {
         code: 14,
@@ -207,6 +223,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A deliberately injected test error; not raised by real faults on current data-centre GPUs.",
         causes: "Someone or some tool injected a fake error from user space, for example a monitoring or fault-injection test.",
         check: "Ask whether a fault-injection or alerting test was running on this node; if nobody did it, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 15,
@@ -221,6 +238,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a display scanline timeout.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is likely a display-path driver issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 16,
@@ -235,6 +253,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a display vertical-blank callback timing out.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is likely a display-path driver issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 17,
@@ -249,6 +268,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a bad parameter passed to a GPU channel.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver or application passing invalid arguments.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 18,
@@ -263,6 +283,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a bus-master timeout on the host bus.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check the PCIe link for problems.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 19,
@@ -277,6 +298,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a missed display notifier.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is likely a display-path driver issue.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 20,
@@ -291,6 +313,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an unhandled method sent to the MPEG engine.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver mismatch in the video stack.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 21,
@@ -305,6 +328,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an unhandled method sent to the motion-estimation engine.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver mismatch in the video stack.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 22,
@@ -319,6 +343,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an unhandled method sent to the video-processor engine.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver mismatch in the video stack.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 23,
@@ -333,6 +358,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a notice that channel error logging was enabled.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, someone probably enabled extra error logging.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 24,
@@ -347,6 +373,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a graphics semaphore wait that timed out.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a hung job or a synchronisation problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 25,
@@ -361,6 +388,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The graphics engine received an invalid or illegal command stream and stopped the job.",
         causes: "Typically the application or a library submitted malformed work to the GPU; occasionally a driver bug.",
         check: "Find the process via the PID in the log and restart it; if it repeats with the same code, have its owner debug it with compute-sanitizer and confirm driver and CUDA versions match.",
+        added_in: "",
     },
     XidEntry {
         code: 26,
@@ -375,6 +403,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a timeout waiting on the frame-buffer interface.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a memory-interface or driver problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 27,
@@ -389,6 +418,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a video-processor engine exception.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 28,
@@ -403,6 +433,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a second-generation video-processor exception.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 29,
@@ -417,6 +448,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a bitstream-processor (video decode) exception.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 30,
@@ -431,6 +463,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a bad address access by GPU work.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect an application using an invalid GPU address.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 31,
@@ -445,6 +478,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU's MMU caught an access to an invalid address (GPU page fault) and stopped the job.",
         causes: "Normally an application bug such as a use-after-free or out-of-bounds pointer; repeated faults on one GPU can mean a driver or hardware problem.",
         check: "Note the faulting address and PID, rerun the job with compute-sanitizer or cuda-gdb; if faults keep landing on the same GPU (PCI address) from different jobs, run dcgmi diag -r 3.",
+        added_in: "",
     },
     XidEntry {
         code: 32,
@@ -459,6 +493,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The DMA engine feeding commands to the GPU over PCIe reported a fault and the affected job was stopped.",
         causes: "Mostly poor PCIe signal quality or corrupted transfers between host and GPU, rarely the application itself.",
         check: "Look for AER or PCIe correctable/uncorrectable errors in dmesg and lspci -vvv for this GPU; if they are present, check the riser, slot and link width/speed.",
+        added_in: "",
     },
     XidEntry {
         code: 33,
@@ -473,6 +508,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an error in the on-chip security engine.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check whether secure/confidential features are in use and escalate.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 34,
@@ -487,6 +523,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the MSVLD video decoder.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 35,
@@ -501,6 +538,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the MSPDEC video decoder.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 36,
@@ -515,6 +553,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the MSPPP video post-processor.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 37,
@@ -529,6 +568,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The context-switch microcontroller (FECS) firmware was asked for a method it does not implement.",
         causes: "Typically the application or its CUDA runtime used a method the installed firmware lacks, e.g. a user-space/driver version mismatch.",
         check: "Confirm the CUDA runtime and kernel driver versions are compatible (nvidia-smi and the job's CUDA version); if they match, have the application owner look at what it submits.",
+        added_in: "",
     },
     XidEntry {
         code: 38,
@@ -543,6 +583,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The watchdog of the context-switch microcontroller (FECS) firmware expired.",
         causes: "The FECS firmware stopped responding in time, due to a driver/firmware bug or a GPU that is hanging.",
         check: "Check whether jobs on the GPU are still progressing (nvidia-smi utilisation); if this repeats, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 39,
@@ -557,6 +598,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE0 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE0 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE0 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 40,
@@ -571,6 +613,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE1 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE1 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE1 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 41,
@@ -585,6 +628,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE2 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE2 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE2 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 42,
@@ -599,6 +643,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the video image compositor.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 43,
@@ -613,6 +658,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A job hit a fault of its own and was stopped; the GPU itself is fine.",
         causes: "Almost always the application: an illegal operation or a fault it triggered forced the driver to tear its work down.",
         check: "Look in the kernel log just before this line for the Xid that caused it (often 13 or 31) and tell the job's owner; no action is needed on the GPU.",
+        added_in: "",
     },
     XidEntry {
         code: 44,
@@ -627,6 +673,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The graphics/compute engine faulted while switching between job contexts.",
         causes: "A driver or firmware problem during context switching, sometimes triggered by a misbehaving job; hardware is possible if frequent.",
         check: "Check for other Xids at the same time and restart the affected job; if it keeps happening, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 45,
@@ -641,6 +688,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The driver cleaned up a job's GPU work early, as a follow-on to another error or to the job being killed.",
         causes: "An echo of something else: a previous Xid (often 48, 94 or 95), a GPU reset, or the process being killed (Ctrl-C, SIGKILL).",
         check: "Look for the Xid logged just before this one on the same GPU and act on that; if 45 is alone on an NVSwitch system, check nvidia-fabricmanager status.",
+        added_in: "",
     },
     XidEntry {
         code: 46,
@@ -655,6 +703,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU stopped responding to work (GPU timeout) and needs a reset.",
         causes: "A hung GPU from a driver/firmware bug, or failing hardware; occasionally a job that wedged the engine.",
         check: "Drain and reset the GPU (nvidia-smi -r); capture nvidia-bug-report.sh before the reset and open a case if it recurs.",
+        added_in: "",
     },
     XidEntry {
         code: 47,
@@ -669,6 +718,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the first NVENC video encoder.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 48,
@@ -683,6 +733,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An uncorrectable double-bit ECC error hit GPU memory or an on-chip SRAM; affected jobs are lost.",
         causes: "A hardware memory fault in HBM/DRAM or in on-chip SRAM; occasional DBEs happen, repeated ones mean the GPU is failing.",
         check: "Run nvidia-smi -q -d ECC,ROW_REMAPPER: expect Xid 63/64 and 94/95 nearby; drain and reset the GPU, and if it hit SRAM check the SRAM threshold-exceeded flag and run field diagnostics.",
+        added_in: "",
     },
     XidEntry {
         code: 49,
@@ -697,6 +748,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a quiet-mode level forced via the registry.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, someone likely set a quiet-mode registry key.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 50,
@@ -711,6 +763,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a quiet-mode level change caused by an earlier error.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, look for the error that came before it.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 51,
@@ -725,6 +778,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a failed silent-running stress test.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a thermal or power problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 52,
@@ -739,6 +793,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a quiet-mode level change due to rising temperature.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check cooling.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 53,
@@ -753,6 +808,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests clocks lowered because of temperature.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check cooling and airflow.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 54,
@@ -767,6 +823,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The board's auxiliary power is not connected, so the GPU cannot run at normal clocks.",
         causes: "A power cable that is loose, missing or faulty, or a GPU not fully seated after maintenance.",
         check: "Have someone on site check the GPU's seating and its power connectors; nvidia-smi -q -d POWER,PERFORMANCE will show the limited power/clocks until fixed.",
+        added_in: "",
     },
     XidEntry {
         code: 55,
@@ -781,6 +838,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a failure to read the GPU temperature sensor.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a sensor or board problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 56,
@@ -795,6 +853,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in a display channel.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 57,
@@ -809,6 +868,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests failed link training between GPU and its memory.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a memory or board fault.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 58,
@@ -823,6 +883,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a frame-buffer (GPU memory) error.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check ECC counters for memory faults.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 59,
@@ -837,6 +898,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an error in the power-management microcontroller (PMU).",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a firmware problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 60,
@@ -851,6 +913,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The SEC2 security engine reported an exception and the affected job was stopped.",
         causes: "The work sent to the security engine was invalid, or there is a driver/firmware bug in that path.",
         check: "Restart the affected job; if it repeats, note whether confidential computing or encrypted transfers are enabled (nvidia-smi conf-compute -q) and capture nvidia-bug-report.sh.",
+        added_in: "",
     },
     XidEntry {
         code: 61,
@@ -865,6 +928,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a breakpoint hit in the power-management microcontroller.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect firmware debugging left enabled or a firmware bug.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 62,
@@ -879,6 +943,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An internal GPU microcontroller halted and the GPU needs a reset.",
         causes: "A firmware crash in one of the on-GPU microcontrollers, from a driver/firmware bug or a hardware fault.",
         check: "Capture nvidia-bug-report.sh, then drain and reset the GPU; if it halts again, update driver/firmware and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 63,
@@ -893,6 +958,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU recorded a memory repair (row remapping or page retirement) after ECC errors; a reset applies it.",
         causes: "ECC errors in HBM/DRAM made the GPU mark bad memory rows or pages for replacement; occasional events are normal ageing.",
         check: "Run nvidia-smi -q -d ROW_REMAPPER and look for pending remaps; schedule a GPU reset to apply them and watch how fast the count grows.",
+        added_in: "",
     },
     XidEntry {
         code: 64,
@@ -907,6 +973,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU could not record a memory repair (row remapping or page retirement failed) and needs a reset.",
         causes: "Too many bad rows in one memory bank, or a failure writing the repair record; the memory is degrading.",
         check: "Run nvidia-smi -q -d ROW_REMAPPER: 'Remapping Failure Occurred: Yes' or no spare rows left means the GPU should be drained and sent for RMA.",
+        added_in: "",
     },
     XidEntry {
         code: 65,
@@ -921,6 +988,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the second NVENC video encoder.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 66,
@@ -935,6 +1003,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The driver touched a GPU register it was not allowed to access (context-switch firmware flagged it).",
         causes: "A driver bug, or user-level software reaching into protected registers through the driver.",
         check: "Check which process was active and whether the driver and firmware versions match; if it repeats, capture nvidia-bug-report.sh and report it.",
+        added_in: "",
     },
     XidEntry {
         code: 67,
@@ -949,6 +1018,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The context-switch firmware flagged an illegal access made through the driver.",
         causes: "A driver or firmware bug, or a mismatch between the driver and the GPU firmware.",
         check: "Confirm the installed driver version (nvidia-smi) matches what the node should run; if it repeats, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 68,
@@ -963,6 +1033,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC0 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC0 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC0 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 69,
@@ -977,6 +1048,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The graphics/compute engine was given work using a class or method it does not accept; the job was stopped.",
         causes: "Usually the application or its libraries issued invalid commands, often from mismatched CUDA runtime and driver versions.",
         check: "Identify the process by PID and restart it; compare the job's CUDA version with the driver (nvidia-smi) and ask the owner to debug if it recurs.",
+        added_in: "",
     },
     XidEntry {
         code: 70,
@@ -991,6 +1063,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE3 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE3 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE3 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 71,
@@ -1005,6 +1078,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE4 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE4 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE4 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 72,
@@ -1019,6 +1093,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE5 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE5 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE5 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 73,
@@ -1033,6 +1108,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in the third NVENC video encoder.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to a video engine.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 74,
@@ -1047,6 +1123,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink connection from this GPU to a peer GPU or NVSwitch failed; a GPU reset or reboot is needed.",
         causes: "A fault on the link itself (cable, connector, board) or on the device at the other end, e.g. a peer GPU that failed first.",
         check: "Run nvidia-smi nvlink -s and -e for link state and error counters, decode the hex fields in the message, and check whether a peer GPU logged its own Xid first.",
+        added_in: "",
     },
     XidEntry {
         code: 75,
@@ -1061,6 +1138,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE6 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE6 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE6 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 76,
@@ -1075,6 +1153,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE7 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE7 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE7 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 77,
@@ -1089,6 +1168,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE8 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE8 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE8 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 78,
@@ -1103,6 +1183,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A virtual GPU (vGPU) failed to start, so the VM has no working GPU.",
         causes: "The guest driver does not match the host vGPU manager, or the chosen vGPU profile is not supported for this guest OS or GPU.",
         check: "Read the message text for 'incompatible with host driver' or 'vGPU type is not supported', then align guest and host driver versions or pick a supported vGPU profile.",
+        added_in: "",
     },
     XidEntry {
         code: 79,
@@ -1117,6 +1198,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU has fallen off the bus: the driver can no longer reach it over PCIe.",
         causes: "A PCIe link that went down (riser, slot, cable, retimer), a power problem, or a GPU that died; rarely a driver issue.",
         check: "Check lspci for the device, dmesg for AER/link-down messages and the BMC event log (ipmitool sel list); the node needs a reboot, and a repeat means a hardware ticket.",
+        added_in: "",
     },
     XidEntry {
         code: 80,
@@ -1131,6 +1213,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Data sent to the GPU failed its CRC check, so the command stream was corrupted on the way in.",
         causes: "Corruption between host memory and the GPU, most often a marginal PCIe link, occasionally host memory or the application.",
         check: "Look for PCIe AER errors in dmesg and check lspci -vvv link speed/width for this GPU; check host memory ECC logs too, and restart the job.",
+        added_in: "",
     },
     XidEntry {
         code: 81,
@@ -1145,6 +1228,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an error in the legacy VGA subsystem.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 82,
@@ -1159,6 +1243,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG0 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG0 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG0 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 83,
@@ -1173,6 +1258,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC1 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC1 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC1 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 84,
@@ -1187,6 +1273,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC2 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC2 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC2 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 85,
@@ -1201,6 +1288,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE9 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE9 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE9 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 86,
@@ -1215,6 +1303,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The OFA0 optical-flow engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the OFA0 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping OFA0 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 87,
@@ -1229,6 +1318,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a telemetry report from the driver.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is most likely a harmless report.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 88,
@@ -1243,6 +1333,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC3 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC3 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC3 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 89,
@@ -1257,6 +1348,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC4 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC4 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC4 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 90,
@@ -1271,6 +1363,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an error in the GPU's L2 cache.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, check ECC counters for cache faults.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 91,
@@ -1285,6 +1378,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a reserved, unassigned code.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, the driver and this catalog may be out of step.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 92,
@@ -1299,6 +1393,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU is seeing an unusually high rate of corrected single-bit ECC errors.",
         causes: "Memory that is degrading; each error was fixed, but a high rate often comes before uncorrectable errors and remaps.",
         check: "Run nvidia-smi -q -d ECC,ROW_REMAPPER to see which memory and how fast counts grow; plan a drain and diagnostics if they keep climbing.",
+        added_in: "",
     },
     XidEntry {
         code: 93,
@@ -1313,6 +1408,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The driver could not write to the InfoROM because its provisioned wear limit was reached.",
         causes: "Usually intentional: InfoROM wear protection was set up with nvflash and the write budget is used up.",
         check: "Check with the team that provisions firmware whether a wear limit was set; it can be cleared with nvflash, and report it if clearing does not help.",
+        added_in: "",
     },
     XidEntry {
         code: 94,
@@ -1327,6 +1423,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An uncorrectable memory error was contained: only the job that read the bad data was stopped.",
         causes: "An ECC error (poisoned memory) consumed by one application; other jobs on the GPU keep running.",
         check: "Restart the affected job, check nvidia-smi -q -d ROW_REMAPPER for pending remaps, and reset the GPU at the next quiet moment so the repair takes effect.",
+        added_in: "",
     },
     XidEntry {
         code: 95,
@@ -1341,6 +1438,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An uncorrectable memory error could not be contained to one job; the GPU must be reset.",
         causes: "An ECC error (poisoned memory) that may have affected several applications, so nothing on the GPU can be trusted.",
         check: "Drain all jobs and reset the GPU, then check nvidia-smi -q -d ECC,ROW_REMAPPER; look for Xid 48/63/64 around it and open a ticket if it repeats.",
+        added_in: "",
     },
     XidEntry {
         code: 96,
@@ -1355,6 +1453,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC5 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC5 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC5 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 97,
@@ -1369,6 +1468,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC6 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC6 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC6 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 98,
@@ -1383,6 +1483,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVDEC7 video decoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVDEC7 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVDEC7 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 99,
@@ -1397,6 +1498,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG1 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG1 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG1 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 100,
@@ -1411,6 +1513,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG2 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG2 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG2 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 101,
@@ -1425,6 +1528,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG3 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG3 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG3 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 102,
@@ -1439,6 +1543,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG4 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG4 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG4 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 103,
@@ -1453,6 +1558,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG5 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG5 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG5 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 104,
@@ -1467,6 +1573,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG6 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG6 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG6 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 105,
@@ -1481,6 +1588,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVJPG7 JPEG engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVJPG7 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVJPG7 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 106,
@@ -1495,6 +1603,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A test message sent through the out-of-band management (SMBPBI) interface.",
         causes: "Someone or a BMC tool sent a test message to the GPU over its management interface.",
         check: "Nothing to fix; if it was unexpected, ask who operates the BMC or management tooling on this node.",
+        added_in: "",
     },
     XidEntry {
         code: 107,
@@ -1509,6 +1618,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A silent test message sent through the out-of-band management (SMBPBI) interface.",
         causes: "A BMC or management tool exercised the GPU's management interface in silent test mode.",
         check: "Nothing to fix; only ask the BMC/management team if these show up unexpectedly or very often.",
+        added_in: "",
     },
     XidEntry {
         code: 108,
@@ -1523,6 +1633,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy NVLink remote address-translation error, not expected on current data-centre GPUs.",
         causes: "If seen, probably an application making an invalid peer-to-peer access over NVLink, like Xid 137.",
         check: "Find the process involved and rerun it under compute-sanitizer or cuda-gdb; capture nvidia-bug-report.sh since the code itself is unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 109,
@@ -1537,6 +1648,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU timed out switching between job contexts and needs a reset.",
         causes: "A job that would not yield the engine, a driver/firmware bug, or a GPU starting to hang.",
         check: "Capture nvidia-bug-report.sh, drain and reset the GPU; note which jobs were running and open a case if it recurs.",
+        added_in: "",
     },
     XidEntry {
         code: 110,
@@ -1551,6 +1663,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU raised a security fault and must be reset; this should be rare.",
         causes: "Most likely a hardware failure or a recent hardware change the GPU's security checks reject.",
         check: "Ask whether hardware was changed recently and undo it; cold-reset (power-cycle) the node and contact the hardware vendor if the fault returns.",
+        added_in: "",
     },
     XidEntry {
         code: 111,
@@ -1565,6 +1678,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an error in a graphics-engine command bundle.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a driver problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 112,
@@ -1579,6 +1693,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a display supervisor error.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 113,
@@ -1593,6 +1708,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a DisplayPort link-training failure.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 114,
@@ -1607,6 +1723,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a display raster underflow.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 115,
@@ -1621,6 +1738,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a dump of display core-channel registers.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 116,
@@ -1635,6 +1753,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a dump of display window-channel registers.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 117,
@@ -1649,6 +1768,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a dump of display cursor-channel registers.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 118,
@@ -1663,6 +1783,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a dump of display head registers.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, it is a display-path issue, irrelevant to compute jobs.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 119,
@@ -1677,6 +1798,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU System Processor (GSP) did not answer a driver request in time; the GPU needs a reset.",
         causes: "The GSP firmware hung or is overloaded, from a driver/firmware bug or a GPU in a bad state.",
         check: "Capture nvidia-bug-report.sh, then reset the GPU (power-cycle the node if reset fails); check for a newer driver and open a case if it returns after a power cycle.",
+        added_in: "",
     },
     XidEntry {
         code: 120,
@@ -1691,6 +1813,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Firmware running on the GPU System Processor (GSP) reported an error; the GPU needs a reset.",
         causes: "A bug or crash in the GSP firmware, sometimes triggered by a hardware fault elsewhere on the GPU.",
         check: "Capture nvidia-bug-report.sh, reset the GPU and check the driver version; power-cycle the node and open a case if it keeps recurring.",
+        added_in: "",
     },
     XidEntry {
         code: 121,
@@ -1705,6 +1828,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Corrected errors were seen on the NVLink-C2C link between the GPU and its Grace CPU.",
         causes: "Signal noise on the chip-to-chip link; the errors were corrected and work is unaffected, though the link may keep reporting them.",
         check: "No immediate action; reset the GPU in the next maintenance window to retrain the link, and check the VBIOS version if the reports are frequent.",
+        added_in: "",
     },
     XidEntry {
         code: 122,
@@ -1719,6 +1843,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a failed SPI flash read by the power-management MCU.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a firmware or flash problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 123,
@@ -1733,6 +1858,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a failed SPI flash write by the power-management MCU.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a firmware or flash problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 124,
@@ -1747,6 +1873,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a failed SPI flash erase by the power-management MCU.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect a firmware or flash problem.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 125,
@@ -1761,6 +1888,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests a problem in the InfoROM file system.",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect InfoROM corruption.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 126,
@@ -1775,6 +1903,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE10 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE10 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE10 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 127,
@@ -1789,6 +1918,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE11 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE11 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE11 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 128,
@@ -1803,6 +1933,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE12 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE12 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE12 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 129,
@@ -1817,6 +1948,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE13 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE13 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE13 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 130,
@@ -1831,6 +1963,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE14 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE14 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE14 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 131,
@@ -1845,6 +1978,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE15 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE15 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE15 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 132,
@@ -1859,6 +1993,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE16 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE16 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE16 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 133,
@@ -1873,6 +2008,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE17 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE17 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE17 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 134,
@@ -1887,6 +2023,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE18 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE18 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE18 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 135,
@@ -1901,6 +2038,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The CE19 copy (DMA) engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the CE19 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping CE19 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 136,
@@ -1915,6 +2053,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "NVLink link training failed, so the link did not come up; the GPU needs a reset.",
         causes: "Marginal signal integrity on the link: cabling, connectors, board seating, or the peer device.",
         check: "Run nvidia-smi nvlink -s to see which links are down, reset the GPU, and if training fails again check connections and run field diagnostics.",
+        added_in: "",
     },
     XidEntry {
         code: 137,
@@ -1929,6 +2068,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An illegal peer-to-peer access over NVLink was caught by the remote GPU's MMU.",
         causes: "Usually an application bug in peer-to-peer code; a driver or hardware bug is possible but less likely.",
         check: "Find the process and rerun it under compute-sanitizer memcheck or cuda-gdb (or with CUDA_DEVICE_WAITS_ON_EXCEPTION=1); file a bug if those find nothing.",
+        added_in: "",
     },
     XidEntry {
         code: 138,
@@ -1943,6 +2083,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Legacy Xid, not expected on current data-centre GPUs; suggests an exception in a deep-learning accelerator (DLA).",
         causes: "Only older GPU generations or driver branches emit this code; if it shows up now, suspect bad input sent to the accelerator.",
         check: "Save the full kernel log line and note the driver version (nvidia-smi); run nvidia-bug-report.sh and open a support case, since a legacy code on a current GPU is itself unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 139,
@@ -1957,6 +2098,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The OFA1 optical-flow engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the OFA1 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping OFA1 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 140,
@@ -1971,6 +2113,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An uncorrectable ECC error escaped before the driver could retire or remap the bad memory.",
         causes: "Uncorrectable errors in GPU memory that broke the driver's page-retirement or row-remapping step; the GPU needs a reset.",
         check: "Reset the GPU, then check nvidia-smi -q -d ECC,ROW_REMAPPER; if errors return after the reset, drain the GPU and contact the hardware vendor.",
+        added_in: "",
     },
     XidEntry {
         code: 141,
@@ -1985,6 +2128,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An error was reported on the CUDA fast path used to submit work to the GPU.",
         causes: "Likely a driver/CUDA user-space mismatch or bug in the low-latency submission path.",
         check: "Check that the CUDA runtime and driver versions are compatible; if it keeps appearing, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 142,
@@ -1999,6 +2143,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVENC3 video encoder engine hit an exception and the work on it was stopped.",
         causes: "Usually the job fed the NVENC3 engine bad parameters or a bad address; a driver bug or a failing engine is possible if it repeats across jobs.",
         check: "Find the process from the PID or channel in the log and restart it; if different jobs keep tripping NVENC3 on this GPU, run dcgmi diag -r 3 and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 143,
@@ -2013,6 +2158,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU failed to initialize, so it is not available for work.",
         causes: "GPU bring-up (handled by the GSP firmware on recent GPUs) failed from a firmware/driver mismatch or a hardware fault.",
         check: "Check dmesg for the init failure details, confirm driver and VBIOS versions, reset the GPU; if it still fails, power-cycle the node and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 144,
@@ -2027,6 +2173,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink5 error was reported by the SAW unit; the message says whether it was fatal.",
         causes: "Data errors (ECC/parity) in the NVLink data path; fatal ones bring Xid 48 and job crashes, non-fatal ones may poison data.",
         check: "Decode IntrInfo and error status in the message with the Xid 144-150 table (layout changed at driver R575); the verdict is ignore, reset the GPU, or follow Xid 154. Look for accompanying Xid 48, 94 or 95.",
+        added_in: "",
     },
     XidEntry {
         code: 145,
@@ -2041,6 +2188,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink5 error was reported by the RLW unit (receive-side remap/tracking); it may be fatal or not.",
         causes: "Hardware data errors in the link layer, or software-side remap faults that crash jobs; some come from a link going down.",
         check: "Decode IntrInfo and error status in the message with the Xid 144-150 table (layout changed at driver R575); the verdict is ignore, reset the GPU, or follow Xid 154. Check whether any link in the partition went down in the prior 30 seconds.",
+        added_in: "",
     },
     XidEntry {
         code: 146,
@@ -2055,6 +2203,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink5 error was reported by the TLW unit (transmit/receive pipes); it may be fatal or not.",
         causes: "ECC/parity errors in the NVLink transmit or receive pipes; fatal ones lead to Xid 48 and possible packet loss.",
         check: "Decode IntrInfo and error status in the message with the Xid 144-150 table (layout changed at driver R575); the verdict is ignore, reset the GPU, or follow Xid 154. Look for Xid 48 or 94 on this GPU and peers.",
+        added_in: "",
     },
     XidEntry {
         code: 147,
@@ -2069,6 +2218,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink5 error was reported by the TREX unit; it is not expected in production.",
         causes: "A software or firmware condition in the NVLink TREX block, normally non-fatal.",
         check: "Decode IntrInfo and error status in the message with the Xid 144-150 table (layout changed at driver R575); the verdict is ignore, reset the GPU, or follow Xid 154. If it repeats, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 148,
@@ -2083,6 +2233,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink5 error was reported by the NVLPW control unit; normally non-fatal.",
         causes: "A software-level condition in the NVLink port wrapper control logic.",
         check: "Decode IntrInfo and error status in the message with the Xid 144-150 table (layout changed at driver R575); the verdict is ignore, reset the GPU, or follow Xid 154. If it repeats, capture nvidia-bug-report.sh and open a case.",
+        added_in: "",
     },
     XidEntry {
         code: 149,
@@ -2097,6 +2248,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink5 NETIR event (link down, BER or fatal error) was reported; most link-down cases need a GPU reset.",
         causes: "A link that went down because of signal problems, cables, the peer switch/GPU, or deliberate software action; or a high error rate.",
         check: "Decode IntrInfo and error status in the message with the Xid 144-150 table (layout changed at driver R575); the verdict is ignore, reset the GPU, or follow Xid 154. The sub-code and note tell whether to chase the peer device, cables/signal integrity, or an operator action.",
+        added_in: "",
     },
     XidEntry {
         code: 150,
@@ -2111,6 +2263,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The NVLink5 management engine (MSE) is degraded or its watchdog fired; the GPU needs a reset.",
         causes: "A firmware fault in the NVLink management engine.",
         check: "Reset the GPU, capture nvidia-bug-report.sh beforehand, and open a case if the MSE fails again.",
+        added_in: "",
     },
     XidEntry {
         code: 151,
@@ -2125,6 +2278,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Rotating the encryption keys for a confidential-computing session failed; the owning VM must restart.",
         causes: "A failure in the confidential-computing key-rotation path between the VM's driver and the GPU.",
         check: "Restart the VM that owns the GPU; check nvidia-smi conf-compute -q inside it and open a case if it repeats.",
+        added_in: "",
     },
     XidEntry {
         code: 152,
@@ -2139,6 +2293,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The deep-learning accelerator (DLA) hit a memory-management (SMMU) fault; not used on data-centre GPUs.",
         causes: "A bad address used by work sent to the DLA; DLA engines exist on embedded parts, not A100/H100/B100/GB200.",
         check: "Check which platform logged this; on a data-centre node capture nvidia-bug-report.sh and open a case, otherwise debug the DLA workload.",
+        added_in: "",
     },
     XidEntry {
         code: 153,
@@ -2153,6 +2308,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The deep-learning accelerator (DLA) timed out; not used on data-centre GPUs.",
         causes: "A DLA job that hung or ran too long; DLA engines exist on embedded parts, not A100/H100/B100/GB200.",
         check: "Check which platform logged this; on a data-centre node capture nvidia-bug-report.sh and open a case, otherwise debug the DLA workload.",
+        added_in: "",
     },
     XidEntry {
         code: 154,
@@ -2165,8 +2321,9 @@ pub(super) static XIDS: &[XidEntry] = &[
         category: Category::Driver,
         severity: Severity::Critical,
         summary: "The driver changed the GPU's required recovery action; the message names the action to take.",
-        causes: "Another Xid just happened and the driver summarised what recovery it needs (none, drain P2P, drain and reset, GPU reset, node reboot).",
+        causes: "Another Xid just happened and the driver summarised what recovery it needs (none, drain P2P, drain and reset, GPU reset, node reboot; from R595 also recover IMEX domain, which restarts the multi-node NVLink memory-export domain the GPU belongs to).",
         check: "Read the 'to 0x.. (...)' value in the message or the GPU Recovery Action field in nvidia-smi -q, act on it, and find the Xid logged just before.",
+        added_in: "",
     },
     XidEntry {
         code: 155,
@@ -2181,6 +2338,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An NVLink link went down on purpose (software-defined, e.g. put to sleep); the GPU needs a reset.",
         causes: "Software or an operator deliberately brought the link down or put it to sleep.",
         check: "Ask whether someone or some tool took links down intentionally; reset the GPU to restore them and investigate if nobody expected it.",
+        added_in: "",
     },
     XidEntry {
         code: 156,
@@ -2195,6 +2353,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU retired a faulty hardware resource; a GPU reset is needed to apply it.",
         causes: "The GPU found a bad internal resource (for example memory) and marked it to be taken out of service.",
         check: "Drain and reset the GPU so the retirement takes effect, and keep an eye on how often this happens on the GPU.",
+        added_in: "",
     },
     XidEntry {
         code: 157,
@@ -2209,6 +2368,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU could not retire a faulty resource because it has no spares left.",
         causes: "Repair resources are exhausted; the GPU still runs but the same fault may hit jobs again.",
         check: "Check nvidia-smi -q -d ROW_REMAPPER and ECC counters; plan to drain the GPU and contact the hardware vendor about replacement.",
+        added_in: "",
     },
     XidEntry {
         code: 158,
@@ -2223,6 +2383,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU hit a fatal timeout and needs a reset.",
         causes: "The GPU stopped responding to the driver within the allowed time, from a hang in hardware, firmware or driver.",
         check: "Capture nvidia-bug-report.sh, reset the GPU and check for other Xids around it; open a case if it repeats.",
+        added_in: "",
     },
     XidEntry {
         code: 159,
@@ -2237,6 +2398,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A non-data protocol (CHI) error was seen on the chip-to-chip link between GPU and CPU.",
         causes: "Usually a side effect of another fault on the C2C-connected GPU; it can appear on any such GPU.",
         check: "Handle any other Xid on the node first; if UVM or vGPU is in use on this GPU, reset it, and report it if it appears on its own.",
+        added_in: "",
     },
     XidEntry {
         code: 160,
@@ -2251,6 +2413,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The driver retired a GPU channel (work queue) after errors on it.",
         causes: "Repeated errors on one channel, usually caused by the software using it.",
         check: "Find which process owned the channel and look for the errors that led to retirement; ask its owner to investigate if unexpected.",
+        added_in: "",
     },
     XidEntry {
         code: 161,
@@ -2265,6 +2428,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The driver tried to retire a GPU channel (work queue) and failed.",
         causes: "A channel that kept failing could not be taken out of service, pointing at a software or driver problem.",
         check: "Look for the Xids that preceded it, identify the owning process, and capture nvidia-bug-report.sh if it repeats.",
+        added_in: "",
     },
     XidEntry {
         code: 162,
@@ -2279,6 +2443,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU's power-smoothing circuitry is active again.",
         causes: "The condition that had disabled power smoothing cleared, so the feature re-engaged.",
         check: "Nothing to do; note it to close out any earlier Xid 163 on this GPU.",
+        added_in: "",
     },
     XidEntry {
         code: 163,
@@ -2293,6 +2458,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU's power-smoothing circuitry switched off, so its power draw may swing more.",
         causes: "Thermal events on the board or a timeout caused the driver to disable power smoothing.",
         check: "Check GPU/board temperatures (nvidia-smi -q -d TEMPERATURE) and cooling; if a timeout switched it off, a driver reload or GPU reset brings it back.",
+        added_in: "",
     },
     XidEntry {
         code: 164,
@@ -2307,6 +2473,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU's power-smoothing circuitry is close to the end of its lifetime.",
         causes: "Wear of the power-smoothing hardware; the feature will soon be turned off for good.",
         check: "Tell the facilities/capacity team: decide whether the site can take larger power swings, otherwise plan GPU replacement.",
+        added_in: "",
     },
     XidEntry {
         code: 165,
@@ -2321,6 +2488,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The GPU's power-smoothing circuitry has worn out and is now disabled; power draw will swing.",
         causes: "The power-smoothing hardware reached end of life and the driver turned it off.",
         check: "Check that the rack's power delivery can absorb the swings; if not, or if smoothing is required, replace the GPU.",
+        added_in: "",
     },
     XidEntry {
         code: 166,
@@ -2335,6 +2503,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Confidential-computing traffic appeared on an NVLink before the link was set up for encryption.",
         causes: "In CC mode, a peer sent traffic too early or link encryption setup failed or raced.",
         check: "Confirm the node is in CC mode (nvidia-smi conf-compute -q), check link bring-up order and NVLink state, and open a case with nvidia-bug-report.sh.",
+        added_in: "",
     },
     XidEntry {
         code: 167,
@@ -2349,6 +2518,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "A fatal PCIe timeout happened between the host and the GPU.",
         causes: "A PCIe transaction never completed: marginal link, riser/retimer or slot fault, or a GPU that stopped answering.",
         check: "Check dmesg for AER and link errors, lspci -vvv link status for the GPU, and the BMC event log; expect to reset the GPU or reboot the node.",
+        added_in: "",
     },
     XidEntry {
         code: 168,
@@ -2363,6 +2533,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Errors in the write-protected memory region (WPR) left the GPU with less usable memory.",
         causes: "Bad memory inside the protected region while ECC is off, so row remapping could not repair it.",
         check: "Check nvidia-smi -q -d ECC to see if ECC is disabled; enable ECC (nvidia-smi -e 1) and reset, or retry boot so the region moves.",
+        added_in: "",
     },
     XidEntry {
         code: 169,
@@ -2377,6 +2548,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "The SEC2 security microcontroller halted; the GPU needs a reset.",
         causes: "A firmware crash in the security engine from a driver/firmware bug or a hardware fault.",
         check: "Capture nvidia-bug-report.sh, reset the GPU, and check driver/firmware versions; open a case if it halts again.",
+        added_in: "",
     },
     XidEntry {
         code: 170,
@@ -2391,6 +2563,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "An unexpected NVLink interrupt was seen while the GPU is in confidential-computing mode.",
         causes: "An NVLink event that CC mode treats as suspicious; applies only in CC mode.",
         check: "Confirm CC mode (nvidia-smi conf-compute -q) and check nvidia-smi nvlink -e for link errors; capture nvidia-bug-report.sh if it repeats.",
+        added_in: "",
     },
     XidEntry {
         code: 171,
@@ -2405,6 +2578,7 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Details for an Xid 48: the uncorrectable error was in GPU DRAM/HBM.",
         causes: "A hardware fault in GPU memory cells; follows an Xid 48 and usually leads to row remapping (Xid 63/64).",
         check: "Handle the Xid 48: drain and reset, then check nvidia-smi -q -d ROW_REMAPPER for pending or failed remaps.",
+        added_in: "",
     },
     XidEntry {
         code: 172,
@@ -2419,6 +2593,82 @@ pub(super) static XIDS: &[XidEntry] = &[
         summary: "Details for an Xid 48: the uncorrectable error was in an on-chip SRAM (cache, register file etc.).",
         causes: "A hardware fault in on-chip SRAM; cannot be fixed by row remapping.",
         check: "Handle the Xid 48: reset the GPU, then check the SRAM threshold-exceeded flag in nvidia-smi -q -d ECC and run field diagnostics if it is set.",
+        added_in: "",
+    },
+    XidEntry {
+        code: 173,
+        mnemonic: "C2C fatal link failure",
+        in_use: true,
+        applies_to: &[],
+        immediate: "",
+        investigatory: "",
+        xid154: "",
+        category: Category::Nvlink,
+        severity: Severity::Critical,
+        summary: "The chip-to-chip (C2C) link between the GPU and its Grace CPU failed fatally; the GPU cannot be used until it is recovered.",
+        causes: "A hardware or signal fault on the C2C interconnect of a Grace-Hopper or Grace-Blackwell module, or firmware that lost the link.",
+        check: "Drain the node and reset the GPU (a node reboot if the reset fails); look for Xid 121 C2C errors before it, and open a hardware case if it returns.",
+        added_in: "R580",
+    },
+    XidEntry {
+        code: 174,
+        mnemonic: "Silent channel reset",
+        in_use: true,
+        applies_to: &[],
+        immediate: "",
+        investigatory: "",
+        xid154: "",
+        category: Category::Application,
+        severity: Severity::Warning,
+        summary: "The driver reset a channel silently (no engine error) and killed the process that used it: the job died without any other Xid.",
+        causes: "A channel the driver had to tear down (a hung or faulted context, or recovery after another GPU's error) with no engine exception of its own.",
+        check: "Find the killed process from the pid in the message and restart the job; if different jobs keep dying this way on this GPU, capture nvidia-bug-report.sh and open a case.",
+        added_in: "R590",
+    },
+    XidEntry {
+        code: 175,
+        mnemonic: "Memory subsystem error",
+        in_use: true,
+        applies_to: &[],
+        immediate: "",
+        investigatory: "",
+        xid154: "",
+        category: Category::Memory,
+        severity: Severity::Critical,
+        summary: "A GSP timeout whose cause is the GPU's memory subsystem (reported instead of Xid 119): the GPU needs a reset.",
+        causes: "A fault in the GPU's memory or memory controller that stopped the GSP firmware from answering in time.",
+        check: "Reset the GPU, then check nvidia-smi -q -d ECC,ROW_REMAPPER for uncorrectable errors and pending remaps; if it repeats, drain the GPU and open a hardware case.",
+        added_in: "R595",
+    },
+    XidEntry {
+        code: 176,
+        mnemonic: "PCIe correctable-error fault",
+        in_use: true,
+        applies_to: &[],
+        immediate: "",
+        investigatory: "",
+        xid154: "",
+        category: Category::Pcie,
+        severity: Severity::Warning,
+        summary: "PCIe correctable errors on the GPU's link reached the driver's fault threshold: the link is degrading though traffic still flows.",
+        causes: "A marginal PCIe link: riser, cable, slot or retimer signal integrity, or a link trained at the edge of its margin.",
+        check: "Check the kernel log for AER correctable errors on this GPU's link, and nvidia-smi -q -d PCIE for replay counts and link width/speed; reseat or replace the riser or cable if it keeps counting.",
+        added_in: "R595",
+    },
+    XidEntry {
+        code: 185,
+        mnemonic: "Sparing event",
+        in_use: true,
+        applies_to: &[],
+        immediate: "",
+        investigatory: "",
+        xid154: "",
+        category: Category::Memory,
+        severity: Severity::Warning,
+        summary: "A memory sparing event: the GPU replaced a failing memory region with a spare one. The repair itself costs no data, but it uses up spare capacity.",
+        causes: "Memory cells that kept producing errors; the hardware swapped them for spares before they caused an uncorrectable error.",
+        check: "No action for a single event; watch the count in nvidia-smi -q -d ECC,ROW_REMAPPER and drain the GPU for a hardware case when sparing events repeat or spares run out.",
+        added_in: "R620",
     },
 ];
 

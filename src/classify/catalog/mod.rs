@@ -11,7 +11,7 @@ mod generated;
 
 use crate::model::{Category, NvlinkDecode, Severity};
 
-pub use generated::{SOURCE, XID_CODES_MAX};
+pub use generated::{NEWEST_DRIVER_BRANCH, SOURCE, XID_CODES_MAX};
 
 /// One Xid as the catalog knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,10 @@ pub struct XidEntry {
     pub causes: &'static str,
     /// xidwatch's own words: what to check first.
     pub check: &'static str,
+    /// Empty for a code of NVIDIA's published catalog. For a code the driver defines but the
+    /// published catalog does not list yet, the driver branch that added it (`R580`): its facts
+    /// come from the driver, and `explain` says so.
+    pub added_in: &'static str,
 }
 
 /// A resolution bucket and what it asks the operator to do, in xidwatch's words.
@@ -214,14 +218,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn covers_every_code_from_1_to_172() {
+    fn covers_every_published_code_and_the_drivers_newer_ones() {
         let codes: Vec<u32> = entries().iter().map(|e| e.code).collect();
-        assert_eq!(codes, (1..=XID_CODES_MAX).collect::<Vec<_>>());
+        let mut want: Vec<u32> = (1..=XID_CODES_MAX).collect();
+        want.extend([173, 174, 175, 176, 185]);
+        assert_eq!(codes, want);
+        assert!(entries()
+            .iter()
+            .all(|e| e.added_in.is_empty() == (e.code <= XID_CODES_MAX)));
+        assert_eq!(lookup(175).map(|e| e.severity), Some(Severity::Critical));
+        assert_eq!(lookup(173).map(|e| e.severity), Some(Severity::Critical));
+        assert_eq!(lookup(185).map(|e| e.added_in), Some("R620"));
         let e = lookup(79).unwrap();
         assert_eq!(e.mnemonic, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS");
         assert_eq!(e.severity, Severity::Critical);
         assert_eq!(e.category, Category::Pcie);
-        assert!(lookup(173).is_none());
+        assert!(lookup(177).is_none());
         assert!(lookup(0).is_none());
     }
 
