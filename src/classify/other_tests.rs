@@ -358,3 +358,29 @@ fn a_kernel_warning_from_nvidia_source_is_a_trace_in_any_header_form() {
         assert!(loud(line).is_empty(), "{line}");
     }
 }
+
+/// R595's Xid 154 action for GPUs in a multi-node NVLink (IMEX) domain is read as its own
+/// action, not as an unknown text, and is critical: the whole domain must be recovered.
+#[test]
+fn xid_154_recover_imex_domain() {
+    let f = scan(&["NVRM: Xid (PCI:0000:1b:00): 154, GPU recovery action changed from 0x0 (None) to 0x5 (Recover IMEX Domain)"]);
+    let f = f
+        .iter()
+        .find(|f| f.xid == Some(154))
+        .unwrap_or_else(|| panic!("no Xid 154 in {f:#?}"));
+    assert_eq!(f.severity, Severity::Critical);
+    let s = format!("{:?}", f.detail);
+    assert!(s.contains("RecoverImexDomain"), "{s}");
+    assert_eq!(
+        crate::model::RecoveryAction::from_text("Recover IMEX Domain").describe(),
+        "recover the IMEX domain (every node sharing its NVLink memory)"
+    );
+    assert_eq!(
+        crate::model::RecoveryAction::from_text("System Reboot Required"),
+        crate::model::RecoveryAction::SystemReboot
+    );
+    assert_eq!(
+        crate::model::RecoveryAction::from_text("Bus Reset Required"),
+        crate::model::RecoveryAction::BusReset
+    );
+}
