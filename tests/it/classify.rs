@@ -78,7 +78,7 @@ fn catalog_severity_and_unknown_codes() {
     assert_eq!(f.severity, Severity::Critical);
     let f = one("NVRM: Xid (PCI:0000:17:00): 13, pid=1, name=x, Graphics Exception");
     assert_eq!(f.severity, Severity::Warning);
-    for code in [173, 250, 4000] {
+    for code in [177, 250, 4000] {
         let f = one(&format!(
             "NVRM: Xid (PCI:0000:17:00): {code}, pid=1, name=x, something new"
         ));
