@@ -89,7 +89,13 @@ pub fn look(procfs_root: &Path, pid: u32) -> ProcLook {
     let comm = std::fs::read(dir.join("comm"))
         .ok()
         .map(|c| clean(String::from_utf8_lossy(&c).trim_end_matches('\n')))
-        .or_else(|| field("Name:").first().map(|n| clean(n)));
+        .or_else(|| field("Name:").first().map(|n| clean(n)))
+        .or_else(|| {
+            // A zombie's status may be gone while its stat still names it.
+            let (_, after) = stat.split_once('(')?;
+            let (name, _) = after.rsplit_once(')')?;
+            Some(clean(name))
+        });
     let job = std::fs::read_to_string(dir.join("cgroup"))
         .ok()
         .and_then(|c| job_identity(&c));
