@@ -230,6 +230,22 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "The GPU inventory differs from the previous boot's: a board was swapped (its serial changed), a GPU is gone, the driver changed, or a link's maximum is lower than before.",
             "Confirm the change was planned (a board replacement, a driver upgrade). An unplanned one, especially a lower maximum link or a GPU gone, needs the hardware checked; `xidwatch inventory --diff` shows the whole difference.",
         ),
+        FindingKind::GpuHeldNoProcess => (
+            "The GPU has been busy, or has held memory, for the whole window while NVML lists no process on it: a process in a pid namespace NVML does not report, a context left behind by a job that died, or a leftover from another container. No new job can use it fully.",
+            "Find the owner: nvidia-smi --query-compute-apps and the runbook's views below, the scheduler's record of the last job on this GPU, and the containers on the node. Let that job end, or have its owner stop it; if nothing holds it, drain the node and reset the GPU at a time of your choosing. xidwatch kills nothing.",
+        ),
+        FindingKind::GpuHeldByGoneProcess => (
+            "NVML lists a process on this GPU that is not running: the pid does not exist in xidwatch's pid namespace, or it is a zombie (exited, not reaped). Its GPU memory and context stay allocated until the driver lets them go.",
+            "Find the owner from the pid, user and job named here (or the scheduler's record), and have the parent reap the zombie or the job's owner stop what is left of the job. If nothing is left to stop, drain the node and reset the GPU. xidwatch kills nothing.",
+        ),
+        FindingKind::GpuMemoryGrowth => (
+            "One process's GPU memory has only grown through the whole window, without ever falling: a leak is likely, and the process will run out of GPU memory.",
+            "Tell the owner (pid, user and job named here); they decide whether to restart the job. xidwatch kills nothing.",
+        ),
+        FindingKind::FabricNotRegistered => (
+            "The GPU has not completed its NVSwitch / NVL fabric registration (not started, still in progress, or failed) for the whole window: CUDA cannot start work on it, so jobs fail without any Xid line.",
+            "Check the Fabric Manager (systemctl status nvidia-fabricmanager and its log) and nvidia-smi -q for the fabric state; restart the Fabric Manager, or drain the node and reset the GPUs with NVIDIA's procedure for NVSwitch systems.",
+        ),
         FindingKind::Xid => ("", ""),
     };
     Guidance {

@@ -54,6 +54,13 @@ pub fn rate(f: &mut Finding) {
         },
         K::PersistenceModeOff => (Severity::Info, Category::Informational),
         K::InventoryChanged => (Severity::Warning, Category::Informational),
+        // A held GPU is healthy hardware that no job can use: a warning, and the cause is a
+        // process (the application side), not the board.
+        K::GpuHeldNoProcess | K::GpuHeldByGoneProcess | K::GpuMemoryGrowth => {
+            (Severity::Warning, Category::Application)
+        }
+        // Without its fabric registration a GPU on an NVSwitch system cannot start CUDA work.
+        K::FabricNotRegistered => (Severity::Critical, Category::Nvlink),
         K::Sxid
         | K::FallenOffBus
         | K::DriverInitFailure

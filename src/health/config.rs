@@ -19,6 +19,9 @@ pub struct HealthConfig {
     pub recovery_action: Toggle,
     pub power: PowerCheck,
     pub persistence_mode: Toggle,
+    pub gpu_held: GpuHeldCheck,
+    pub memory_growth: MemoryGrowthCheck,
+    pub fabric: FabricCheck,
 }
 
 impl Default for HealthConfig {
@@ -34,6 +37,74 @@ impl Default for HealthConfig {
             recovery_action: Toggle::default(),
             power: PowerCheck::default(),
             persistence_mode: Toggle::default(),
+            gpu_held: GpuHeldCheck::default(),
+            memory_growth: MemoryGrowthCheck::default(),
+            fabric: FabricCheck::default(),
+        }
+    }
+}
+
+/// `[health.gpu_held]`: a GPU busy or holding memory with no process listed, or held by a pid
+/// that is gone or a zombie.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuHeldCheck {
+    pub enabled: bool,
+    /// Utilization at or above which a GPU without processes counts as held.
+    pub busy_util_percent: u32,
+    /// Memory in use above which a GPU without processes counts as held (the driver keeps a few
+    /// hundred MiB for itself).
+    pub memory_floor_mib: u64,
+    /// How long the condition must hold before a report, and be gone before the episode ends.
+    pub sustain_secs: u64,
+}
+
+impl Default for GpuHeldCheck {
+    fn default() -> Self {
+        GpuHeldCheck {
+            enabled: true,
+            busy_util_percent: 50,
+            memory_floor_mib: 2048,
+            sustain_secs: 600,
+        }
+    }
+}
+
+/// `[health.memory_growth]`: one process's GPU memory rising through a whole long window. Off
+/// by default: caching allocators grow for long stretches on purpose.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryGrowthCheck {
+    pub enabled: bool,
+    /// The window the memory must rise through without a fall.
+    pub sustain_secs: u64,
+    /// The least it must have grown over the window.
+    pub min_growth_mib: u64,
+}
+
+impl Default for MemoryGrowthCheck {
+    fn default() -> Self {
+        MemoryGrowthCheck {
+            enabled: false,
+            sustain_secs: 3600,
+            min_growth_mib: 1024,
+        }
+    }
+}
+
+/// `[health.fabric]`: NVSwitch / NVL fabric registration not complete, or failed.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FabricCheck {
+    pub enabled: bool,
+    pub sustain_secs: u64,
+}
+
+impl Default for FabricCheck {
+    fn default() -> Self {
+        FabricCheck {
+            enabled: true,
+            sustain_secs: 300,
         }
     }
 }
@@ -241,6 +312,42 @@ pub fn validate(h: &HealthConfig, i: &InventoryConfig, hist: &HistoryConfig) -> 
         100,
     )?;
     range("health.power.sustain_secs", h.power.sustain_secs, 0, 86_400)?;
+    range(
+        "health.gpu_held.busy_util_percent",
+        u64::from(h.gpu_held.busy_util_percent),
+        1,
+        100,
+    )?;
+    range(
+        "health.gpu_held.memory_floor_mib",
+        h.gpu_held.memory_floor_mib,
+        0,
+        16 << 20,
+    )?;
+    range(
+        "health.gpu_held.sustain_secs",
+        h.gpu_held.sustain_secs,
+        0,
+        86_400,
+    )?;
+    range(
+        "health.memory_growth.sustain_secs",
+        h.memory_growth.sustain_secs,
+        1,
+        7 * 86_400,
+    )?;
+    range(
+        "health.memory_growth.min_growth_mib",
+        h.memory_growth.min_growth_mib,
+        1,
+        16 << 20,
+    )?;
+    range(
+        "health.fabric.sustain_secs",
+        h.fabric.sustain_secs,
+        0,
+        86_400,
+    )?;
     if let Some(n) = i.expected_gpus {
         range("inventory.expected_gpus", n as u64, 1, 1024)?;
     }

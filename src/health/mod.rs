@@ -13,6 +13,7 @@
 //! really degraded. The highest link seen since start is kept and named in the finding.
 
 pub mod config;
+pub mod holder;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,8 +23,10 @@ pub use config::HealthConfig;
 use crate::classify::signals;
 use crate::model::{Detail, Finding, FindingKind, Origin, PciAddress, RecoveryAction};
 use crate::source::nvml::health::{
-    GpuReading, THROTTLE_HW_POWER_BRAKE, THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL,
+    GpuProcess, GpuReading, FABRIC_COMPLETED, FABRIC_IN_PROGRESS, FABRIC_NOT_STARTED,
+    THROTTLE_HW_POWER_BRAKE, THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL,
 };
+use holder::{Episode, Growth, Liveness, Step};
 
 /// What is remembered per GPU between polls.
 #[derive(Debug, Default, Clone)]
@@ -43,6 +46,24 @@ struct GpuState {
     power_since: Option<Duration>,
     power_told: bool,
     persistence_told: bool,
+    held_idle: Episode,
+    held_gone: Episode,
+    growth: Episode,
+    /// Per pid: its memory since it last fell.
+    growth_of: BTreeMap<u32, Growth>,
+    fabric: Episode,
+}
+
+impl GpuState {
+    /// The episodes of the holder and fabric checks, by their finding kind.
+    fn episodes(&mut self) -> [(FindingKind, &mut Episode); 4] {
+        [
+            (FindingKind::GpuHeldNoProcess, &mut self.held_idle),
+            (FindingKind::GpuHeldByGoneProcess, &mut self.held_gone),
+            (FindingKind::GpuMemoryGrowth, &mut self.growth),
+            (FindingKind::FabricNotRegistered, &mut self.fabric),
+        ]
+    }
 }
 
 /// What a restart in the same boot must not forget: which findings were raised (and not yet
@@ -105,6 +126,10 @@ impl Checks {
                         (st.link_told, FindingKind::PcieLinkDegraded),
                         (st.power_told, FindingKind::PowerOverLimit),
                         (st.persistence_told, FindingKind::PersistenceModeOff),
+                        (st.held_idle.told, FindingKind::GpuHeldNoProcess),
+                        (st.held_gone.told, FindingKind::GpuHeldByGoneProcess),
+                        (st.growth.told, FindingKind::GpuMemoryGrowth),
+                        (st.fabric.told, FindingKind::FabricNotRegistered),
                     ]
                     .into_iter()
                     .filter(|(on, _)| *on)
@@ -133,6 +158,9 @@ impl Checks {
             st.link_told = told(FindingKind::PcieLinkDegraded);
             st.power_told = told(FindingKind::PowerOverLimit);
             st.persistence_told = told(FindingKind::PersistenceModeOff);
+            for (kind, e) in st.episodes() {
+                e.told = told(kind);
+            }
             st.repair_told = g.repair;
             st.recovery_told = g.recovery;
             st.dbe_last = g.dbe_last;
@@ -157,6 +185,10 @@ impl Checks {
                 (st.recovery_told.is_some(), FindingKind::RecoveryAction),
                 (st.power_told, FindingKind::PowerOverLimit),
                 (st.persistence_told, FindingKind::PersistenceModeOff),
+                (st.held_idle.told, FindingKind::GpuHeldNoProcess),
+                (st.held_gone.told, FindingKind::GpuHeldByGoneProcess),
+                (st.growth.told, FindingKind::GpuMemoryGrowth),
+                (st.fabric.told, FindingKind::FabricNotRegistered),
             ] {
                 if on {
                     out.push((kind, st.pci));
@@ -198,6 +230,15 @@ impl Checks {
             }
             if cfg.power.enabled {
                 power(cfg, st, r, now, &mut out);
+            }
+            if cfg.gpu_held.enabled {
+                held(cfg, st, r, now, &mut out);
+            }
+            if cfg.memory_growth.enabled {
+                growth(cfg, st, r, now, &mut out);
+            }
+            if cfg.fabric.enabled {
+                fabric(cfg, st, r, now, &mut out);
             }
             if r.persistence == Some(true) {
                 st.persistence_told = false;
@@ -467,6 +508,217 @@ fn power(
                 held.as_secs()
             ),
         ));
+    }
+}
+
+/// Says in the log that an episode is over (the GPU free for its window), which the failing gauge
+/// also shows; the incident itself closes by its quiet period, like the others.
+fn ended(kind: FindingKind, r: &GpuReading) {
+    let at = r
+        .pci
+        .map_or_else(|| format!("GPU {}", r.index), |p| p.to_string());
+    tracing::info!("health check {kind} passes again on {at} for its whole window");
+}
+
+/// The holders for a finding's lines, one per process.
+fn holders(procs: &[&GpuProcess]) -> String {
+    procs
+        .iter()
+        .map(|p| holder::describe(p))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The two "GPU held by nobody" cases. Both need NVML's process list: without it neither counts
+/// nor clears, since "no list" is not "no process".
+fn held(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let Some(procs) = &r.procs else { return };
+    let c = &cfg.gpu_held;
+    let window = Duration::from_secs(c.sustain_secs);
+    let busy = r.util_pct.filter(|u| *u >= c.busy_util_percent);
+    let floor = c.memory_floor_mib << 20;
+    let mem = r.mem_used.filter(|m| *m > floor);
+    let idle_on = procs.is_empty() && (busy.is_some() || mem.is_some());
+    match st.held_idle.step(idle_on, now, window, window) {
+        Step::Raise => {
+            let mut why = Vec::new();
+            if let Some(u) = busy {
+                why.push(format!(
+                    "utilization {u}% (at or above {}%)",
+                    c.busy_util_percent
+                ));
+            }
+            if let Some(m) = mem {
+                why.push(format!(
+                    "{} MiB of memory in use (above {} MiB)",
+                    m >> 20,
+                    c.memory_floor_mib
+                ));
+            }
+            let held_for = st.held_idle.held(now).as_secs();
+            out.push(finding(
+                FindingKind::GpuHeldNoProcess,
+                None,
+                r,
+                format!("GPU held with no process: {} for {held_for} s", why.join(", ")),
+                format!(
+                    "{} for {held_for} s while NVML lists no compute or graphics process; holder: none",
+                    why.join(", ")
+                ),
+            ));
+        }
+        Step::Ended => ended(FindingKind::GpuHeldNoProcess, r),
+        Step::Nothing => {}
+    }
+    let gone: Vec<&GpuProcess> = procs
+        .iter()
+        .filter(|p| {
+            p.look
+                .as_ref()
+                .is_some_and(|l| l.state != Liveness::Running)
+        })
+        .collect();
+    match st.held_gone.step(!gone.is_empty(), now, window, window) {
+        Step::Raise => {
+            let held_for = st.held_gone.held(now).as_secs();
+            let first = gone.first().map_or(0, |p| p.pid);
+            let how = if gone
+                .iter()
+                .any(|p| p.look.as_ref().is_some_and(|l| l.state == Liveness::Zombie))
+            {
+                "a zombie"
+            } else {
+                "gone"
+            };
+            out.push(finding(
+                FindingKind::GpuHeldByGoneProcess,
+                None,
+                r,
+                format!("GPU held by pid {first}, which is {how}, for {held_for} s"),
+                format!(
+                    "NVML lists {} process(es) that are not running, for {held_for} s; holder: {}",
+                    gone.len(),
+                    holders(&gone)
+                ),
+            ));
+        }
+        Step::Ended => ended(FindingKind::GpuHeldByGoneProcess, r),
+        Step::Nothing => {}
+    }
+}
+
+/// One process's memory rising through the whole window without a fall, by at least the
+/// configured amount. A pid no longer listed is forgotten.
+fn growth(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let Some(procs) = &r.procs else { return };
+    let c = &cfg.memory_growth;
+    let window = Duration::from_secs(c.sustain_secs);
+    st.growth_of
+        .retain(|pid, _| procs.iter().any(|p| p.pid == *pid && p.used.is_some()));
+    for p in procs {
+        let Some(b) = p.used else { continue };
+        let g = st.growth_of.entry(p.pid).or_insert(Growth {
+            since: now,
+            from: b,
+            last: b,
+        });
+        if b < g.last {
+            *g = Growth {
+                since: now,
+                from: b,
+                last: b,
+            };
+        }
+        g.last = b;
+    }
+    let min = c.min_growth_mib << 20;
+    let growing: Vec<(&GpuProcess, Growth)> = procs
+        .iter()
+        .filter_map(|p| st.growth_of.get(&p.pid).map(|g| (p, *g)))
+        .filter(|(_, g)| {
+            now.saturating_sub(g.since) >= window && g.last.saturating_sub(g.from) >= min
+        })
+        .collect();
+    // The window is in the per-pid record already: the report comes at once, the end after a
+    // window without growth.
+    match st
+        .growth
+        .step(!growing.is_empty(), now, Duration::ZERO, window)
+    {
+        Step::Raise => {
+            let Some((p, g)) = growing.first() else {
+                return;
+            };
+            let secs = now.saturating_sub(g.since).as_secs();
+            out.push(finding(
+                FindingKind::GpuMemoryGrowth,
+                None,
+                r,
+                format!(
+                    "GPU memory of pid {} only grew for {secs} s: {} MiB to {} MiB",
+                    p.pid,
+                    g.from >> 20,
+                    g.last >> 20
+                ),
+                format!(
+                    "GPU memory of one process rose from {} MiB to {} MiB over {secs} s without a fall; holder: {}",
+                    g.from >> 20,
+                    g.last >> 20,
+                    holders(&[p])
+                ),
+            ));
+        }
+        Step::Ended => ended(FindingKind::GpuMemoryGrowth, r),
+        Step::Nothing => {}
+    }
+}
+
+/// Fabric registration not complete, or complete with a failure status. Systems without fabric
+/// registration give no reading and are silent.
+fn fabric(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    now: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let Some(f) = &r.fabric else { return };
+    let window = Duration::from_secs(cfg.fabric.sustain_secs);
+    let on = f.state != FABRIC_COMPLETED || f.status != 0;
+    match st.fabric.step(on, now, window, window) {
+        Step::Raise => {
+            let state = match f.state {
+                FABRIC_NOT_STARTED => "not started",
+                FABRIC_IN_PROGRESS => "in progress",
+                FABRIC_COMPLETED => "completed with a failure",
+                _ => "in an unknown state",
+            };
+            let held_for = st.fabric.held(now).as_secs();
+            out.push(finding(
+                FindingKind::FabricNotRegistered,
+                None,
+                r,
+                format!("GPU fabric registration {state} for {held_for} s"),
+                format!(
+                    "fabric registration {state} (state {}, status {}) for {held_for} s; clique {}, cluster {}",
+                    f.state, f.status, f.clique_id, f.cluster_uuid
+                ),
+            ));
+        }
+        Step::Ended => ended(FindingKind::FabricNotRegistered, r),
+        Step::Nothing => {}
     }
 }
 

@@ -63,6 +63,14 @@ pub enum FindingKind {
     /// Something in the GPU inventory changed since the previous boot (a serial, the driver, the
     /// maximum link, a GPU gone).
     InventoryChanged,
+    /// A GPU busy or holding memory for the whole window while NVML lists no process on it.
+    GpuHeldNoProcess,
+    /// A GPU held for the whole window by a pid that is gone or a zombie.
+    GpuHeldByGoneProcess,
+    /// One process's GPU memory rose through a whole long window without a fall.
+    GpuMemoryGrowth,
+    /// The GPU's NVSwitch / NVL fabric registration is not complete, or failed.
+    FabricNotRegistered,
 }
 
 impl FindingKind {
@@ -93,10 +101,14 @@ impl FindingKind {
             FindingKind::PowerOverLimit => "power_over_limit",
             FindingKind::PersistenceModeOff => "persistence_mode_off",
             FindingKind::InventoryChanged => "inventory_changed",
+            FindingKind::GpuHeldNoProcess => "gpu_held_no_process",
+            FindingKind::GpuHeldByGoneProcess => "gpu_held_by_gone_process",
+            FindingKind::GpuMemoryGrowth => "gpu_memory_growth",
+            FindingKind::FabricNotRegistered => "fabric_not_registered",
         }
     }
 
-    pub const ALL: [FindingKind; 25] = [
+    pub const ALL: [FindingKind; 29] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -122,6 +134,10 @@ impl FindingKind {
         FindingKind::PowerOverLimit,
         FindingKind::PersistenceModeOff,
         FindingKind::InventoryChanged,
+        FindingKind::GpuHeldNoProcess,
+        FindingKind::GpuHeldByGoneProcess,
+        FindingKind::GpuMemoryGrowth,
+        FindingKind::FabricNotRegistered,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {

@@ -666,3 +666,181 @@ fn without_nvml_the_count_is_taken_from_the_pci_bus() {
     );
     d.stop();
 }
+
+/// The incidents so far, with the time each first arrived.
+fn arrivals(d: &Daemon) -> Vec<serde_json::Value> {
+    d.incidents.lock().unwrap().clone()
+}
+
+#[test]
+fn a_gpu_held_by_nobody_opens_one_incident_per_case_after_its_window_and_ends_when_free() {
+    let m = Machine::new();
+    // procfs: pid 4242 runs (python3, uid 54321, a Slurm job), 4343 is a zombie, 4444 is absent.
+    let proc = m.p("proc");
+    std::fs::create_dir_all(proc.join("4242")).unwrap();
+    std::fs::write(proc.join("4242/stat"), "4242 (python3) S 1 1 1\n").unwrap();
+    std::fs::write(proc.join("4242/comm"), "python3\n").unwrap();
+    std::fs::write(
+        proc.join("4242/status"),
+        "Name:\tpython3\nState:\tS (sleeping)\nUid:\t54321\t54321\t54321\t54321\n",
+    )
+    .unwrap();
+    std::fs::write(
+        proc.join("4242/cgroup"),
+        "0::/system.slice/slurmstepd.scope/job_12345/step_0/user/task_0\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(proc.join("4343")).unwrap();
+    std::fs::write(proc.join("4343/stat"), "4343 (trainer) Z 1 1 1\n").unwrap();
+    // GPU 0: busy with no process, free at 5 s. GPU 1: held by an absent pid, free at 5 s.
+    // GPU 2: held by a zombie. GPU 3: busy with a live process. GPU 4: a 1 s spike with no
+    // process. GPU 5: the live process's memory grows every second for 4 s, then stays.
+    m.boot(
+        "99999999-9999-9999-9999-999999999999",
+        "init ok\n\
+         device pci=0000:17:00.0 util=90 mem_used_mib=300 compute=none graphics=none\n\
+         device pci=0000:2a:00.0 util=0 mem_used_mib=2400 compute=4444:2048\n\
+         device pci=0000:3b:00.0 util=0 mem_used_mib=1400 compute=4343:1024\n\
+         device pci=0000:4c:00.0 util=95 mem_used_mib=40000 compute=4242:39000\n\
+         device pci=0000:5d:00.0 util=90 mem_used_mib=300 compute=none\n\
+         device pci=0000:6e:00.0 util=40 mem_used_mib=1300 compute=4242:1000\n\
+         set at_ms=1000 gpu=4 util=0\n\
+         set at_ms=5000 gpu=0 util=0\n\
+         set at_ms=5000 gpu=1 mem_used_mib=300 compute=none\n\
+         set at_ms=1000 gpu=5 compute=4242:1200\nset at_ms=2000 gpu=5 compute=4242:1400\n\
+         set at_ms=3000 gpu=5 compute=4242:1600\nset at_ms=4000 gpu=5 compute=4242:1800\n",
+        "",
+    );
+    let config = m.config(
+        "[health.gpu_held]\nsustain_secs = 3\n[health.memory_growth]\nenabled = true\nsustain_secs = 3\nmin_growth_mib = 100\n",
+    );
+    let started = Instant::now();
+    let d = m.start(&config);
+    let limit = Duration::from_secs(30);
+    let idle = d.wait_for("GPU held with no process", limit, |v| {
+        v["kind"] == "gpu_held_no_process"
+    });
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "before the window"
+    );
+    assert_eq!(idle["pci"], "0000:17:00.0", "{idle:#}");
+    assert_eq!(idle["severity"], "warning");
+    let msg = idle["findings"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("utilization 90%") && msg.contains("holder: none"),
+        "{msg}"
+    );
+    let gone = d.wait_for("held by an absent pid", limit, |v| {
+        v["kind"] == "gpu_held_by_gone_process" && v["pci"] == "0000:2a:00.0"
+    });
+    let msg = gone["findings"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("pid 4444") && msg.contains("no such process in xidwatch's pid namespace"),
+        "{msg}"
+    );
+    let zombie = d.wait_for("held by a zombie", limit, |v| {
+        v["kind"] == "gpu_held_by_gone_process" && v["pci"] == "0000:3b:00.0"
+    });
+    let msg = zombie["findings"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("pid 4343 (zombie") && msg.contains("trainer"),
+        "{msg}"
+    );
+    let grew = d.wait_for("memory that only grows", limit, |v| {
+        v["kind"] == "gpu_memory_growth"
+    });
+    assert_eq!(grew["pci"], "0000:6e:00.0", "{grew:#}");
+    let msg = grew["findings"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("pid 4242 (python3, ") && msg.contains("uid 54321") && msg.contains("12345"),
+        "{msg}"
+    );
+    // GPUs 0 and 1 are free from 5 s on; each check ends after a whole free window.
+    d.wait_log(
+        "health check gpu_held_no_process passes again on 0000:17:00.0",
+        limit,
+    );
+    d.wait_log(
+        "health check gpu_held_by_gone_process passes again on 0000:2a:00.0",
+        limit,
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&m.cli(&config, &["status", "--json"])).unwrap();
+    let failing = status["status"]["health"]["failing"].to_string();
+    assert!(!failing.contains("0000:17:00.0"), "{failing}");
+    assert!(!failing.contains("0000:2a:00.0"), "{failing}");
+    assert!(
+        failing.contains("[\"gpu_held_by_gone_process\",\"0000:3b:00.0\"]"),
+        "the zombie still holds GPU 2: {failing}"
+    );
+    // By now (more than two windows in), the live process and the spike opened nothing, and
+    // each case opened one incident.
+    let all = arrivals(&d);
+    for pci in ["0000:4c:00.0", "0000:5d:00.0"] {
+        assert!(!all.iter().any(|v| v["pci"] == pci), "{pci}: {all:#?}");
+    }
+    for (kind, pci) in [
+        ("gpu_held_no_process", "0000:17:00.0"),
+        ("gpu_held_by_gone_process", "0000:2a:00.0"),
+        ("gpu_held_by_gone_process", "0000:3b:00.0"),
+        ("gpu_memory_growth", "0000:6e:00.0"),
+    ] {
+        let mut ids: Vec<String> = all
+            .iter()
+            .filter(|v| v["kind"] == kind && v["pci"] == pci)
+            .map(|v| v["id"].to_string())
+            .collect();
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "{kind} on {pci}: {all:#?}");
+    }
+    d.stop();
+}
+
+#[test]
+fn fabric_registration_in_progress_past_its_window_is_found_and_completed_ends_it() {
+    let m = Machine::new();
+    // GPU 0: registration in progress until 6 s, then complete. GPU 1: no fabric (not
+    // supported, state 0). GPU 2: complete from the start.
+    m.boot(
+        "77777777-7777-7777-7777-777777777777",
+        "init ok\n\
+         device pci=0000:17:00.0 fabric_state=2 fabric_clique=7\n\
+         device pci=0000:2a:00.0 fabric_state=0\n\
+         device pci=0000:3b:00.0 fabric_state=3 fabric_clique=7\n\
+         set at_ms=6000 gpu=0 fabric_state=3\n",
+        "",
+    );
+    let config = m.config("[health.fabric]\nsustain_secs = 3\n");
+    let started = Instant::now();
+    let d = m.start(&config);
+    let limit = Duration::from_secs(30);
+    let f = d.wait_for("fabric not registered", limit, |v| {
+        v["kind"] == "fabric_not_registered"
+    });
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "before the window"
+    );
+    assert_eq!(f["pci"], "0000:17:00.0", "{f:#}");
+    assert_eq!(f["severity"], "critical");
+    let msg = f["findings"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("in progress") && msg.contains("clique 7"),
+        "{msg}"
+    );
+    d.wait_log(
+        "health check fabric_not_registered passes again on 0000:17:00.0",
+        limit,
+    );
+    let all = arrivals(&d);
+    let fabric: Vec<_> = all
+        .iter()
+        .filter(|v| v["kind"] == "fabric_not_registered")
+        .map(|v| (v["id"].to_string(), v["pci"].to_string()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(fabric.len(), 1, "{all:#?}");
+    d.stop();
+}

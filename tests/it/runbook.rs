@@ -192,6 +192,7 @@ fn every_shipped_runbook_loads() {
             "driver-unresponsive",
             "fallback",
             "fallen-off-bus",
+            "gpu-held",
             "gsp",
             "kernel-log-watch",
             "memory",

@@ -70,9 +70,52 @@ pub struct GpuReading {
     pub limit_mw: Option<u32>,
     pub persistence: Option<bool>,
     pub ecc_enabled: Option<bool>,
+    /// Frame-buffer memory allocated, bytes (`nvmlDeviceGetMemoryInfo`).
+    #[serde(default)]
+    pub mem_used: Option<u64>,
+    /// The compute and graphics processes NVML lists on the GPU; `None` when neither list could
+    /// be read (then the holder checks do not run: "no list" must not read as "no process").
+    #[serde(default)]
+    pub procs: Option<Vec<GpuProcess>>,
+    /// The GPU's fabric registration (NVSwitch / NVL systems); `None` where NVML does not
+    /// report it.
+    #[serde(default)]
+    pub fabric: Option<FabricReading>,
     /// NVML said the GPU is lost while it was read.
     pub lost: bool,
 }
+
+/// One process NVML lists on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// The pid as NVML gives it.
+    pub pid: u32,
+    /// GPU memory the process holds, bytes; `None` where NVML cannot say (MIG, some drivers).
+    pub used: Option<u64>,
+    /// Listed by the graphics call (not the compute one).
+    pub graphics: bool,
+    /// What procfs says about the pid; filled in by the health task, not the worker.
+    #[serde(default)]
+    pub look: Option<crate::health::holder::ProcLook>,
+}
+
+/// NVML's fabric registration values (`nvmlGpuFabricInfo_t`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FabricReading {
+    /// `NVML_GPU_FABRIC_STATE_*`: 0 not supported, 1 not started, 2 in progress, 3 completed.
+    pub state: u8,
+    /// The registration's own result, an NVML return code (0 = success).
+    pub status: u32,
+    pub clique_id: u32,
+    /// The cluster UUID, hex.
+    pub cluster_uuid: String,
+}
+
+/// `NVML_GPU_FABRIC_STATE_*`.
+pub const FABRIC_NOT_SUPPORTED: u8 = 0;
+pub const FABRIC_NOT_STARTED: u8 = 1;
+pub const FABRIC_IN_PROGRESS: u8 = 2;
+pub const FABRIC_COMPLETED: u8 = 3;
 
 /// Reads every GPU of the inventory. Blocks in NVML calls: only the worker calls it.
 pub(super) fn read_all(nvml: &Nvml, opened: &Opened) -> Vec<GpuReading> {
@@ -146,6 +189,9 @@ fn read_one(nvml: &Nvml, g: &GpuInfo) -> GpuReading {
     r.limit_mw = ok(&mut lost, d.enforced_power_limit());
     r.persistence = ok(&mut lost, d.is_in_persistent_mode());
     r.ecc_enabled = ok(&mut lost, d.is_ecc_enabled().map(|e| e.currently_enabled));
+    r.mem_used = ok(&mut lost, d.memory_info().map(|m| m.used));
+    r.procs = processes(&mut lost, &d);
+    r.fabric = ok(&mut lost, fabric_info(nvml, &d));
     r.lost = lost;
     r
 }
@@ -160,6 +206,70 @@ fn ok<T>(lost: &mut bool, res: Result<T, NvmlError>) -> Option<T> {
         }
         Err(_) => None,
     }
+}
+
+/// Both process lists. One list that cannot be read (graphics is NOT_SUPPORTED on many compute
+/// boards) leaves the other; neither gives `None`.
+fn processes(lost: &mut bool, d: &Device) -> Option<Vec<GpuProcess>> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let compute = ok(lost, d.running_compute_processes());
+    let graphics = ok(lost, d.running_graphics_processes());
+    if compute.is_none() && graphics.is_none() {
+        return None;
+    }
+    let mut out: Vec<GpuProcess> = Vec::new();
+    for (list, is_graphics) in [(compute, false), (graphics, true)] {
+        for p in list.unwrap_or_default() {
+            // A process with both contexts is listed by both calls: once is enough.
+            if out.iter().any(|o| o.pid == p.pid) {
+                continue;
+            }
+            out.push(GpuProcess {
+                pid: p.pid,
+                used: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                graphics: is_graphics,
+                look: None,
+            });
+        }
+    }
+    Some(out)
+}
+
+/// `nvmlDeviceGetGpuFabricInfo`, which nvml-wrapper 0.13 loads but does not wrap. The v1 call
+/// carries the four values the check needs (state, status, clique, cluster) on every driver that
+/// reports fabric registration; NOT_SUPPORTED (the call, or state 0) is a system without it.
+pub(super) fn fabric_info(nvml: &Nvml, d: &Device) -> Result<FabricReading, NvmlError> {
+    let lib = nvml.lib();
+    // The sys crate's method `expect`s the symbol: a library without it must not get there.
+    if lib.nvmlDeviceGetGpuFabricInfo.is_err() {
+        return Err(NvmlError::NotSupported);
+    }
+    let mut info = nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_t {
+        clusterUuid: [0; 16],
+        status: 0,
+        cliqueId: 0,
+        state: 0,
+    };
+    // SAFETY: the symbol resolved (checked above); the handle comes from the live `Nvml` that
+    // `d` borrows; the out-pointer is a valid local of the call's struct type.
+    let code = unsafe { lib.nvmlDeviceGetGpuFabricInfo(d.handle(), &mut info) };
+    nvml_wrapper::error::nvml_try(code)?;
+    if info.state == FABRIC_NOT_SUPPORTED {
+        return Err(NvmlError::NotSupported);
+    }
+    Ok(FabricReading {
+        state: info.state,
+        status: info.status,
+        clique_id: info.cliqueId,
+        cluster_uuid: info
+            .clusterUuid
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    })
 }
 
 /// `nvmlDeviceGetRemappedRows`, which nvml-wrapper 0.13 loads but does not wrap.

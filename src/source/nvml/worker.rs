@@ -307,11 +307,15 @@ impl NvmlWorker {
             .map_err(CallError::Failed)
     }
 
-    /// One poll's health readings for every GPU NVML enumerated at init, in one request.
+    /// One poll's health readings for every GPU NVML enumerated at init, in one request. The
+    /// pids NVML lists are looked up in procfs afterwards, on the caller's thread, so the worker
+    /// never waits on the filesystem.
     pub fn health_readings(&self) -> Result<Vec<super::health::GpuReading>, CallError> {
-        self.call("health readings", |nvml, opened| {
+        let mut readings = self.call("health readings", |nvml, opened| {
             super::health::read_all(nvml, opened)
-        })
+        })?;
+        crate::health::holder::look_up(&mut readings, &self.inner.procfs_root);
+        Ok(readings)
     }
 
     /// What the inventory needs beyond the readings: the init inventory (identities, driver)

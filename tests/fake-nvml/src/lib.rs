@@ -11,7 +11,9 @@
 //! `nvmlEventSetCreate`, `nvmlEventSetWait_v2`, `nvmlEventSetFree`, and the health readings:
 //! temperature and its thresholds, throttle reasons, PCIe link (current and maximum), utilization,
 //! remapped rows, retired pages, ECC counts and mode, the GPU recovery action (a field value),
-//! power and its enforced limit, persistence mode, VBIOS version (see [`VALUE_KEYS`]).
+//! power and its enforced limit, persistence mode, VBIOS version (see [`VALUE_KEYS`]), memory
+//! used and total, the fabric registration (`nvmlDeviceGetGpuFabricInfo`), and the compute and
+//! graphics process lists with each process's GPU memory.
 //!
 //! # Script
 //!
@@ -38,6 +40,11 @@
 //! boards without the sensor. `set at_ms=T gpu=N KEY=VALUE...` changes values from `T`
 //! milliseconds after init on, so a script can play a temperature that climbs and stays, a spike,
 //! or a link that drops under load.
+//!
+//! Processes: `compute=PID:MIB,...` and `graphics=PID:MIB,...` on a `device` line or in a `set`
+//! give the lists `nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3` answer (`none`: an empty
+//! list; `PID:-`: memory not available; never given: NOT_SUPPORTED). The pids mean nothing to
+//! the fake; the test lays out the procfs fixture they are looked up in.
 //!
 //! `device` lines define GPUs 0, 1, ... in order. Keys: `pci` (required, any width of domain),
 //! `uuid`, `serial`, `name` (`_` stands for a space) — a missing one makes its getter return
@@ -130,11 +137,15 @@ struct Device {
     /// NOT_SUPPORTED, as NVML does on boards without the sensor or feature.
     values: HashMap<&'static str, u64>,
     vbios: Option<String>,
+    /// Compute and graphics processes (`compute=`, `graphics=`); `None`: the list call answers
+    /// NOT_SUPPORTED.
+    compute: Option<Vec<(u32, Option<u64>)>>,
+    graphics: Option<Vec<(u32, Option<u64>)>>,
 }
 
 /// The readings a `device` line or a `set` directive can give, and the NVML call that answers
 /// each.
-const VALUE_KEYS: [&str; 25] = [
+const VALUE_KEYS: [&str; 30] = [
     "temp",          // nvmlDeviceGetTemperature (GPU sensor), degrees C
     "slowdown",      // nvmlDeviceGetTemperatureThreshold (SLOWDOWN)
     "shutdown",      // nvmlDeviceGetTemperatureThreshold (SHUTDOWN)
@@ -160,7 +171,38 @@ const VALUE_KEYS: [&str; 25] = [
     "limit_mw",      // nvmlDeviceGetEnforcedPowerLimit
     "persistence",   // nvmlDeviceGetPersistenceMode (0 or 1)
     "ecc",           // nvmlDeviceGetEccMode, current and pending (0 or 1)
+    "mem_used_mib",  // nvmlDeviceGetMemoryInfo_v2, used (MiB)
+    "mem_total_mib", // nvmlDeviceGetMemoryInfo_v2, total (MiB; default 81920)
+    "fabric_state", // nvmlDeviceGetGpuFabricInfo: 0 not supported, 1 not started, 2 in progress, 3 completed
+    "fabric_status", // nvmlDeviceGetGpuFabricInfo: the NVML return code of the registration (default 0)
+    "fabric_clique", // nvmlDeviceGetGpuFabricInfo: the clique id (default 0)
 ];
+
+/// A process list key (`compute=`, `graphics=`): `none` for an empty list, else
+/// `PID:MIB,PID:MIB` (the process's used GPU memory in MiB, or `PID:-` for "not available").
+fn parse_procs(v: &str) -> Result<Vec<(u32, Option<u64>)>, String> {
+    if v == "none" {
+        return Ok(Vec::new());
+    }
+    v.split(',')
+        .map(|p| {
+            let (pid, mib) = p
+                .split_once(':')
+                .ok_or_else(|| format!("expected PID:MIB, got {p:?}"))?;
+            let pid = pid
+                .parse::<u32>()
+                .map_err(|_| format!("not a pid: {pid:?}"))?;
+            let mib = match mib {
+                "-" => None,
+                m => Some(
+                    m.parse::<u64>()
+                        .map_err(|_| format!("not a MiB count: {m:?}"))?,
+                ),
+            };
+            Ok((pid, mib))
+        })
+        .collect()
+}
 
 fn value_key(k: &str) -> Option<&'static str> {
     VALUE_KEYS.iter().copied().find(|v| *v == k)
@@ -171,6 +213,8 @@ struct SetValues {
     at: Duration,
     gpu: usize,
     values: Vec<(&'static str, u64)>,
+    /// New process lists: (`true` for graphics, the list).
+    procs: Vec<(bool, Vec<(u32, Option<u64>)>)>,
 }
 
 enum EventKind {
@@ -366,6 +410,8 @@ fn parse_device(words: &[&str]) -> Result<Device, String> {
         lost: false,
         values: HashMap::new(),
         vbios: None,
+        compute: None,
+        graphics: None,
     };
     for (k, v) in key_values(words)? {
         if let Some(key) = value_key(k) {
@@ -374,6 +420,8 @@ fn parse_device(words: &[&str]) -> Result<Device, String> {
         }
         match k {
             "vbios" => dev.vbios = Some(v.to_string()),
+            "compute" => dev.compute = Some(parse_procs(v)?),
+            "graphics" => dev.graphics = Some(parse_procs(v)?),
             "pci" => pci = Some(parse_pci(v).ok_or_else(|| format!("bad pci {v:?}"))?),
             "uuid" => dev.uuid = Some(v.to_string()),
             "serial" => dev.serial = Some(v.to_string()),
@@ -404,8 +452,11 @@ fn parse_set(words: &[&str]) -> Result<SetValues, String> {
     let mut at = None;
     let mut gpu = None;
     let mut values = Vec::new();
+    let mut procs = Vec::new();
     for (k, v) in key_values(words)? {
         match k {
+            "compute" => procs.push((false, parse_procs(v)?)),
+            "graphics" => procs.push((true, parse_procs(v)?)),
             "at_ms" => at = Some(parse_value(k, v)?),
             "gpu" => gpu = Some(usize::try_from(parse_value(k, v)?).map_err(|e| e.to_string())?),
             other => match value_key(other) {
@@ -414,13 +465,14 @@ fn parse_set(words: &[&str]) -> Result<SetValues, String> {
             },
         }
     }
-    if values.is_empty() {
+    if values.is_empty() && procs.is_empty() {
         return Err("set needs at least one KEY=VALUE".into());
     }
     Ok(SetValues {
         at: Duration::from_millis(at.ok_or("set needs at_ms=")?),
         gpu: gpu.ok_or("set needs gpu=")?,
         values,
+        procs,
     })
 }
 
@@ -473,7 +525,7 @@ fn parse_event(words: &[&str]) -> Result<Event, String> {
 }
 
 /// Every function this library exports, for `hang` directives.
-const EXPORTS: [&str; 36] = [
+const EXPORTS: [&str; 40] = [
     "nvmlInit_v2",
     "nvmlInitWithFlags",
     "nvmlShutdown",
@@ -510,6 +562,10 @@ const EXPORTS: [&str; 36] = [
     "nvmlDeviceGetPersistenceMode",
     "nvmlDeviceGetEccMode",
     "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetGpuFabricInfo",
 ];
 
 fn parse_hang(words: &[&str]) -> Result<Hang, String> {
@@ -732,6 +788,13 @@ fn apply_due_sets(s: &mut State) {
         if let Some(d) = s.devices.get_mut(set.gpu) {
             for (k, v) in set.values {
                 d.values.insert(k, v);
+            }
+            for (graphics, list) in set.procs {
+                if graphics {
+                    d.graphics = Some(list);
+                } else {
+                    d.compute = Some(list);
+                }
             }
         }
     }
@@ -1515,5 +1578,190 @@ pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
     // SAFETY: forwarded from the caller.
     with_device(device, |i, s| unsafe {
         write_str(s.devices[i].vbios.as_deref(), version, length)
+    })
+}
+
+/// `nvmlProcessInfo_t` (v2 layout, which the `_v3` calls fill).
+#[repr(C)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// NVML's "not available" for a process's used memory and for the instance ids.
+const NOT_AVAILABLE: c_ulonglong = u64::MAX;
+
+/// Answers a process list call: the count alone (`infos` null or too short: INSUFFICIENT_SIZE,
+/// as NVML does), or the list.
+///
+/// # Safety
+/// `count` must be null or valid for reads and writes; `infos` null or valid for `*count` writes.
+unsafe fn running_processes(
+    device: *mut c_void,
+    call: &str,
+    graphics: bool,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> NvmlReturn {
+    hang_point(call);
+    with_device(device, |i, s| {
+        if count.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let d = &s.devices[i];
+        let Some(list) = (if graphics { &d.graphics } else { &d.compute }) else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        let n = list.len() as c_uint;
+        // SAFETY: non-null and valid per the caller.
+        let room = unsafe { count.read() };
+        // SAFETY: as above.
+        unsafe { count.write(n) };
+        if n == 0 {
+            return SUCCESS;
+        }
+        if infos.is_null() || room < n {
+            return ERROR_INSUFFICIENT_SIZE;
+        }
+        for (k, (pid, mib)) in list.iter().enumerate() {
+            let info = ProcessInfo {
+                pid: *pid,
+                used_gpu_memory: mib.map_or(NOT_AVAILABLE, |m| m << 20),
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+            };
+            // SAFETY: k < n <= room, which the caller made valid.
+            unsafe { infos.add(k).write(info) };
+        }
+        SUCCESS
+    })
+}
+
+/// # Safety
+/// See [`running_processes`].
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        running_processes(
+            device,
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            false,
+            count,
+            infos,
+        )
+    }
+}
+
+/// # Safety
+/// See [`running_processes`].
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        running_processes(
+            device,
+            "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            true,
+            count,
+            infos,
+        )
+    }
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct MemoryV2 {
+    version: c_uint,
+    total: c_ulonglong,
+    reserved: c_ulonglong,
+    free: c_ulonglong,
+    used: c_ulonglong,
+}
+
+/// Supported when the script gave `mem_used_mib`.
+///
+/// # Safety
+/// `out` must be null or valid for reads and writes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    out: *mut MemoryV2,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetMemoryInfo_v2");
+    with_device(device, |i, s| {
+        if out.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let v = &s.devices[i].values;
+        let Some(used) = v.get("mem_used_mib").copied() else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        let total = v.get("mem_total_mib").copied().unwrap_or(81_920).max(used);
+        // SAFETY: non-null and valid per the caller.
+        let version = unsafe { (*out).version };
+        // SAFETY: as above.
+        unsafe {
+            out.write(MemoryV2 {
+                version,
+                total: total << 20,
+                reserved: 0,
+                free: (total - used) << 20,
+                used: used << 20,
+            })
+        };
+        SUCCESS
+    })
+}
+
+/// `nvmlGpuFabricInfo_t`.
+#[repr(C)]
+pub struct FabricInfo {
+    cluster_uuid: [u8; 16],
+    status: NvmlReturn,
+    clique_id: c_uint,
+    state: u8,
+}
+
+/// Supported when the script gave `fabric_state`.
+///
+/// # Safety
+/// `out` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    device: *mut c_void,
+    out: *mut FabricInfo,
+) -> NvmlReturn {
+    hang_point("nvmlDeviceGetGpuFabricInfo");
+    with_device(device, |i, s| {
+        if out.is_null() {
+            return ERROR_INVALID_ARGUMENT;
+        }
+        let v = &s.devices[i].values;
+        let Some(state) = v.get("fabric_state").copied() else {
+            return ERROR_NOT_SUPPORTED;
+        };
+        let mut cluster_uuid = [0u8; 16];
+        cluster_uuid[0] = 0xc1;
+        cluster_uuid[15] = 0x01;
+        let info = FabricInfo {
+            cluster_uuid,
+            status: v.get("fabric_status").copied().unwrap_or(0) as NvmlReturn,
+            clique_id: v.get("fabric_clique").copied().unwrap_or(0) as c_uint,
+            state: state.min(255) as u8,
+        };
+        // SAFETY: non-null and valid per the caller.
+        unsafe { out.write(info) };
+        SUCCESS
     })
 }
