@@ -230,6 +230,10 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "The GPU inventory differs from the previous boot's: a board was swapped (its serial changed), a GPU is gone, the driver changed, or a link's maximum is lower than before.",
             "Confirm the change was planned (a board replacement, a driver upgrade). An unplanned one, especially a lower maximum link or a GPU gone, needs the hardware checked; `xidwatch inventory --diff` shows the whole difference.",
         ),
+        FindingKind::ServiceDown => (
+            "A systemd unit the GPUs depend on is down, failed, or restarting in a loop. Without nvidia-fabricmanager an NVSwitch system's GPUs cannot start CUDA work (no Xid is logged); without nvidia-imex multi-node jobs cannot share memory; without nvidia-persistenced or DCGM the GPUs work, but slower to start or unmonitored.",
+            "Read the unit's status and its last journal lines below for why it stopped; fix the cause and start it again (`systemctl start UNIT`). xidwatch never starts or stops a service itself; the incident ends when xidwatch sees the unit active again.",
+        ),
         FindingKind::Xid => ("", ""),
     };
     Guidance {

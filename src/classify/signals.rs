@@ -54,6 +54,17 @@ pub fn rate(f: &mut Finding) {
         },
         K::PersistenceModeOff => (Severity::Info, Category::Informational),
         K::InventoryChanged => (Severity::Warning, Category::Informational),
+        // Without Fabric Manager (or IMEX) an NVSwitch system's GPUs cannot run CUDA work at
+        // all; without the persistence daemon or DCGM the GPUs still work.
+        K::ServiceDown => match &f.detail {
+            Some(Detail::Service { unit, .. }) if unit.starts_with("nvidia-fabricmanager") => {
+                (Severity::Critical, Category::Nvlink)
+            }
+            Some(Detail::Service { unit, .. }) if unit.starts_with("nvidia-imex") => {
+                (Severity::Critical, Category::Driver)
+            }
+            _ => (Severity::Warning, Category::Driver),
+        },
         K::Sxid
         | K::FallenOffBus
         | K::DriverInitFailure

@@ -63,6 +63,9 @@ pub enum FindingKind {
     /// Something in the GPU inventory changed since the previous boot (a serial, the driver, the
     /// maximum link, a GPU gone).
     InventoryChanged,
+    /// A systemd unit the GPUs depend on (Fabric Manager, the persistence daemon, IMEX, DCGM)
+    /// failed, stopped, or restarts in a loop: a state, open until the unit is active again.
+    ServiceDown,
 }
 
 impl FindingKind {
@@ -93,10 +96,11 @@ impl FindingKind {
             FindingKind::PowerOverLimit => "power_over_limit",
             FindingKind::PersistenceModeOff => "persistence_mode_off",
             FindingKind::InventoryChanged => "inventory_changed",
+            FindingKind::ServiceDown => "service_down",
         }
     }
 
-    pub const ALL: [FindingKind; 25] = [
+    pub const ALL: [FindingKind; 26] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -122,6 +126,7 @@ impl FindingKind {
         FindingKind::PowerOverLimit,
         FindingKind::PersistenceModeOff,
         FindingKind::InventoryChanged,
+        FindingKind::ServiceDown,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -300,6 +305,20 @@ pub enum Detail {
     },
     /// Lost kernel log records.
     Overrun { lost: u64 },
+    /// A watched systemd unit as `systemctl show` last reported it.
+    Service {
+        /// The unit's name as systemd spells it (`nvidia-fabricmanager.service`).
+        unit: String,
+        active_state: String,
+        sub_state: String,
+        /// systemd's `Result` (`exit-code`, `signal`, `timeout`, `success`, ...).
+        result: String,
+        /// systemd's `NRestarts` counter, when it reported one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        restarts: Option<u64>,
+        /// Whether this is the restart-loop finding (the unit may be active between restarts).
+        restart_loop: bool,
+    },
     /// An NVML ECC event: which of the two counters it was about.
     Ecc { double_bit: bool },
     /// An NVML call that missed its deadline, and the tasks in uninterruptible sleep (D state)
