@@ -314,7 +314,7 @@ mod tests {
             uuid: GpuUuid::parse("GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f"),
             xid: Some(79),
             pid: Some(2207),
-            unit: None,
+            unit: super::super::subject::ServiceUnit::parse("nvidia-fabricmanager.service"),
         }
     }
 
