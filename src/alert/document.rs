@@ -415,7 +415,13 @@ fn headline(inc: &Incident, escalation: Option<&str>) -> String {
         (None, None) => {}
     }
     s.push_str(inc.severity.as_str());
-    if inc.phase == IncidentPhase::Resolved {
+    if inc.phase == IncidentPhase::Resolved && inc.kind == crate::model::FindingKind::ServiceDown {
+        // A state incident ends when the state is seen gone, not when it has been quiet.
+        s.push_str(&format!(
+            " (verified active again at {})",
+            rfc3339(inc.last_seen_ms)
+        ));
+    } else if inc.phase == IncidentPhase::Resolved {
         s.push_str(&format!(
             " (quiet since {}, {} occurrence(s))",
             rfc3339(inc.last_seen_ms),
@@ -559,6 +565,7 @@ pub fn kind_words(kind: &str, xid: Option<u32>) -> String {
         "power_over_limit" => "power over the limit",
         "persistence_mode_off" => "persistence mode off",
         "inventory_changed" => "GPU inventory changed",
+        "service_down" => "GPU service down",
         other => return other.replace('_', " "),
     };
     words.to_string()

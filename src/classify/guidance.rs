@@ -246,6 +246,10 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
             "The GPU has not completed its NVSwitch / NVL fabric registration (not started, still in progress, or failed) for the whole window: CUDA cannot start work on it, so jobs fail without any Xid line.",
             "Check the Fabric Manager (systemctl status nvidia-fabricmanager and its log) and nvidia-smi -q for the fabric state; restart the Fabric Manager, or drain the node and reset the GPUs with NVIDIA's procedure for NVSwitch systems.",
         ),
+        FindingKind::ServiceDown => (
+            "A systemd unit the GPUs depend on is down, failed, or restarting in a loop. Without nvidia-fabricmanager an NVSwitch system's GPUs cannot start CUDA work (no Xid is logged); without nvidia-imex multi-node jobs cannot share memory; without nvidia-persistenced or DCGM the GPUs work, but slower to start or unmonitored.",
+            "Read the unit's status and its last journal lines below for why it stopped; fix the cause and start it again (`systemctl start UNIT`). xidwatch never starts or stops a service itself; the incident ends when xidwatch sees the unit active again.",
+        ),
         FindingKind::Xid => ("", ""),
     };
     Guidance {

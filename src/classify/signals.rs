@@ -61,6 +61,17 @@ pub fn rate(f: &mut Finding) {
         }
         // Without its fabric registration a GPU on an NVSwitch system cannot start CUDA work.
         K::FabricNotRegistered => (Severity::Critical, Category::Nvlink),
+        // Without Fabric Manager (or IMEX) an NVSwitch system's GPUs cannot run CUDA work at
+        // all; without the persistence daemon or DCGM the GPUs still work.
+        K::ServiceDown => match &f.detail {
+            Some(Detail::Service { unit, .. }) if unit.starts_with("nvidia-fabricmanager") => {
+                (Severity::Critical, Category::Nvlink)
+            }
+            Some(Detail::Service { unit, .. }) if unit.starts_with("nvidia-imex") => {
+                (Severity::Critical, Category::Driver)
+            }
+            _ => (Severity::Warning, Category::Driver),
+        },
         K::Sxid
         | K::FallenOffBus
         | K::DriverInitFailure

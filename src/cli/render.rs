@@ -146,6 +146,17 @@ fn detail_line(f: &Finding) -> Option<String> {
                 ""
             }
         ),
+        Detail::Service {
+            unit,
+            active_state,
+            sub_state,
+            result,
+            restarts,
+            ..
+        } => format!(
+            "{unit}: {active_state}/{sub_state}, result {result}{}",
+            restarts.map_or(String::new(), |n| format!(", {n} restart(s)"))
+        ),
         Detail::Recovery { from, to } => {
             format!(
                 "recovery action changed from {} to {}",

@@ -137,6 +137,8 @@ pub struct RawConfig {
     pub health: crate::health::HealthConfig,
     pub inventory: crate::health::config::InventoryConfig,
     pub history: crate::health::config::HistoryConfig,
+    /// `[services]`: the systemd units watched (docs/operating.md).
+    pub services: crate::source::services::ServicesConfig,
 }
 
 /// A validated configuration.
@@ -166,6 +168,7 @@ pub struct Config {
     pub health: crate::health::HealthConfig,
     pub inventory: crate::health::config::InventoryConfig,
     pub history: crate::health::config::HistoryConfig,
+    pub services: crate::source::services::ServicesConfig,
 }
 
 /// A config error, always naming the file.
@@ -465,6 +468,7 @@ impl Config {
         let metrics_settings = raw.metrics.validate().map_err(invalid)?;
         crate::health::config::validate(&raw.health, &raw.inventory, &raw.history)
             .map_err(invalid)?;
+        raw.services.validate().map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {
             if let Some(name) = &o.runbook {
@@ -502,6 +506,7 @@ impl Config {
             health: raw.health,
             inventory: raw.inventory,
             history: raw.history,
+            services: raw.services,
             channels_left_out,
         })
     }

@@ -15,6 +15,7 @@ pub(crate) mod notify;
 pub(crate) mod nvml;
 pub(crate) mod probe;
 pub(crate) mod serve;
+mod services;
 pub mod telemetry;
 
 use std::io::Write;
@@ -143,6 +144,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     p.out.pages = Some(nvml_link.pages());
 
     let (ops_shutdown, status_socket) = start_ops(cfg, &tel).await?;
+    let (mut svc_rx, _svc_keep) = services::start(cfg);
 
     let mut watchdog =
         tokio::time::interval(notifier.watchdog_every.unwrap_or(Duration::from_secs(3600)));
@@ -188,6 +190,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 // The probe's memory is part of the checkpoint: save it promptly when it moved.
                 let moved = nvml_link.probe_memory != p.ckpt.saved_probe;
                 p.flush(&nvml_link.probe_memory, moved).await;
+            }
+            Some(ev) = svc_rx.recv() => {
+                services::apply(&mut p, ev);
+                p.flush(&nvml_link.probe_memory, false).await;
             }
             _ = tokio::time::sleep(fold_wait), if p.classifier.has_pending() => {
                 p.fold_quiet();
@@ -898,6 +904,7 @@ async fn reload(
         ("health", new.health != current.health),
         ("inventory", new.inventory != current.inventory),
         ("history", new.history != current.history),
+        ("services", new.services != current.services),
     ] {
         if changed {
             tracing::warn!("{what} changed: it takes effect at the next restart");
@@ -944,6 +951,7 @@ async fn reload(
     applied.health = current.health.clone();
     applied.inventory = current.inventory.clone();
     applied.history = current.history.clone();
+    applied.services = current.services.clone();
     *current = applied;
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());

@@ -136,6 +136,14 @@ impl Key {
 /// changing numbers or tasks stays one incident.
 fn topic(f: &Finding) -> u32 {
     use FindingKind as K;
+    // One incident per unit: Fabric Manager down and the persistence daemon down are two
+    // problems, each ending on its own.
+    if let (K::ServiceDown, Some(crate::model::Detail::Service { unit, .. })) = (f.kind, &f.detail)
+    {
+        let mut h = crate::model::Fnv::default();
+        h.eat(unit.as_bytes());
+        return (h.finish() as u32).max(1);
+    }
     if f.pci.is_some()
         || f.xid.is_some()
         || !matches!(f.kind, K::DriverError | K::DriverInitFailure)
@@ -153,6 +161,14 @@ fn topic(f: &Finding) -> u32 {
     h.eat(&words);
     // Never 0, which means "no topic".
     (h.finish() as u32).max(1)
+}
+
+/// The deadline of an incident without a window.
+const NO_DEADLINE: u64 = u64::MAX;
+
+/// Kinds that are a state, not an event: open until their source sees the state gone.
+fn is_state(kind: FindingKind) -> bool {
+    kind == FindingKind::ServiceDown
 }
 
 /// A closed incident waiting out its quiet period before its resolved notice.
@@ -270,6 +286,7 @@ impl Engine {
                     o.deadline_ms
                 }
             })
+            .filter(|d| *d != NO_DEADLINE)
             .chain(self.waiting.iter().map(|w| w.deadline_ms))
             .chain(self.quiet.values().map(|q| q.until_ms))
             .min()
@@ -493,9 +510,14 @@ impl Engine {
             }
         });
         let min_count = ov.and_then(|o| o.min_count).unwrap_or(1);
-        let window_ms = ov
-            .and_then(|o| o.window_secs)
-            .map_or(self.cfg.window_ms, |s| s.saturating_mul(1000));
+        // A state incident (a service down) has no window: it ends when the state is seen gone
+        // ([`Engine::resolve_state`]), however long that takes, and never on a timer.
+        let window_ms = if is_state(f.kind) {
+            NO_DEADLINE
+        } else {
+            ov.and_then(|o| o.window_secs)
+                .map_or(self.cfg.window_ms, |s| s.saturating_mul(1000))
+        };
         // A new incident on a key whose previous one is waiting out its quiet period: that GPU
         // is not quiet, so the previous one is not resolved (the new one will be, in its turn).
         self.quiet.remove(&key);
@@ -616,6 +638,25 @@ impl Engine {
                 out.push(inc);
             }
         }
+    }
+
+    /// Ends the state incident `f` belongs to (same key: a service's unit) because its source
+    /// verified the state is gone: a resolved notice at once, no digest and no quiet period. A
+    /// key with no open incident is nothing to do (the source says "active" at every start).
+    pub fn resolve_state(&mut self, f: &Finding, now: impl Into<Now>, out: &mut Vec<Incident>) {
+        let key = Key::of(f);
+        let Some(o) = self.open.remove(&key) else {
+            return;
+        };
+        self.changes += 1;
+        if !o.emitted {
+            return;
+        }
+        let mut inc = o.inc;
+        inc.phase = IncidentPhase::Resolved;
+        inc.last_seen_ms = now.into().wall_ms;
+        self.stats.resolved += 1;
+        out.push(inc);
     }
 
     /// Incidents closed and waiting out their quiet period, for `status`.

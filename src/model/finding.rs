@@ -71,6 +71,9 @@ pub enum FindingKind {
     GpuMemoryGrowth,
     /// The GPU's NVSwitch / NVL fabric registration is not complete, or failed.
     FabricNotRegistered,
+    /// A systemd unit the GPUs depend on (Fabric Manager, the persistence daemon, IMEX, DCGM)
+    /// failed, stopped, or restarts in a loop: a state, open until the unit is active again.
+    ServiceDown,
 }
 
 impl FindingKind {
@@ -105,10 +108,11 @@ impl FindingKind {
             FindingKind::GpuHeldByGoneProcess => "gpu_held_by_gone_process",
             FindingKind::GpuMemoryGrowth => "gpu_memory_growth",
             FindingKind::FabricNotRegistered => "fabric_not_registered",
+            FindingKind::ServiceDown => "service_down",
         }
     }
 
-    pub const ALL: [FindingKind; 29] = [
+    pub const ALL: [FindingKind; 30] = [
         FindingKind::Xid,
         FindingKind::Sxid,
         FindingKind::FallenOffBus,
@@ -138,6 +142,7 @@ impl FindingKind {
         FindingKind::GpuHeldByGoneProcess,
         FindingKind::GpuMemoryGrowth,
         FindingKind::FabricNotRegistered,
+        FindingKind::ServiceDown,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -332,6 +337,20 @@ pub enum Detail {
     },
     /// Lost kernel log records.
     Overrun { lost: u64 },
+    /// A watched systemd unit as `systemctl show` last reported it.
+    Service {
+        /// The unit's name as systemd spells it (`nvidia-fabricmanager.service`).
+        unit: String,
+        active_state: String,
+        sub_state: String,
+        /// systemd's `Result` (`exit-code`, `signal`, `timeout`, `success`, ...).
+        result: String,
+        /// systemd's `NRestarts` counter, when it reported one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        restarts: Option<u64>,
+        /// Whether this is the restart-loop finding (the unit may be active between restarts).
+        restart_loop: bool,
+    },
     /// An NVML ECC event: which of the two counters it was about.
     Ecc { double_bit: bool },
     /// An NVML call that missed its deadline, and the tasks in uninterruptible sleep (D state)

@@ -114,7 +114,7 @@ pub const NEVER_PROGRAMS: &[&str] = &[
 
 /// Units `{unit}` may name (`name` or `name.service`).
 #[rustfmt::skip]
-const UNITS: &[&str] = &[
+pub const UNITS: &[&str] = &[
     "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "dcgm", "nvidia-powerd",
     "nvidia-imex", "xidwatch",
 ];
@@ -276,6 +276,7 @@ impl Slot {
             Slot::Gpu => matches!(p, Pci | GpuIndex | Uuid),
             Slot::Pid => p == Pid,
             Slot::Int(..) => matches!(p, Xid | GpuIndex),
+            Slot::Words { name: "unit", .. } => p == Unit,
             Slot::Words { .. } | Slot::Path => false,
         }
     }

@@ -35,6 +35,26 @@ impl GpuUuid {
     }
 }
 
+/// A systemd unit `{unit}` may name: one of the catalog's units ([`super::safety::UNITS`]),
+/// without the `.service` suffix. Only built by [`ServiceUnit::parse`], so a unit name from a
+/// config or from `systemctl` output reaches a command line only when the catalog allows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceUnit(&'static str);
+
+impl ServiceUnit {
+    pub fn parse(text: &str) -> Option<ServiceUnit> {
+        let name = text.strip_suffix(".service").unwrap_or(text);
+        super::safety::UNITS
+            .iter()
+            .find(|u| **u == name)
+            .map(|u| ServiceUnit(u))
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        self.0
+    }
+}
+
 impl fmt::Display for GpuUuid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -88,6 +108,8 @@ pub struct Subject {
     /// error received: 0000:17:00.0"), for `{parent_pci}` when sysfs no longer has the GPU (it
     /// fell off the bus).
     pub port_from_log: Option<PciAddress>,
+    /// The systemd unit a `service_down` incident is about, for `{unit}`.
+    pub unit: Option<ServiceUnit>,
 }
 
 impl Subject {
@@ -115,6 +137,7 @@ impl Subject {
             kernel_log: Vec::new(),
             log_anchor: None,
             port_from_log: None,
+            unit: None,
         }
     }
 
@@ -187,6 +210,10 @@ impl From<&Incident> for Subject {
                     }) if *r != gpu => Some(*r),
                     _ => None,
                 })
+            }),
+            unit: inc.findings.iter().find_map(|f| match &f.detail {
+                Some(crate::model::Detail::Service { unit, .. }) => ServiceUnit::parse(unit),
+                _ => None,
             }),
             kernel_log,
             log_anchor: anchor,

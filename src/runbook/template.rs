@@ -27,16 +27,19 @@ pub enum Placeholder {
     Xid,
     /// The process id the driver named.
     Pid,
+    /// The systemd unit a service incident is about (one of the catalog's units).
+    Unit,
 }
 
 impl Placeholder {
-    pub const ALL: [Placeholder; 6] = [
+    pub const ALL: [Placeholder; 7] = [
         Placeholder::Pci,
         Placeholder::ParentPci,
         Placeholder::GpuIndex,
         Placeholder::Uuid,
         Placeholder::Xid,
         Placeholder::Pid,
+        Placeholder::Unit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +50,7 @@ impl Placeholder {
             Placeholder::Uuid => "uuid",
             Placeholder::Xid => "xid",
             Placeholder::Pid => "pid",
+            Placeholder::Unit => "unit",
         }
     }
 
@@ -63,6 +67,7 @@ impl Placeholder {
             Placeholder::Uuid => "the GPU's UUID (GPU-...)",
             Placeholder::Xid => "the Xid or SXid number",
             Placeholder::Pid => "the process id the driver named",
+            Placeholder::Unit => "the systemd unit a service incident is about",
         }
     }
 }
@@ -83,6 +88,7 @@ pub struct Values {
     pub uuid: Option<GpuUuid>,
     pub xid: Option<u32>,
     pub pid: Option<u32>,
+    pub unit: Option<super::subject::ServiceUnit>,
 }
 
 impl Values {
@@ -96,6 +102,7 @@ impl Values {
             uuid: s.uuid.clone(),
             xid: s.xid,
             pid: s.pid,
+            unit: s.unit.clone(),
         }
     }
 
@@ -107,6 +114,7 @@ impl Values {
             Placeholder::Uuid => self.uuid.as_ref().map(|u| u.as_str().to_string()),
             Placeholder::Xid => self.xid.map(|n| n.to_string()),
             Placeholder::Pid => self.pid.map(|n| n.to_string()),
+            Placeholder::Unit => self.unit.as_ref().map(|u| u.as_str().to_string()),
         }
     }
 }
@@ -306,6 +314,7 @@ mod tests {
             uuid: GpuUuid::parse("GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f"),
             xid: Some(79),
             pid: Some(2207),
+            unit: super::super::subject::ServiceUnit::parse("nvidia-fabricmanager.service"),
         }
     }
 

@@ -3,3 +3,4 @@
 pub mod file;
 pub mod kmsg;
 pub mod nvml;
+pub mod services;

@@ -22,5 +22,6 @@ mod scan_cli;
 mod scan_groups;
 mod secrets;
 mod service;
+mod services;
 mod state_files;
 mod support;

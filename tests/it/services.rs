@@ -1,0 +1,316 @@
+//! The service watch end to end: the real daemon with a fake `systemctl` (copied from
+//! fixtures/fake-tools into each test's own directory) whose answers the test rewrites; incidents
+//! are read from `run --json`, pages from a webhook receiver on loopback. Every wait is on
+//! progress: the fake counts the polls it answered.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type Got = Arc<Mutex<Vec<serde_json::Value>>>;
+
+/// Records each POSTed JSON body and answers 200.
+fn receiver() -> (String, Got) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
+    let got: Got = Arc::default();
+    let g = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let (mut len, mut line) = (0usize, String::new());
+            loop {
+                line.clear();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some((k, v)) = line.trim_end().split_once(": ") {
+                    if k.eq_ignore_ascii_case("content-length") {
+                        len = v.parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut body = vec![0; len];
+            if r.read_exact(&mut body).is_err() {
+                continue;
+            }
+            if let Ok(v) = serde_json::from_slice(&body) {
+                g.lock().unwrap().push(v);
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, got)
+}
+
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+struct Daemon {
+    child: Child,
+    incidents: Got,
+    log: Arc<Mutex<String>>,
+}
+
+const FM: &str = "nvidia-fabricmanager.service";
+const PD: &str = "nvidia-persistenced.service";
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(bin.join("units")).unwrap();
+        std::fs::create_dir_all(dir.path().join("sys/bus/pci/devices")).unwrap();
+        let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake-tools/systemctl");
+        std::fs::copy(fake, bin.join("systemctl")).unwrap();
+        std::fs::write(dir.path().join("kmsg"), "").unwrap();
+        std::fs::write(
+            dir.path().join("boot_id"),
+            "55555555-5555-5555-5555-555555555555\n",
+        )
+        .unwrap();
+        Host { dir }
+    }
+
+    fn p(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// What `systemctl show` says about `unit` from now on (written whole, then renamed).
+    fn unit(&self, unit: &str, active: &str, sub: &str, result: &str, restarts: u64) {
+        let tmp = self.p("bin/units/.tmp");
+        std::fs::write(
+            &tmp,
+            format!("Id={unit}\nLoadState=loaded\nActiveState={active}\nSubState={sub}\nResult={result}\nNRestarts={restarts}\n"),
+        )
+        .unwrap();
+        std::fs::rename(tmp, self.p("bin/units").join(unit)).unwrap();
+    }
+
+    fn polls(&self) -> usize {
+        std::fs::read_to_string(self.p("bin/calls"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// Waits until the fake answered `n` more polls than now: the daemon has seen what was
+    /// written before.
+    fn wait_polls(&self, n: usize) {
+        let start = (self.polls(), Instant::now());
+        while self.polls() < start.0 + n {
+            assert!(start.1.elapsed() < Duration::from_secs(30), "no polls");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start(&self, url: &str) -> Daemon {
+        let config = self.p("xidwatch.toml");
+        let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake-tools");
+        std::fs::write(
+            &config,
+            format!(
+                "[kmsg]\npath = {:?}\n[nvml]\nenabled = false\nsysfs_root = {:?}\n[state]\ndir = {:?}\n[incidents]\nsettle_ms = 0\n[runbooks]\nsearch_path = [{:?}, {:?}]\n[services]\npoll_secs = 1\nunits = [\"nvidia-fabricmanager\", \"nvidia-persistenced\", \"dcgm\"]\nrestart_loop = {{ restarts = 3, window_secs = 300 }}\n[[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
+                self.p("kmsg"),
+                self.p("sys"),
+                self.p("state"),
+                self.p("bin"),
+                tools,
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args(["run", "--json", "--config"])
+            .arg(&config)
+            .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn xidwatch run");
+        let incidents: Got = Arc::default();
+        let log: Arc<Mutex<String>> = Arc::default();
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let i2 = incidents.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    i2.lock().unwrap().push(v);
+                }
+            }
+        });
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let mut l = l2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Daemon {
+            child,
+            incidents,
+            log,
+        }
+    }
+}
+
+fn wait_for(
+    what: &str,
+    got: &Got,
+    log: &Mutex<String>,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = got.lock().unwrap().iter().find(|v| pred(v)) {
+            return v.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no {what}; got: {:#?}\nlog:\n{}",
+            got.lock().unwrap(),
+            log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn count(got: &Got, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
+    got.lock().unwrap().iter().filter(|v| pred(v)).count()
+}
+
+impl Daemon {
+    fn stop(mut self) -> String {
+        super::support::sigterm(&self.child);
+        let status = self.child.wait().unwrap();
+        let log = self.log.lock().unwrap().clone();
+        assert_eq!(status.code(), Some(0), "{log}");
+        log
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn step<'a>(doc: &'a serde_json::Value, runbook: &str, name: &str) -> &'a serde_json::Value {
+    doc["evidence"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["runbook"] == runbook))
+        .and_then(|e| e["steps"].as_array())
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .unwrap_or_else(|| panic!("no step {name:?} of {runbook} in {doc:#}"))
+}
+
+/// The step ran and showed the unit's status, or was skipped because this machine has no
+/// systemd (a container): either way the page carries it, for this unit.
+fn shows_status(s: &serde_json::Value, unit: &str) {
+    let out = s["output"].as_str().unwrap_or_default();
+    let skipped = s.to_string().contains("systemd is not running here");
+    assert!(
+        skipped || (out.contains("FAKE-STATUS") && out.contains(unit)),
+        "{s:#}"
+    );
+}
+
+#[test]
+fn a_failed_unit_is_one_incident_paged_once_and_ends_when_verified_active() {
+    let h = Host::new();
+    h.unit(PD, "active", "running", "success", 0);
+    let (url, pages) = receiver();
+    let d = h.start(&url);
+    h.wait_polls(2);
+    h.unit(PD, "failed", "failed", "exit-code", 0);
+    let inc = wait_for("an incident", &d.incidents, &d.log, |v| {
+        v["kind"] == "service_down" && v["phase"] == "opened"
+    });
+    assert!(inc["title"].as_str().unwrap().contains(PD), "{inc:#}");
+    let page = wait_for("a page", &pages, &d.log, |v| {
+        v["kind"] == "service_down" && v["phase"] == "opened"
+    });
+    assert_eq!(page["severity"], "warning", "{page:#}");
+    shows_status(
+        step(&page, "service-down", "unit status"),
+        "nvidia-persistenced",
+    );
+    // Still failed for a few more polls: nothing new.
+    h.wait_polls(3);
+    h.unit(PD, "active", "running", "success", 0);
+    let done = wait_for("a resolved notice", &pages, &d.log, |v| {
+        v["kind"] == "service_down" && v["phase"] == "resolved"
+    });
+    assert!(
+        done["headline"]
+            .as_str()
+            .unwrap()
+            .contains("verified active again"),
+        "{done:#}"
+    );
+    h.wait_polls(2);
+    assert_eq!(count(&pages, |v| v["phase"] == "opened"), 1);
+    assert_eq!(count(&pages, |v| v["phase"] == "resolved"), 1);
+    let log = d.stop();
+    assert!(log.contains("verified active"), "{log}");
+}
+
+#[test]
+fn fabric_manager_restarting_in_a_loop_is_critical_with_the_fabric_state() {
+    let h = Host::new();
+    h.unit(FM, "active", "running", "success", 0);
+    let (url, pages) = receiver();
+    let d = h.start(&url);
+    for n in 1..=3 {
+        h.wait_polls(2);
+        h.unit(FM, "active", "running", "success", n);
+    }
+    let page = wait_for("a page", &pages, &d.log, |v| {
+        v["kind"] == "service_down" && v["phase"] == "opened"
+    });
+    assert!(
+        page["title"]
+            .as_str()
+            .unwrap()
+            .contains("restarting in a loop"),
+        "{page:#}"
+    );
+    assert_eq!(page["severity"], "critical", "{page:#}");
+    shows_status(
+        step(&page, "fabric-manager", "unit status"),
+        "nvidia-fabricmanager",
+    );
+    step(&page, "fabric-manager", "fabric state of every GPU");
+    // The restarts stop: active with the counter still, verified at the next poll.
+    let done = wait_for("a resolved notice", &pages, &d.log, |v| {
+        v["kind"] == "service_down" && v["phase"] == "resolved"
+    });
+    assert_eq!(done["id"], page["id"]);
+    assert_eq!(count(&pages, |v| v["phase"] == "opened"), 1);
+    d.stop();
+}
+
+#[test]
+fn units_not_installed_are_silent_and_a_missing_fabric_manager_is_said_once() {
+    let h = Host::new();
+    let (url, pages) = receiver();
+    let d = h.start(&url);
+    h.wait_polls(4);
+    let log = d.stop();
+    assert_eq!(
+        log.matches("is not installed and this host has no NVSwitch")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains("dcgm.service"), "{log}");
+    assert!(pages.lock().unwrap().is_empty());
+}
