@@ -417,9 +417,11 @@ pub async fn show(
     let text = String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(MAX_OUTPUT)]);
     let states = parse_show(&text);
     if states.is_empty() {
+        // One log line: systemctl's own message may span several (journald would split it).
         let err = String::from_utf8_lossy(&out.stderr[..out.stderr.len().min(512)])
-            .trim()
-            .to_string();
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
         return Err(format!(
             "{} show answered nothing ({}{}{err})",
             program.display(),

@@ -190,6 +190,7 @@ fn every_shipped_runbook_loads() {
             "config-rejected",
             "driver",
             "driver-unresponsive",
+            "fabric-manager",
             "fallback",
             "fallen-off-bus",
             "gpu-held",
@@ -199,6 +200,7 @@ fn every_shipped_runbook_loads() {
             "nvlink",
             "nvml-unavailable",
             "recovery-action",
+            "service-down",
             "sxid",
             "thermal-power"
         ]
