@@ -421,6 +421,12 @@ fn headline(inc: &Incident, escalation: Option<&str>) -> String {
             " (verified active again at {})",
             rfc3339(inc.last_seen_ms)
         ));
+    } else if inc.phase == IncidentPhase::Resolved && crate::incident::is_state(inc.kind) {
+        // A health check's incident ends only when the check passes again: say it was checked.
+        s.push_str(&format!(
+            " (passes again: verified at {})",
+            rfc3339(inc.last_seen_ms)
+        ));
     } else if inc.phase == IncidentPhase::Resolved {
         s.push_str(&format!(
             " (quiet since {}, {} occurrence(s))",

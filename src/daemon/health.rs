@@ -6,6 +6,8 @@
 //!   worker (off the runtime thread, under the call deadline), judges them (`crate::health`) and
 //!   checks the GPU count against the expected one; findings reach the pipeline as
 //!   [`NvmlMsg::Health`](super::nvml::NvmlMsg).
+//! - [`verified`]: a check that passes again ends its incident in the pipeline (a state:
+//!   `incident::is_state`), with a resolved notice that says it was verified.
 //! - [`Pages`]: what every page gets beside its runbook's evidence: how often this happened on the
 //!   board before (the history, recorded here when an incident opens), the repeat-offender
 //!   escalation, and the inventory diff for that GPU.
@@ -201,10 +203,13 @@ pub async fn health_loop(
         let Ok((readings, present)) = polled else {
             return;
         };
+        // Without readings (NVML off, not loaded, or not answering) nothing is verified: the
+        // checks' incidents stay open rather than end on silence.
         let mut found = match readings {
             Some(r) => checks.observe(&r, start.elapsed()),
             None => Vec::new(),
         };
+        let ended = checks.take_ended();
         let gauges = HealthGauges {
             expected_gpus: expected.count.map(|c| c as u64),
             present_gpus: present.as_ref().map(|p| p.len() as u64),
@@ -238,14 +243,25 @@ pub async fn health_loop(
             let _ = tokio::task::spawn_blocking(move || k.save(&m)).await;
             saved = memory;
         }
-        if found.is_empty() && gauges == last_gauges {
+        if found.is_empty() && ended.is_empty() && gauges == last_gauges {
             continue;
         }
         last_gauges = gauges.clone();
-        if tx.send(NvmlMsg::Health(found, gauges)).await.is_err() {
+        if tx
+            .send(NvmlMsg::Health(found, ended, gauges))
+            .await
+            .is_err()
+        {
             return;
         }
     }
+}
+
+/// A health check's verified end into the pipeline: the check passed again (for its window), so
+/// its incident (same kind and GPU) ends now with a resolved notice, not after a quiet period.
+pub(super) fn verified(p: &mut super::Pipeline, f: &Finding) {
+    p.engine
+        .resolve_state(f, crate::clock::Now::read(), &mut p.out_buf);
 }
 
 fn now_ms() -> u64 {

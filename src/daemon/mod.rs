@@ -187,6 +187,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 for (f, origin) in nvml_link.handle(msg, &tel, &mut p.classifier, &mut p.stats) {
                     p.feed(f, origin, Now::read(), false);
                 }
+                for f in nvml_link.take_verified() {
+                    health::verified(&mut p, &f);
+                }
                 // The probe's memory is part of the checkpoint: save it promptly when it moved.
                 let moved = nvml_link.probe_memory != p.ckpt.saved_probe;
                 p.flush(&nvml_link.probe_memory, moved).await;

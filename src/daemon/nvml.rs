@@ -36,8 +36,9 @@ pub enum NvmlMsg {
     /// One probe round's findings (GPUs missing from NVML's view or gone from the bus), and
     /// what the probe remembers after it (saved with the daemon's checkpoint).
     Probe(Vec<Finding>, super::probe::Memory),
-    /// One health round's findings (checks, the GPU count) and its gauges.
-    Health(Vec<Finding>, super::telemetry::HealthGauges),
+    /// One health round's findings (checks, the GPU count), its verified ends (checks that
+    /// pass again, whose incidents end: [`NvmlLink::take_verified`]) and its gauges.
+    Health(Vec<Finding>, Vec<Finding>, super::telemetry::HealthGauges),
 }
 
 /// NVML as the daemon holds it.
@@ -54,6 +55,9 @@ pub struct NvmlLink {
     health: tokio::task::JoinHandle<()>,
     /// The history and inventory diff every page carries.
     pages: super::health::Pages,
+    /// Verified ends of health checks from the last [`NvmlLink::handle`], for the pipeline to
+    /// end their incidents with (after that round's findings).
+    verified: Vec<Finding>,
 }
 
 /// Starts NVML (when enabled) and the probe. Waits for NVML's init at most the call timeout
@@ -77,6 +81,7 @@ pub async fn start(
         probe_memory: probe_memory.clone().unwrap_or_default(),
         health: tokio::spawn(async {}),
         pages: super::health::Pages::open(cfg.state_dir.clone(), cfg.history.clone()),
+        verified: Vec::new(),
     };
     let mut now = Vec::new();
     if cfg.nvml.enabled {
@@ -232,6 +237,11 @@ async fn probe_loop(
 }
 
 impl NvmlLink {
+    /// The verified ends the last [`NvmlLink::handle`] took in (health checks that pass again).
+    pub fn take_verified(&mut self) -> Vec<Finding> {
+        std::mem::take(&mut self.verified)
+    }
+
     /// The next message from NVML or the probe; pending forever when both have ended.
     pub async fn next(&mut self) -> Option<NvmlMsg> {
         self.rx.recv().await
@@ -266,8 +276,12 @@ impl NvmlLink {
                     })
                     .collect()
             }
-            NvmlMsg::Health(found, gauges) => {
+            NvmlMsg::Health(found, ended, gauges) => {
                 tel.set_health(gauges);
+                for mut f in ended {
+                    self.identify(&mut f);
+                    self.verified.push(f);
+                }
                 found
                     .into_iter()
                     .map(|mut f| {

@@ -100,6 +100,9 @@ pub struct GpuMemory {
 pub struct Checks {
     cfg: HealthConfig,
     gpus: BTreeMap<u32, GpuState>,
+    /// Verified ends since the last [`Checks::take_ended`]: a check that passes again ends its
+    /// incident (a state, `incident::is_state`) only on this word, never on silence.
+    ended: Vec<Finding>,
 }
 
 impl Checks {
@@ -107,6 +110,7 @@ impl Checks {
         Checks {
             cfg,
             gpus: BTreeMap::new(),
+            ended: Vec::new(),
         }
     }
 
@@ -198,6 +202,12 @@ impl Checks {
         out
     }
 
+    /// The verified ends of the polls since the last call: one finding per check that passed
+    /// again (its kind and GPU: the key of the incident it ends), for `Engine::resolve_state`.
+    pub fn take_ended(&mut self) -> Vec<Finding> {
+        std::mem::take(&mut self.ended)
+    }
+
     /// Judges one poll. `now` is monotonic time (any origin, never going back).
     pub fn observe(&mut self, readings: &[GpuReading], now: Duration) -> Vec<Finding> {
         let mut out = Vec::new();
@@ -210,38 +220,40 @@ impl Checks {
             let st = self.gpus.entry(r.index).or_default();
             st.pci = r.pci;
             let cfg = &self.cfg;
+            let ends = &mut self.ended;
             if cfg.temperature.enabled {
-                temperature(cfg, st, r, now, &mut out);
+                temperature(cfg, st, r, now, &mut out, ends);
             }
             if cfg.throttling.enabled {
-                throttling(cfg, st, r, &mut out);
+                throttling(cfg, st, r, &mut out, ends);
             }
             if cfg.pcie_link.enabled {
-                pcie_link(cfg, st, r, &mut out);
+                pcie_link(cfg, st, r, &mut out, ends);
             }
             if cfg.memory_repair.enabled {
-                memory_repair(st, r, &mut out);
+                memory_repair(st, r, &mut out, ends);
             }
             if cfg.ecc.enabled {
                 ecc(st, r, &mut out);
             }
             if cfg.recovery_action.enabled {
-                recovery(st, r, &mut out);
+                recovery(st, r, &mut out, ends);
             }
             if cfg.power.enabled {
-                power(cfg, st, r, now, &mut out);
+                power(cfg, st, r, now, &mut out, ends);
             }
             if cfg.gpu_held.enabled {
-                held(cfg, st, r, now, &mut out);
+                held(cfg, st, r, now, &mut out, ends);
             }
             if cfg.memory_growth.enabled {
-                growth(cfg, st, r, now, &mut out);
+                growth(cfg, st, r, now, &mut out, ends);
             }
             if cfg.fabric.enabled {
-                fabric(cfg, st, r, now, &mut out);
+                fabric(cfg, st, r, now, &mut out, ends);
             }
-            if r.persistence == Some(true) {
+            if r.persistence == Some(true) && st.persistence_told {
                 st.persistence_told = false;
+                ended(FindingKind::PersistenceModeOff, r, ends);
             }
             if cfg.persistence_mode.enabled && r.persistence == Some(false) && !st.persistence_told
             {
@@ -276,12 +288,15 @@ fn temperature(
     r: &GpuReading,
     now: Duration,
     out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
 ) {
     let Some(t) = r.temp_c else { return };
     let limit = temperature_limit(cfg, r);
     if t < limit {
         st.hot_since = None;
-        st.hot_told = false;
+        if std::mem::take(&mut st.hot_told) {
+            ended(FindingKind::GpuTemperature, r, ends);
+        }
         return;
     }
     let since = *st.hot_since.get_or_insert(now);
@@ -304,12 +319,20 @@ fn temperature(
     }
 }
 
-fn throttling(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+fn throttling(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
+) {
     let Some(bits) = r.throttle else { return };
     let hw = bits & (THROTTLE_HW_SLOWDOWN | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE);
     if hw == 0 {
         st.throttle_polls = 0;
-        st.throttle_told = false;
+        if std::mem::take(&mut st.throttle_told) {
+            ended(FindingKind::GpuThrottling, r, ends);
+        }
         return;
     }
     st.throttle_polls += 1;
@@ -339,7 +362,13 @@ fn throttling(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut V
     }
 }
 
-fn pcie_link(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+fn pcie_link(
+    cfg: &HealthConfig,
+    st: &mut GpuState,
+    r: &GpuReading,
+    out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
+) {
     let (Some(g), Some(gm), Some(w), Some(wm)) =
         (r.link_gen, r.link_gen_max, r.link_width, r.link_width_max)
     else {
@@ -356,7 +385,9 @@ fn pcie_link(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Ve
     }
     if g >= gm && w >= wm {
         st.link_polls = 0;
-        st.link_told = false;
+        if std::mem::take(&mut st.link_told) {
+            ended(FindingKind::PcieLinkDegraded, r, ends);
+        }
         return;
     }
     st.link_polls += 1;
@@ -378,13 +409,20 @@ fn pcie_link(cfg: &HealthConfig, st: &mut GpuState, r: &GpuReading, out: &mut Ve
     }
 }
 
-fn memory_repair(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+fn memory_repair(
+    st: &mut GpuState,
+    r: &GpuReading,
+    out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
+) {
     let pending = r.remap.is_some_and(|m| m.pending);
     let failed = r.remap.is_some_and(|m| m.failed);
     let pages = r.pages_pending == Some(true);
     let now = (pending, failed, pages);
     if !pending && !failed && !pages {
-        st.repair_told = None;
+        if st.repair_told.take().is_some() {
+            ended(FindingKind::MemoryRepair, r, ends);
+        }
         return;
     }
     if st.repair_told == Some(now) {
@@ -448,10 +486,12 @@ fn recovery_of(v: u32) -> RecoveryAction {
     }
 }
 
-fn recovery(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
+fn recovery(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>, ends: &mut Vec<Finding>) {
     let Some(v) = r.recovery else { return };
     if v == 0 {
-        st.recovery_told = None;
+        if st.recovery_told.take().is_some() {
+            ended(FindingKind::RecoveryAction, r, ends);
+        }
         return;
     }
     if st.recovery_told == Some(v) {
@@ -478,6 +518,7 @@ fn power(
     r: &GpuReading,
     now: Duration,
     out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
 ) {
     let (Some(p), Some(l)) = (r.power_mw, r.limit_mw) else {
         return;
@@ -485,7 +526,9 @@ fn power(
     let over = u64::from(l) * (100 + u64::from(cfg.power.margin_percent)) / 100;
     if u64::from(p) <= over || l == 0 {
         st.power_since = None;
-        st.power_told = false;
+        if std::mem::take(&mut st.power_told) {
+            ended(FindingKind::PowerOverLimit, r, ends);
+        }
         return;
     }
     let since = *st.power_since.get_or_insert(now);
@@ -511,13 +554,22 @@ fn power(
     }
 }
 
-/// Says in the log that an episode is over (the GPU free for its window), which the failing gauge
-/// also shows; the incident itself closes by its quiet period, like the others.
-fn ended(kind: FindingKind, r: &GpuReading) {
+/// A reported check passes again (for its whole window where it has one): said in the log, and
+/// a verified end for the pipeline, the only thing that ends the check's incident (a state:
+/// silence from a check that reports once per episode proves nothing). The finding carries the
+/// kind and GPU of the incident it ends.
+fn ended(kind: FindingKind, r: &GpuReading, ends: &mut Vec<Finding>) {
     let at = r
         .pci
         .map_or_else(|| format!("GPU {}", r.index), |p| p.to_string());
-    tracing::info!("health check {kind} passes again on {at} for its whole window");
+    tracing::info!("health check {kind} passes again on {at}: verified, its incident ends");
+    ends.push(finding(
+        kind,
+        None,
+        r,
+        format!("health check {kind} passes again"),
+        format!("{kind} passes again"),
+    ));
 }
 
 /// The holders for a finding's lines, one per process.
@@ -537,6 +589,7 @@ fn held(
     r: &GpuReading,
     now: Duration,
     out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
 ) {
     let Some(procs) = &r.procs else { return };
     let c = &cfg.gpu_held;
@@ -573,7 +626,7 @@ fn held(
                 ),
             ));
         }
-        Step::Ended => ended(FindingKind::GpuHeldNoProcess, r),
+        Step::Ended => ended(FindingKind::GpuHeldNoProcess, r, ends),
         Step::Nothing => {}
     }
     let gone: Vec<&GpuProcess> = procs
@@ -608,7 +661,7 @@ fn held(
                 ),
             ));
         }
-        Step::Ended => ended(FindingKind::GpuHeldByGoneProcess, r),
+        Step::Ended => ended(FindingKind::GpuHeldByGoneProcess, r, ends),
         Step::Nothing => {}
     }
 }
@@ -621,6 +674,7 @@ fn growth(
     r: &GpuReading,
     now: Duration,
     out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
 ) {
     let Some(procs) = &r.procs else { return };
     let c = &cfg.memory_growth;
@@ -680,7 +734,7 @@ fn growth(
                 ),
             ));
         }
-        Step::Ended => ended(FindingKind::GpuMemoryGrowth, r),
+        Step::Ended => ended(FindingKind::GpuMemoryGrowth, r, ends),
         Step::Nothing => {}
     }
 }
@@ -693,6 +747,7 @@ fn fabric(
     r: &GpuReading,
     now: Duration,
     out: &mut Vec<Finding>,
+    ends: &mut Vec<Finding>,
 ) {
     let Some(f) = &r.fabric else { return };
     let window = Duration::from_secs(cfg.fabric.sustain_secs);
@@ -717,7 +772,7 @@ fn fabric(
                 ),
             ));
         }
-        Step::Ended => ended(FindingKind::FabricNotRegistered, r),
+        Step::Ended => ended(FindingKind::FabricNotRegistered, r, ends),
         Step::Nothing => {}
     }
 }

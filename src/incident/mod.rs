@@ -166,9 +166,34 @@ fn topic(f: &Finding) -> u32 {
 /// The deadline of an incident without a window.
 const NO_DEADLINE: u64 = u64::MAX;
 
-/// Kinds that are a state, not an event: open until their source sees the state gone.
-fn is_state(kind: FindingKind) -> bool {
-    kind == FindingKind::ServiceDown
+/// Kinds that are a state, not an event: open until their source verifies the state is gone
+/// ([`Engine::resolve_state`]), never closed by a window or resolved by a quiet period. A
+/// health check that still fails is quiet only because it reports once per episode: resolving
+/// it on silence would declare a GPU fine while the check says otherwise. The one list the
+/// engine, the alert headline and the health task's verified ends go by.
+///
+/// - `service_down`: the service watch sees the unit active again.
+/// - The health checks of `crate::health` that track a condition (not an increase like
+///   `ecc_dbe_increase`): the check passes again (for its window where it has one).
+///
+/// `gpu_missing` is not one: the lost-GPU probe reports it too, and it folds with Xid 79.
+pub fn is_state(kind: FindingKind) -> bool {
+    use FindingKind as K;
+    matches!(
+        kind,
+        K::ServiceDown
+            | K::GpuTemperature
+            | K::GpuThrottling
+            | K::PcieLinkDegraded
+            | K::MemoryRepair
+            | K::RecoveryAction
+            | K::PowerOverLimit
+            | K::PersistenceModeOff
+            | K::GpuHeldNoProcess
+            | K::GpuHeldByGoneProcess
+            | K::GpuMemoryGrowth
+            | K::FabricNotRegistered
+    )
 }
 
 /// A closed incident waiting out its quiet period before its resolved notice.
@@ -375,12 +400,19 @@ impl Engine {
             }
             return;
         }
+        // A state incident stands alone: folded into another incident as an echo it could not
+        // end when verified, and an event folded into it would wait for the state's end.
+        if is_state(f.kind) {
+            self.open_new(f, key, family, rank, now, at_startup, runbook, out);
+            return;
+        }
         // 2. Within a new incident's settle delay, anything for the same GPU joins its first
         // alert: the strongest cause leads, the rest are echoes.
         if let Some(pci) = f.pci {
             let held = self
                 .open
                 .values()
+                .filter(|o| !is_state(o.key.kind))
                 .filter(|o| o.key.pci == Some(pci) && o.held() && now.mono_ms < o.settle_until_ms)
                 .min_by_key(|o| o.opened_mono_ms)
                 .map(|o| {
@@ -420,7 +452,7 @@ impl Engine {
             let target = self
                 .open
                 .values()
-                .filter(|o| o.key.pci == f.pci)
+                .filter(|o| o.key.pci == f.pci && !is_state(o.key.kind))
                 .filter(|o| {
                     (f.caused_by.is_some() && f.caused_by == o.key.xid)
                         || (is_echo_kind && f.caused_by.is_none())
@@ -510,7 +542,8 @@ impl Engine {
             }
         });
         let min_count = ov.and_then(|o| o.min_count).unwrap_or(1);
-        // A state incident (a service down) has no window: it ends when the state is seen gone
+        // A state incident (a service down, a failing health check) has no window: it ends
+        // when the state is verified gone
         // ([`Engine::resolve_state`]), however long that takes, and never on a timer.
         let window_ms = if is_state(f.kind) {
             NO_DEADLINE
@@ -640,10 +673,15 @@ impl Engine {
         }
     }
 
-    /// Ends the state incident `f` belongs to (same key: a service's unit) because its source
-    /// verified the state is gone: a resolved notice at once, no digest and no quiet period. A
-    /// key with no open incident is nothing to do (the source says "active" at every start).
+    /// Ends the state incident `f` belongs to (same key: a service's unit, a health check's
+    /// kind and GPU) because its source verified the state is gone: a resolved notice at once,
+    /// no digest and no quiet period. A key with no open incident is nothing to do (the source
+    /// says "active" at every start), and so is a kind that is no state ([`is_state`]): an
+    /// event ends by its quiet period, whatever a source says.
     pub fn resolve_state(&mut self, f: &Finding, now: impl Into<Now>, out: &mut Vec<Incident>) {
+        if !is_state(f.kind) {
+            return;
+        }
         let key = Key::of(f);
         let Some(o) = self.open.remove(&key) else {
             return;
@@ -1485,6 +1523,69 @@ mod tests {
         e2.tick(2_100, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].phase, IncidentPhase::Opened);
+    }
+
+    /// A health check's incident is a state: no window and no quiet period close it while the
+    /// check still fails; its verified end does, at once. It stands alone: an Xid on the same
+    /// GPU in its settle delay is its own page, and the check's own settle does not take it in.
+    #[test]
+    fn a_health_check_incident_ends_only_on_its_verified_end() {
+        let mut e = settling(2_000, 1_000);
+        let mut out = Vec::new();
+        let mut repair = Finding::new(
+            FindingKind::MemoryRepair,
+            Severity::Warning,
+            Category::Memory,
+            "GPU memory needs repair".to_string(),
+        );
+        repair.pci = PciAddress::parse("0000:17:00.0").ok();
+        e.push(repair.clone(), Origin::Nvml, 0, false, &mut out);
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 13, Severity::Warning, 1),
+            500,
+            &mut out,
+        );
+        e.tick(10_000_000, &mut out);
+        let phases: Vec<(FindingKind, IncidentPhase)> =
+            out.iter().map(|i| (i.kind, i.phase)).collect();
+        assert_eq!(
+            phases,
+            [
+                (FindingKind::MemoryRepair, IncidentPhase::Opened),
+                (FindingKind::Xid, IncidentPhase::Opened),
+                (FindingKind::Xid, IncidentPhase::Resolved),
+            ],
+            "{out:#?}"
+        );
+        assert_eq!(e.open_count(), 1, "the check's incident stays open");
+        e.resolve_state(&repair, 10_000_001, &mut out);
+        assert_eq!(out.len(), 4);
+        assert_eq!(
+            (out[3].kind, out[3].phase, out[3].id.as_str()),
+            (
+                FindingKind::MemoryRepair,
+                IncidentPhase::Resolved,
+                out[0].id.as_str()
+            )
+        );
+        assert_eq!(e.open_count(), 0);
+        // An event's "end" from a source is no end: it waits out its quiet period.
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 13, Severity::Warning, 9),
+            20_000_000,
+            &mut out,
+        );
+        e.tick(20_002_000, &mut out);
+        let n = out.len();
+        e.resolve_state(
+            &xid("0000:17:00.0", 13, Severity::Warning, 9),
+            20_002_001,
+            &mut out,
+        );
+        assert_eq!(out.len(), n);
+        assert_eq!(e.open_count(), 1);
     }
 
     /// Quiet for the quiet period after the window: one resolved notice; a new finding on the
