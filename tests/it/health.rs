@@ -756,7 +756,17 @@ fn a_gpu_held_by_nobody_opens_one_incident_per_case_after_its_window_and_ends_wh
         msg.contains("pid 4242 (python3, ") && msg.contains("uid 54321") && msg.contains("12345"),
         "{msg}"
     );
-    // GPUs 0 and 1 are free from 5 s on; each check ends after a whole free window.
+    // A state: no resolved notice while the GPU is still held (the first ones came at 3 s,
+    // GPUs 0 and 1 are held until 5 s).
+    let resolved = |pci: &str| {
+        arrivals(&d)
+            .into_iter()
+            .filter(|v| v["phase"] == "resolved" && v["pci"] == pci)
+            .collect::<Vec<_>>()
+    };
+    assert!(resolved("0000:17:00.0").is_empty(), "{:#?}", arrivals(&d));
+    // GPUs 0 and 1 are free from 5 s on; each check ends after a whole free window, and only
+    // then is its incident resolved, the same incident.
     d.wait_log(
         "health check gpu_held_no_process passes again on 0000:17:00.0",
         limit,
@@ -765,6 +775,13 @@ fn a_gpu_held_by_nobody_opens_one_incident_per_case_after_its_window_and_ends_wh
         "health check gpu_held_by_gone_process passes again on 0000:2a:00.0",
         limit,
     );
+    for (opened, pci) in [(&idle, "0000:17:00.0"), (&gone, "0000:2a:00.0")] {
+        let end = d.wait_for("the verified end", limit, |v| {
+            v["phase"] == "resolved" && v["pci"] == pci
+        });
+        assert_eq!(end["id"], opened["id"], "{end:#}");
+        assert_eq!(end["kind"], opened["kind"], "{end:#}");
+    }
     let status: serde_json::Value =
         serde_json::from_str(&m.cli(&config, &["status", "--json"])).unwrap();
     let failing = status["status"]["health"]["failing"].to_string();
@@ -773,6 +790,11 @@ fn a_gpu_held_by_nobody_opens_one_incident_per_case_after_its_window_and_ends_wh
     assert!(
         failing.contains("[\"gpu_held_by_gone_process\",\"0000:3b:00.0\"]"),
         "the zombie still holds GPU 2: {failing}"
+    );
+    assert!(
+        resolved("0000:3b:00.0").is_empty(),
+        "the zombie's incident stays open: {:#?}",
+        arrivals(&d)
     );
     // By now (more than two windows in), the live process and the spike opened nothing, and
     // each case opened one incident.
@@ -791,6 +813,7 @@ fn a_gpu_held_by_nobody_opens_one_incident_per_case_after_its_window_and_ends_wh
             .filter(|v| v["kind"] == kind && v["pci"] == pci)
             .map(|v| v["id"].to_string())
             .collect();
+        ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), 1, "{kind} on {pci}: {all:#?}");
     }
@@ -842,5 +865,72 @@ fn fabric_registration_in_progress_past_its_window_is_found_and_completed_ends_i
         .into_iter()
         .collect();
     assert_eq!(fabric.len(), 1, "{all:#?}");
+    d.stop();
+}
+
+/// A health check's incident is a state: a pending row remap stays open past a short window
+/// and quiet period while the fake still reports it (the check reports once, then is silent),
+/// and is resolved, with a notice that says it was verified, only once the remap is done.
+#[test]
+fn a_pending_row_remap_is_resolved_only_when_the_check_verifies_it_done() {
+    let m = Machine::new();
+    let (url, got) = receiver();
+    // The remap is pending until 7 s; the other GPU is healthy throughout.
+    m.boot(
+        "66666666-6666-6666-6666-666666666666",
+        "init ok\n\
+         device pci=0000:17:00.0 serial=B0 remap_corr=0 remap_unc=1 remap_pending=1\n\
+         device pci=0000:2a:00.0 serial=B1 remap_corr=0 remap_unc=0 remap_pending=0\n\
+         set at_ms=7000 gpu=0 remap_pending=0\n",
+        "",
+    );
+    let config = m.config(&format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n[incidents]\nwindow_secs = 1\nquiet_secs = 1\n"
+    ));
+    let d = m.start(&config);
+    let limit = Duration::from_secs(30);
+    let opened = d.wait_for("memory_repair", limit, |v| v["kind"] == "memory_repair");
+    let seen = Instant::now();
+    assert_eq!(opened["pci"], "0000:17:00.0", "{opened:#}");
+    // Past its window and quiet period (2 s) with room to spare: an event would be resolved by
+    // now; this one stays open while the check still fails.
+    wait_until("three seconds past the page", limit, || {
+        assert!(
+            !arrivals(&d).iter().any(|v| v["phase"] == "resolved"),
+            "resolved while the remap is still pending: {:#?}",
+            arrivals(&d)
+        );
+        seen.elapsed() >= Duration::from_secs(3)
+    });
+    let status: serde_json::Value =
+        serde_json::from_str(&m.cli(&config, &["status", "--json"])).unwrap();
+    let failing = status["status"]["health"]["failing"].to_string();
+    assert!(
+        failing.contains("[\"memory_repair\",\"0000:17:00.0\"]"),
+        "the check still fails: {failing}"
+    );
+    assert!(!arrivals(&d).iter().any(|v| v["phase"] == "resolved"));
+    // The remap is done at 7 s: the check passes, and the same incident ends.
+    let end = d.wait_for("the verified end", limit, |v| v["phase"] == "resolved");
+    assert_eq!(end["id"], opened["id"], "{end:#}");
+    d.wait_log(
+        "health check memory_repair passes again on 0000:17:00.0",
+        limit,
+    );
+    wait_until("the resolved notice on the webhook", limit, || {
+        got.lock().unwrap().iter().any(|v| v["phase"] == "resolved")
+    });
+    let hooks = got.lock().unwrap().clone();
+    let notice = hooks.iter().find(|v| v["phase"] == "resolved").unwrap();
+    let headline = notice["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("[RESOLVED]") && headline.contains("(passes again: verified at "),
+        "{headline}"
+    );
+    assert_eq!(
+        hooks.iter().filter(|v| v["phase"] == "resolved").count(),
+        1,
+        "{hooks:#?}"
+    );
     d.stop();
 }
