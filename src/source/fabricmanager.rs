@@ -227,7 +227,8 @@ pub struct Follower {
     path: PathBuf,
     saved: Option<LogPosition>,
     open: Option<Open>,
-    /// False until the first file is opened in this run: only that one may start at the end.
+    /// False until the first file is opened (or found absent) in this run: only a file there at
+    /// the start may start at its end or at the saved position.
     opened_once: bool,
     said_absent: bool,
     said_error: bool,
@@ -270,6 +271,11 @@ impl Follower {
             Err(_) => true,
         };
         if renamed {
+            // Lines written between the read above and the stat are in the old file: read it
+            // to its end once more before letting it go.
+            if !self.read_new(emit) {
+                return false;
+            }
             let mut out = Vec::new();
             let c = &mut self.classifier;
             self.splitter.finish(&mut |l| classify_line(c, l, &mut out));
@@ -316,6 +322,9 @@ impl Follower {
         let (file, m) = match opened {
             Ok(x) => x,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // A file that appears from now on was created after the daemon looked: all of it
+                // is new.
+                self.opened_once = true;
                 if !self.said_absent {
                     self.said_absent = true;
                     emit(note(
