@@ -541,6 +541,16 @@ mod tests {
     }
 
     #[test]
+    fn config_keys_are_documented_ones_only() {
+        let c: FabricManagerConfig =
+            toml::from_str("enabled = false\nlog = \"/var/log/fm.log\"\npoll_ms = 500\n").unwrap();
+        assert_eq!((c.enabled, c.poll_ms), (false, 500));
+        assert_eq!(c.log, PathBuf::from("/var/log/fm.log"));
+        let e = toml::from_str::<FabricManagerConfig>("logfile = \"/x\"\n").unwrap_err();
+        assert!(e.to_string().contains("logfile"), "{e}");
+    }
+
+    #[test]
     fn config_refuses_a_relative_log_and_a_spinning_poll() {
         let ok = FabricManagerConfig::default();
         assert!(ok.validate().is_ok());
