@@ -235,6 +235,8 @@ pub struct Follower {
     splitter: LineSplitter,
     classifier: Classifier,
     reported_cut: u64,
+    /// The position last sent.
+    sent: Option<LogPosition>,
 }
 
 impl Follower {
@@ -249,6 +251,7 @@ impl Follower {
             splitter: LineSplitter::new(MAX_LINE),
             classifier: Classifier::new(),
             reported_cut: 0,
+            sent: None,
         }
     }
 
@@ -409,7 +412,7 @@ impl Follower {
                 return true;
             };
             let n = match o.file.read_at(&mut buf, o.read) {
-                Ok(0) => return true,
+                Ok(0) => return self.emit_read(Vec::new(), emit),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -440,13 +443,28 @@ impl Follower {
                     return false;
                 }
             }
-            let Some(pos) = self.position() else {
-                return true;
-            };
-            if !emit(FmLogEvent::Read { findings: out, pos }) {
+            // Quiet chunks only move the position: said once at the end of the backlog, so a
+            // long stretch of chatter is not a state-file write per chunk.
+            if !out.is_empty() && !self.emit_read(out, emit) {
                 return false;
             }
         }
+    }
+
+    /// Sends what was read with the position after it; false when the daemon is gone.
+    fn emit_read(
+        &mut self,
+        findings: Vec<Finding>,
+        emit: &mut impl FnMut(FmLogEvent) -> bool,
+    ) -> bool {
+        let Some(pos) = self.position() else {
+            return true;
+        };
+        if findings.is_empty() && self.sent == Some(pos) {
+            return true;
+        }
+        self.sent = Some(pos);
+        emit(FmLogEvent::Read { findings, pos })
     }
 }
 
@@ -538,6 +556,48 @@ mod tests {
         for junk in [&b"\xff\xff\xff"[..], b"[\xc3", b"] [ERROR] \xe2\x82", b""] {
             classify_line(&mut c, junk, &mut f);
         }
+    }
+
+    /// The follower on its own: a megabyte line, invalid UTF-8 and a torn record in the file
+    /// cost bounded memory, never a panic, and the next record is still found, once.
+    #[test]
+    fn the_follower_survives_odd_input_and_finds_the_next_record() {
+        use std::io::Write;
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("fm.log");
+        std::fs::write(&path, "old history\n").unwrap();
+        let mut f = Follower::new(path.clone(), None);
+        let mut got = Vec::new();
+        let mut emit = |ev| {
+            if let FmLogEvent::Read { findings, pos } = ev {
+                got.push((
+                    findings
+                        .into_iter()
+                        .filter_map(|f| f.xid)
+                        .collect::<Vec<_>>(),
+                    pos,
+                ));
+            }
+            true
+        };
+        assert!(f.poll(&mut emit));
+        let mut w = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        w.write_all(&vec![b'x'; 1 << 20]).unwrap();
+        w.write_all(b"\n\xff\xfe [ERROR] \xc3\n").unwrap();
+        let rec = "[Nov 14 2023 10:00:00] [ERROR] [tid 1234] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 0 port 18\n";
+        w.write_all(&rec.as_bytes()[..30]).unwrap();
+        assert!(f.poll(&mut emit));
+        w.write_all(&rec.as_bytes()[30..]).unwrap();
+        assert!(f.poll(&mut emit));
+        assert!(f.poll(&mut emit));
+        let xids: Vec<u32> = got.iter().flat_map(|(x, _)| x.clone()).collect();
+        assert_eq!(xids, vec![20034]);
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(got.last().map(|(_, p)| p.offset), Some(len));
+        assert_eq!(f.splitter.cut, 1);
     }
 
     #[test]
