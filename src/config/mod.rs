@@ -139,6 +139,8 @@ pub struct RawConfig {
     pub history: crate::health::config::HistoryConfig,
     /// `[services]`: the systemd units watched (docs/operating.md).
     pub services: crate::source::services::ServicesConfig,
+    /// `[fabricmanager]`: Fabric Manager's log, followed (docs/operating.md).
+    pub fabricmanager: crate::source::fabricmanager::FabricManagerConfig,
 }
 
 /// A validated configuration.
@@ -169,6 +171,7 @@ pub struct Config {
     pub inventory: crate::health::config::InventoryConfig,
     pub history: crate::health::config::HistoryConfig,
     pub services: crate::source::services::ServicesConfig,
+    pub fabricmanager: crate::source::fabricmanager::FabricManagerConfig,
 }
 
 /// A config error, always naming the file.
@@ -469,6 +472,7 @@ impl Config {
         crate::health::config::validate(&raw.health, &raw.inventory, &raw.history)
             .map_err(invalid)?;
         raw.services.validate().map_err(invalid)?;
+        raw.fabricmanager.validate().map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {
             if let Some(name) = &o.runbook {
@@ -507,6 +511,7 @@ impl Config {
             inventory: raw.inventory,
             history: raw.history,
             services: raw.services,
+            fabricmanager: raw.fabricmanager,
             channels_left_out,
         })
     }

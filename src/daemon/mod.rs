@@ -9,6 +9,7 @@
 
 pub(crate) mod checkpoint;
 pub mod control;
+mod fabricmanager;
 pub mod health;
 pub mod metrics;
 pub(crate) mod notify;
@@ -145,6 +146,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
 
     let (ops_shutdown, status_socket) = start_ops(cfg, &tel).await?;
     let (mut svc_rx, _svc_keep) = services::start(cfg);
+    let (mut fm_rx, _fm_keep) = fabricmanager::start(cfg, &state);
+    let mut fm_saved = None;
 
     let mut watchdog =
         tokio::time::interval(notifier.watchdog_every.unwrap_or(Duration::from_secs(3600)));
@@ -197,6 +200,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             Some(ev) = svc_rx.recv() => {
                 services::apply(&mut p, ev);
                 p.flush(&nvml_link.probe_memory, false).await;
+            }
+            Some(ev) = fm_rx.recv() => {
+                let pos = fabricmanager::apply(&mut p, ev);
+                // The position moves only once what was read is handed over and durable.
+                if p.flush(&nvml_link.probe_memory, false).await {
+                    if let Some(pos) = pos {
+                        fabricmanager::save(&state, &mut fm_saved, pos);
+                    }
+                }
             }
             _ = tokio::time::sleep(fold_wait), if p.classifier.has_pending() => {
                 p.fold_quiet();
@@ -908,6 +920,7 @@ async fn reload(
         ("inventory", new.inventory != current.inventory),
         ("history", new.history != current.history),
         ("services", new.services != current.services),
+        ("fabricmanager", new.fabricmanager != current.fabricmanager),
     ] {
         if changed {
             tracing::warn!("{what} changed: it takes effect at the next restart");
@@ -955,6 +968,7 @@ async fn reload(
     applied.inventory = current.inventory.clone();
     applied.history = current.history.clone();
     applied.services = current.services.clone();
+    applied.fabricmanager = current.fabricmanager.clone();
     *current = applied;
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());

@@ -1,5 +1,6 @@
 //! Sources: where raw kernel log text and NVML signals come from.
 
+pub mod fabricmanager;
 pub mod file;
 pub mod kmsg;
 pub mod nvml;

@@ -8,6 +8,7 @@ mod confine;
 mod corpus;
 mod daemon;
 mod e2e_alert;
+mod fabricmanager;
 mod families;
 mod fleet;
 mod health;
