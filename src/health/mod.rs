@@ -474,7 +474,10 @@ fn ecc(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
     }
 }
 
-/// NVML's recovery action values.
+/// NVML's recovery action values (`nvmlDeviceGpuRecoveryAction_t`). 5 is the newer bus reset
+/// (`NVML_GPU_RECOVERY_ACTION_GPU_RESET_BUS` in NVIDIA's Python bindings); a value this version
+/// does not know (the system reboot value among them, whose number no public header we hold
+/// gives) is kept and shown as its number, never taken for "none".
 fn recovery_of(v: u32) -> RecoveryAction {
     match v {
         0 => RecoveryAction::None,
@@ -482,6 +485,7 @@ fn recovery_of(v: u32) -> RecoveryAction {
         2 => RecoveryAction::NodeReboot,
         3 => RecoveryAction::DrainP2p,
         4 => RecoveryAction::DrainAndReset,
+        5 => RecoveryAction::BusReset,
         other => RecoveryAction::Other(format!("recovery action {other}")),
     }
 }
@@ -905,6 +909,16 @@ mod tests {
         let f = c.observe(&[link(4, 95)], Duration::ZERO);
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(f[0].title.contains("x4"), "{}", f[0].title);
+    }
+
+    #[test]
+    fn nvml_recovery_numbers_are_named_and_unknown_ones_kept() {
+        assert_eq!(recovery_of(4), RecoveryAction::DrainAndReset);
+        assert_eq!(recovery_of(5), RecoveryAction::BusReset);
+        assert_eq!(
+            recovery_of(9),
+            RecoveryAction::Other("recovery action 9".into())
+        );
     }
 
     #[test]
