@@ -173,7 +173,7 @@ fn topic(f: &Finding) -> u32 {
 /// "10 min", "45 s": a quiet period in the words of a resolved notice.
 fn quiet_words(ms: u64) -> String {
     let s = ms / 1000;
-    if s >= 60 && s % 60 == 0 {
+    if s >= 60 && s.is_multiple_of(60) {
         format!("{} min", s / 60)
     } else if s >= 60 {
         format!("{} min {} s", s / 60, s % 60)
@@ -257,9 +257,8 @@ pub struct Verification {
 /// Whether `seen` is the board `inc` was opened on: the same UUID, or where either UUID is
 /// unknown, the same serial. `None`: nothing to compare (the board was never identified).
 fn same_board(inc: &GpuIdentity, seen: &Reached) -> Option<bool> {
-    match (&inc.uuid, &seen.uuid) {
-        (Some(a), Some(b)) => return Some(a == b),
-        _ => {}
+    if let (Some(a), Some(b)) = (&inc.uuid, &seen.uuid) {
+        return Some(a == b);
     }
     match (&inc.serial, &seen.serial) {
         (Some(a), Some(b)) => Some(a == b),
@@ -633,7 +632,7 @@ impl Engine {
         // A state incident (a service down, a failing health check) has no window: it ends
         // when the state is verified gone
         // ([`Engine::resolve_state`]), however long that takes, and never on a timer.
-        let window_ms = if is_state(f.kind) || is_lost(f.kind, f.xid) {
+        let window_ms = if is_state(f.kind) {
             NO_DEADLINE
         } else {
             ov.and_then(|o| o.window_secs)
@@ -765,6 +764,23 @@ impl Engine {
         // Digests in a stable order: the earliest window first.
         due.sort();
         for (_, _, k) in due {
+            if is_lost(k.kind, k.xid) {
+                // A lost GPU's window ends with its digest, but not the incident: it stays open
+                // until a probe verifies the board back ([`Engine::verify_lost`]).
+                if let Some(o) = self.open.get_mut(&k) {
+                    o.deadline_ms = NO_DEADLINE;
+                    if o.emitted && (o.inc.count > o.told_count || o.echo_total > o.told_echoes) {
+                        o.told_count = o.inc.count;
+                        o.told_echoes = o.echo_total;
+                        o.told_mono_ms = now_ms;
+                        let mut inc = o.inc.clone();
+                        inc.phase = IncidentPhase::Digest;
+                        self.stats.digests += 1;
+                        out.push(inc);
+                    }
+                }
+                continue;
+            }
             if let Some(o) = self.open.remove(&k) {
                 self.close(o, out);
             }
@@ -1122,11 +1138,7 @@ impl Engine {
                 told_other: None,
                 told_mono_ms: p.opened_mono_ms,
             };
-            let mut open = open;
-            if is_lost(kind, p.xid) {
-                // Saved before lost GPUs had no window: it still must not end on a timer.
-                open.deadline_ms = NO_DEADLINE;
-            }
+
             match p.quiet_until_ms {
                 Some(until_ms) => {
                     self.quiet.insert(
@@ -1791,13 +1803,13 @@ mod tests {
         let mut out = Vec::new();
         feed(
             &mut e,
-            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            xid("0000:17:00.0", 48, Severity::Critical, 1),
             0,
             &mut out,
         );
         feed(
             &mut e,
-            xid("0000:17:00.0", 79, Severity::Critical, 2),
+            xid("0000:17:00.0", 48, Severity::Critical, 2),
             1_000,
             &mut out,
         );
@@ -1839,6 +1851,41 @@ mod tests {
         );
     }
 
+    /// A lost GPU (Xid 79) never resolves on silence, whatever the quiet period; a probe round
+    /// that sees another board is said once and ends nothing; the same board ends it, saying so.
+    #[test]
+    fn a_lost_gpu_ends_only_when_the_same_board_is_verified() {
+        let mut e = settling(0, 1_000);
+        let mut out = Vec::new();
+        let mut f = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        f.gpu.uuid = Some("GPU-a".into());
+        let pci = f.pci.unwrap();
+        feed(&mut e, f, 0, &mut out);
+        e.tick(10_000_000, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let round = |uuid: &str, at| Verification {
+            at_mono_ms: at,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some(uuid.into()),
+                serial: None,
+            }],
+        };
+        e.verify_lost(&round("GPU-b", 10_000_001), 10_000_001, &mut out);
+        e.verify_lost(&round("GPU-b", 10_000_002), 10_000_002, &mut out);
+        assert_eq!(out.len(), 2);
+        assert!(out[1].note.as_deref().unwrap().contains("different board"));
+        assert_eq!(e.open_count(), 1);
+        e.verify_lost(&round("GPU-a", 10_000_003), 10_000_003, &mut out);
+        assert_eq!(out[2].phase, IncidentPhase::Resolved);
+        assert_eq!(
+            out[2].note.as_deref(),
+            Some("recovered: GPU-a reachable again (same board)")
+        );
+        assert_eq!(e.open_count(), 0);
+    }
+
     /// A restart during the quiet period keeps the resolved notice.
     #[test]
     fn the_quiet_period_survives_a_restart() {
@@ -1846,7 +1893,7 @@ mod tests {
         let mut out = Vec::new();
         feed(
             &mut e,
-            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            xid("0000:17:00.0", 48, Severity::Critical, 1),
             0,
             &mut out,
         );
