@@ -4,7 +4,9 @@
 //! never carry sequence numbers, ids or timestamps, so a digest of the same incident updates the
 //! same Alertmanager alert instead of opening another. Annotations carry the words: summary,
 //! description, action, and a bounded evidence excerpt. `endsAt` is set `resolve_after_secs`
-//! after the send, since xidwatch does not re-send while a fault persists; the incident's
+//! after the send, since xidwatch does not re-send while a fault persists (an incident that
+//! ends only when verified, a lost GPU or a failing check, is kept firing until its resolved
+//! notice instead); the incident's
 //! resolved notice (after its quiet period) posts the same labels with `endsAt` = now, which
 //! resolves the alert at once.
 
@@ -18,6 +20,11 @@ use super::config::{check_http_url, AlertmanagerConfig};
 use super::document::{rfc3339, AlertDocument};
 use super::retry::{DeliveryError, FailureKind};
 use super::webhook::{header_map, http_client, post};
+
+/// `endsAt` for an alert that only its resolved notice ends (see [`ends_verified`]).
+///
+/// [`ends_verified`]: crate::incident::ends_verified
+const UNTIL_RESOLVED_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
 /// Labels xidwatch sets itself; configured extra labels may not use these names.
 pub const RESERVED_LABELS: &[&str] = &[
@@ -160,8 +167,15 @@ pub fn postable(
 
     // A resolved notice ends the alert now; otherwise it ends on its own after
     // `resolve_after_secs`, should the resolved notice never come (a restart in between).
+    // An incident that ends only when verified (a lost GPU, a failing check) must not end on a
+    // timer here: xidwatch does not re-send while it holds, so its alert fires until the
+    // resolved notice posts `endsAt` = now. Ten years stands for "until resolved".
+    let verified_end = crate::model::FindingKind::parse(&doc.kind)
+        .is_some_and(|k| crate::incident::ends_verified(k, doc.xid));
     let ends_ms = if doc.phase == super::document::Phase::Resolved {
         now_ms
+    } else if verified_end {
+        now_ms.saturating_add(UNTIL_RESOLVED_MS)
     } else {
         now_ms
             .max(doc.last_seen_ms)

@@ -242,6 +242,12 @@ impl AlertDocument {
             Some(v) => format!("{v}. {meaning}"),
             None => meaning,
         };
+        // An open incident's note is how it stands ("cannot verify recovery without NVML"):
+        // every channel shows the meaning, so the page says it.
+        let meaning = match (&inc.note, inc.phase) {
+            (Some(n), IncidentPhase::Opened | IncidentPhase::Digest) => format!("{meaning} {n}."),
+            _ => meaning,
+        };
         AlertDocument {
             schema: SCHEMA.to_string(),
             id: inc.id.clone(),
@@ -415,7 +421,17 @@ fn headline(inc: &Incident, escalation: Option<&str>) -> String {
         (None, None) => {}
     }
     s.push_str(inc.severity.as_str());
-    if inc.phase == IncidentPhase::Resolved && inc.kind == crate::model::FindingKind::ServiceDown {
+    if let (IncidentPhase::Resolved, Some(note)) = (inc.phase, &inc.note) {
+        // What ended it, as the engine knows it: "recovered: ... (same board)" for a lost GPU
+        // verified back, "quiet for 10 min" for an event that only stopped.
+        s.push_str(&format!(
+            " ({note}, since {}, {} occurrence(s))",
+            rfc3339(inc.last_seen_ms),
+            inc.count
+        ));
+    } else if inc.phase == IncidentPhase::Resolved
+        && inc.kind == crate::model::FindingKind::ServiceDown
+    {
         // A state incident ends when the state is seen gone, not when it has been quiet.
         s.push_str(&format!(
             " (verified active again at {})",
@@ -440,6 +456,10 @@ fn headline(inc: &Incident, escalation: Option<&str>) -> String {
             inc.count,
             duration_words(inc.last_seen_ms.saturating_sub(inc.first_seen_ms))
         ));
+        // A reminder ("still failing") or another board at a lost GPU's address.
+        if let Some(note) = &inc.note {
+            s.push_str(&format!(" ({note})"));
+        }
     }
     s
 }

@@ -156,6 +156,7 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
         runbook_override: None,
         dropped_alerts_before: 0,
         test: true,
+        note: None,
     };
     Alert {
         incident,

@@ -95,6 +95,7 @@ fn new_engine() -> Engine {
         // A saved log is read whole: nothing to wait for, nothing to resolve.
         settle_ms: 0,
         quiet_ms: 0,
+        remind_ms: 0,
     })
 }
 

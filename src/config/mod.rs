@@ -99,6 +99,9 @@ pub struct IncidentsConfig {
     /// window has closed): counted from the last finding, not from the window's end, since a
     /// fault that stopped long ago is over whatever window it opened. 0: never.
     pub quiet_secs: u64,
+    /// How often an incident that ends only when verified (a lost GPU, a failing check, a
+    /// service down) is told again while it holds, so it does not fade from a channel; 0: never.
+    pub remind_secs: u64,
     /// Hostname for alerts; when unset, `$NODE_NAME` (Kubernetes) if set, else the machine's.
     pub host: Option<String>,
 }
@@ -111,6 +114,7 @@ impl Default for IncidentsConfig {
             nvml_match_ms: 2000,
             settle_ms: 2000,
             quiet_secs: 600,
+            remind_secs: 0,
             host: None,
         }
     }

@@ -137,6 +137,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         &p.ckpt.boot_hex,
     )
     .await?;
+    // Without NVML a lost GPU's recovery cannot be verified: its page says so.
+    p.engine.set_can_verify(nvml_link.can_verify());
     for f in nvml_now {
         p.feed(f, Origin::Nvml, Now::read(), true);
     }
@@ -192,6 +194,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 }
                 for f in nvml_link.take_verified() {
                     health::verified(&mut p, &f);
+                }
+                p.engine.set_can_verify(nvml_link.can_verify());
+                if let Some(v) = nvml_link.take_lost_check() {
+                    p.engine.verify_lost(&v, Now::read(), &mut p.out_buf);
                 }
                 // The probe's memory is part of the checkpoint: save it promptly when it moved.
                 let moved = nvml_link.probe_memory != p.ckpt.saved_probe;
@@ -392,6 +398,7 @@ impl Pipeline {
             overrides: cfg.overrides.clone(),
             settle_ms: cfg.incidents.settle_ms,
             quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
+            remind_ms: cfg.incidents.remind_secs.saturating_mul(1000),
         });
         let mut probe_memory = None;
         match state.load_json::<SavedIncidents>(CHECKPOINT) {
@@ -934,6 +941,7 @@ async fn reload(
         new.incidents.settle_ms,
         new.incidents.quiet_secs.saturating_mul(1000),
     );
+    engine.set_remind_ms(new.incidents.remind_secs.saturating_mul(1000));
     out.runbooks = new.runbook_set.clone();
     let nvml = out.env.nvml.take();
     out.env = runbook_env(&new);

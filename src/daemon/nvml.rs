@@ -35,7 +35,11 @@ pub enum NvmlMsg {
     Event(NvmlEvent),
     /// One probe round's findings (GPUs missing from NVML's view or gone from the bus), and
     /// what the probe remembers after it (saved with the daemon's checkpoint).
-    Probe(Vec<Finding>, super::probe::Memory),
+    Probe(
+        Vec<Finding>,
+        super::probe::Memory,
+        Option<crate::incident::Verification>,
+    ),
     /// One health round's findings (checks, the GPU count), its verified ends (checks that
     /// pass again, whose incidents end: [`NvmlLink::take_verified`]) and its gauges.
     Health(Vec<Finding>, Vec<Finding>, super::telemetry::HealthGauges),
@@ -58,6 +62,8 @@ pub struct NvmlLink {
     /// Verified ends of health checks from the last [`NvmlLink::handle`], for the pipeline to
     /// end their incidents with (after that round's findings).
     verified: Vec<Finding>,
+    /// The last probe round NVML answered, for the pipeline to end lost-GPU incidents with.
+    lost_check: Option<crate::incident::Verification>,
 }
 
 /// Starts NVML (when enabled) and the probe. Waits for NVML's init at most the call timeout
@@ -82,6 +88,7 @@ pub async fn start(
         health: tokio::spawn(async {}),
         pages: super::health::Pages::open(cfg.state_dir.clone(), cfg.history.clone()),
         verified: Vec::new(),
+        lost_check: None,
     };
     let mut now = Vec::new();
     if cfg.nvml.enabled {
@@ -214,19 +221,34 @@ async fn probe_loop(
         }
         let w = worker.clone();
         let round = tokio::task::spawn_blocking(move || {
+            // Taken before NVML is asked: a finding after this is not answered by this round.
+            let at_mono_ms = crate::clock::Now::read().mono_ms;
             // A stuck or failing NVML says nothing about which GPUs are reachable: only the bus
-            // is compared then (the stuck driver is its own finding).
-            let reachable = w.and_then(|w| w.reachable_gpus().ok());
+            // is compared then (the stuck driver is its own finding), and nothing is verified.
+            let reached = w.and_then(|w| w.reached_gpus().ok());
+            let reachable: Option<Vec<_>> =
+                reached.as_ref().map(|r| r.iter().map(|g| g.pci).collect());
             let found = probe.check(reachable.as_deref());
-            (probe, found)
+            let verified = reached.and_then(|reached| {
+                let on_bus = probe.gpus_on_bus().ok()?.into_iter().collect();
+                Some(crate::incident::Verification {
+                    at_mono_ms,
+                    on_bus,
+                    reached,
+                })
+            });
+            (probe, found, verified)
         })
         .await;
-        let Ok((back, found)) = round else { return };
+        let Ok((back, found, verified)) = round else {
+            return;
+        };
         probe = back;
         let memory = probe.memory();
-        if (!found.is_empty() || memory != last)
+        // Every round NVML answered goes to the pipeline: it is what ends a lost GPU's incident.
+        if (!found.is_empty() || memory != last || verified.is_some())
             && tx
-                .send(NvmlMsg::Probe(found, memory.clone()))
+                .send(NvmlMsg::Probe(found, memory.clone(), verified))
                 .await
                 .is_err()
         {
@@ -240,6 +262,16 @@ impl NvmlLink {
     /// The verified ends the last [`NvmlLink::handle`] took in (health checks that pass again).
     pub fn take_verified(&mut self) -> Vec<Finding> {
         std::mem::take(&mut self.verified)
+    }
+
+    /// The probe round from the last [`NvmlLink::handle`], if NVML answered it.
+    pub fn take_lost_check(&mut self) -> Option<crate::incident::Verification> {
+        self.lost_check.take()
+    }
+
+    /// Whether NVML has opened, so a lost GPU's recovery can be verified.
+    pub fn can_verify(&self) -> bool {
+        self.worker.is_some() && self.opened
     }
 
     /// The next message from NVML or the probe; pending forever when both have ended.
@@ -263,8 +295,9 @@ impl NvmlLink {
         stats: &mut SourceStats,
     ) -> Vec<(Finding, Origin)> {
         match msg {
-            NvmlMsg::Probe(found, memory) => {
+            NvmlMsg::Probe(found, memory, verified) => {
                 self.probe_memory = memory;
+                self.lost_check = verified;
                 found
                     .into_iter()
                     .map(|mut f| {

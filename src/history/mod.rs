@@ -354,6 +354,7 @@ mod tests {
             runbook_override: None,
             dropped_alerts_before: 0,
             test: false,
+            note: None,
         }
     }
 

@@ -57,6 +57,9 @@ pub struct EngineConfig {
     /// How long an incident must be quiet (no new finding) after its window before a resolved
     /// notice goes out (0: never).
     pub quiet_ms: u64,
+    /// How often an incident that ends only when verified ([`ends_verified`]) is told again
+    /// while it holds (0: never), so a dead GPU does not fade from a channel that forgets.
+    pub remind_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -103,6 +106,10 @@ struct Open {
     settle_until_ms: u64,
     /// What the last alert already told, so a digest goes out only when there is news.
     told_count: u64,
+    /// A lost GPU: the other board already reported at its address, so it is said once.
+    told_other: Option<String>,
+    /// Monotonic time of the last alert out for it, for reminders.
+    told_mono_ms: u64,
     told_echoes: u64,
     echo_total: u64,
 }
@@ -163,6 +170,18 @@ fn topic(f: &Finding) -> u32 {
     (h.finish() as u32).max(1)
 }
 
+/// "10 min", "45 s": a quiet period in the words of a resolved notice.
+fn quiet_words(ms: u64) -> String {
+    let s = ms / 1000;
+    if s >= 60 && s.is_multiple_of(60) {
+        format!("{} min", s / 60)
+    } else if s >= 60 {
+        format!("{} min {} s", s / 60, s % 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
 /// The deadline of an incident without a window.
 const NO_DEADLINE: u64 = u64::MAX;
 
@@ -176,7 +195,8 @@ const NO_DEADLINE: u64 = u64::MAX;
 /// - The health checks of `crate::health` that track a condition (not an increase like
 ///   `ecc_dbe_increase`): the check passes again (for its window where it has one).
 ///
-/// `gpu_missing` is not one: the lost-GPU probe reports it too, and it folds with Xid 79.
+/// A lost GPU (Xid 79, fallen off the bus, GPU lost, `gpu_missing`) is a state too, but one of
+/// its own ([`is_lost`]): it folds with its bus family, so it is not in this list.
 pub fn is_state(kind: FindingKind) -> bool {
     use FindingKind as K;
     matches!(
@@ -195,6 +215,59 @@ pub fn is_state(kind: FindingKind) -> bool {
             | K::FabricNotRegistered
     )
 }
+
+/// A GPU gone from its bus or from NVML: Xid 79, "fallen off the bus", NVML's GPU lost, the
+/// probe's `gpu_missing`. Such a GPU does not come back by itself, so its silence in the log
+/// says nothing: the incident has no window and no quiet period, and ends only when a probe
+/// verifies the same board is on the bus and reachable through NVML again
+/// ([`Engine::verify_lost`]).
+pub fn is_lost(kind: FindingKind, xid: Option<u32>) -> bool {
+    use FindingKind as K;
+    matches!(
+        (kind, xid),
+        (K::Xid, Some(79)) | (K::FallenOffBus, _) | (K::GpuLost, _) | (K::GpuMissing, _)
+    )
+}
+
+/// Incidents that end only by a verified end (a state: [`is_state`], a lost GPU: [`is_lost`]),
+/// never by time: receivers must keep them firing until the resolved notice comes.
+pub fn ends_verified(kind: FindingKind, xid: Option<u32>) -> bool {
+    is_state(kind) || is_lost(kind, xid)
+}
+
+/// What NVML sees on one PCI address in a probe round: who answers there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reached {
+    pub pci: PciAddress,
+    pub uuid: Option<String>,
+    pub serial: Option<String>,
+}
+
+/// One probe round as evidence for ending lost-GPU incidents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verification {
+    /// Monotonic time the round started: a finding after it is not answered by it.
+    pub at_mono_ms: u64,
+    /// NVIDIA GPUs on the PCI bus (sysfs).
+    pub on_bus: Vec<PciAddress>,
+    /// GPUs NVML reached in that round, with who they said they are.
+    pub reached: Vec<Reached>,
+}
+
+/// Whether `seen` is the board `inc` was opened on: the same UUID, or where either UUID is
+/// unknown, the same serial. `None`: nothing to compare (the board was never identified).
+fn same_board(inc: &GpuIdentity, seen: &Reached) -> Option<bool> {
+    if let (Some(a), Some(b)) = (&inc.uuid, &seen.uuid) {
+        return Some(a == b);
+    }
+    match (&inc.serial, &seen.serial) {
+        (Some(a), Some(b)) => Some(a == b),
+        _ => None,
+    }
+}
+
+/// The page's words for a lost GPU that cannot be verified back.
+pub const NO_NVML_NOTE: &str = "xidwatch cannot verify recovery without NVML; this stays open until xidwatch runs with NVML and reaches the same board (same UUID or serial) on the bus again";
 
 /// A closed incident waiting out its quiet period before its resolved notice.
 #[derive(Debug, Clone)]
@@ -252,6 +325,8 @@ pub struct Engine {
     pub stats: EngineStats,
     /// Bumped by everything that changes what [`Engine::snapshot`] would return.
     changes: u64,
+    /// NVML runs, so a lost GPU's recovery can be verified; without it the page says it cannot.
+    can_verify: bool,
 }
 
 impl Engine {
@@ -263,6 +338,7 @@ impl Engine {
             quiet: HashMap::new(),
             stats: EngineStats::default(),
             changes: 0,
+            can_verify: true,
         }
     }
 
@@ -288,6 +364,17 @@ impl Engine {
         self.cfg.max_open = max_open;
         self.cfg.nvml_match_ms = nvml_match_ms;
         self.cfg.overrides = overrides;
+    }
+
+    /// Whether NVML runs (opened), so lost GPUs can be verified back. Without it, a lost GPU's
+    /// page says it cannot be, instead of promising an end that will never be checked.
+    pub fn set_can_verify(&mut self, yes: bool) {
+        self.can_verify = yes;
+    }
+
+    /// Sets how often incidents that end only when verified are told again (0: never).
+    pub fn set_remind_ms(&mut self, ms: u64) {
+        self.cfg.remind_ms = ms;
     }
 
     /// Number of open incidents.
@@ -568,6 +655,7 @@ impl Engine {
             severity: f.severity,
             category: f.category,
             title: title(&f),
+            note: (is_lost(f.kind, f.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string()),
             first_seen_ms: now.wall_ms,
             last_seen_ms: now.wall_ms,
             count: 1,
@@ -609,6 +697,8 @@ impl Engine {
                 told_count: 1,
                 told_echoes: 0,
                 echo_total: 0,
+                told_other: None,
+                told_mono_ms: now.mono_ms,
             },
         );
     }
@@ -643,6 +733,28 @@ impl Engine {
                 release(o, &mut self.stats, out);
             }
         }
+        if self.cfg.remind_ms > 0 {
+            let remind: Vec<Key> = self
+                .open
+                .values()
+                .filter(|o| o.emitted && ends_verified(o.key.kind, o.key.xid))
+                .filter(|o| now_ms.saturating_sub(o.told_mono_ms) >= self.cfg.remind_ms)
+                .map(|o| o.key)
+                .collect();
+            for k in remind {
+                if let Some(o) = self.open.get_mut(&k) {
+                    o.told_mono_ms = now_ms;
+                    let mut inc = o.inc.clone();
+                    inc.phase = IncidentPhase::Digest;
+                    inc.note = Some(match inc.note.take() {
+                        Some(n) => format!("still failing; {n}"),
+                        None => "still failing".to_string(),
+                    });
+                    self.stats.digests += 1;
+                    out.push(inc);
+                }
+            }
+        }
         let mut due: Vec<(u64, u64, Key)> = self
             .open
             .values()
@@ -652,6 +764,23 @@ impl Engine {
         // Digests in a stable order: the earliest window first.
         due.sort();
         for (_, _, k) in due {
+            if is_lost(k.kind, k.xid) {
+                // A lost GPU's window ends with its digest, but not the incident: it stays open
+                // until a probe verifies the board back ([`Engine::verify_lost`]).
+                if let Some(o) = self.open.get_mut(&k) {
+                    o.deadline_ms = NO_DEADLINE;
+                    if o.emitted && (o.inc.count > o.told_count || o.echo_total > o.told_echoes) {
+                        o.told_count = o.inc.count;
+                        o.told_echoes = o.echo_total;
+                        o.told_mono_ms = now_ms;
+                        let mut inc = o.inc.clone();
+                        inc.phase = IncidentPhase::Digest;
+                        self.stats.digests += 1;
+                        out.push(inc);
+                    }
+                }
+                continue;
+            }
             if let Some(o) = self.open.remove(&k) {
                 self.close(o, out);
             }
@@ -667,6 +796,8 @@ impl Engine {
             if let Some(q) = self.quiet.remove(&k) {
                 let mut inc = q.inc;
                 inc.phase = IncidentPhase::Resolved;
+                // What is true: it stopped, nobody checked that anything was fixed.
+                inc.note = Some(format!("quiet for {}", quiet_words(self.cfg.quiet_ms)));
                 self.stats.resolved += 1;
                 out.push(inc);
             }
@@ -695,6 +826,75 @@ impl Engine {
         inc.last_seen_ms = now.into().wall_ms;
         self.stats.resolved += 1;
         out.push(inc);
+    }
+
+    /// Ends the lost-GPU incidents ([`is_lost`]) a probe round verifies back: their GPU is on
+    /// the bus, NVML reaches it, and it is the same board (same UUID, or serial). A round that
+    /// started before the incident's last finding answers nothing about it. Another board at
+    /// the address is no recovery of this one: it is said once (a digest), and the incident
+    /// stays open. A new boot gets no pass: it counts only through these same checks.
+    pub fn verify_lost(&mut self, v: &Verification, now: impl Into<Now>, out: &mut Vec<Incident>) {
+        let now = now.into();
+        let mut ended = Vec::new();
+        for o in self.open.values_mut() {
+            let (Some(pci), true) = (o.key.pci, is_lost(o.key.kind, o.key.xid)) else {
+                continue;
+            };
+            if v.at_mono_ms < o.last_mono_ms || !v.on_bus.contains(&pci) {
+                continue;
+            }
+            let Some(seen) = v.reached.iter().find(|r| r.pci == pci) else {
+                continue;
+            };
+            let name = |g: &Option<String>, s: &Option<String>| {
+                g.clone()
+                    .or_else(|| s.as_ref().map(|s| format!("serial {s}")))
+                    .unwrap_or_else(|| "an unidentified GPU".to_string())
+            };
+            match same_board(&o.inc.gpu, seen) {
+                Some(true) => ended.push(o.key),
+                Some(false) => {
+                    let other = name(&seen.uuid, &seen.serial);
+                    if o.told_other.as_deref() == Some(other.as_str()) || !o.emitted {
+                        continue;
+                    }
+                    o.told_other = Some(other.clone());
+                    o.told_mono_ms = now.mono_ms;
+                    let mut inc = o.inc.clone();
+                    inc.phase = IncidentPhase::Digest;
+                    inc.note = Some(format!(
+                        "not recovered: {pci} now answers as {other}, a different board; {} has not come back",
+                        name(&o.inc.gpu.uuid, &o.inc.gpu.serial)
+                    ));
+                    self.stats.digests += 1;
+                    out.push(inc);
+                }
+                // Never identified: there is no telling whether this is the same board.
+                None => {}
+            }
+        }
+        ended.sort();
+        for k in ended {
+            let Some(o) = self.open.remove(&k) else {
+                continue;
+            };
+            self.changes += 1;
+            if !o.emitted {
+                continue;
+            }
+            let mut inc = o.inc;
+            inc.phase = IncidentPhase::Resolved;
+            inc.last_seen_ms = now.wall_ms;
+            let who = inc
+                .gpu
+                .uuid
+                .clone()
+                .or_else(|| inc.gpu.serial.as_ref().map(|s| format!("serial {s}")))
+                .unwrap_or_default();
+            inc.note = Some(format!("recovered: {who} reachable again (same board)"));
+            self.stats.resolved += 1;
+            out.push(inc);
+        }
     }
 
     /// Incidents closed and waiting out their quiet period, for `status`.
@@ -729,7 +929,9 @@ impl Engine {
             self.stats.digests += 1;
             out.push(inc.clone());
         }
-        if self.cfg.quiet_ms > 0 {
+        // A lost GPU closed early (a full table, `scan`) is not quiet: it is gone, and a resolved
+        // notice would declare it back.
+        if self.cfg.quiet_ms > 0 && !is_lost(key.kind, key.xid) {
             if self.quiet.len() >= self.cfg.max_open {
                 // Bounded like the open table: the one closest to resolving goes without notice.
                 if let Some(k) = self
@@ -919,6 +1121,7 @@ impl Engine {
                     runbook_override: None,
                     dropped_alerts_before: 0,
                     test: false,
+                    note: None,
                 },
                 key,
                 family: p.family,
@@ -932,7 +1135,10 @@ impl Engine {
                 told_count: p.told_count,
                 told_echoes: p.told_echoes,
                 echo_total: p.echo_total,
+                told_other: None,
+                told_mono_ms: p.opened_mono_ms,
             };
+
             match p.quiet_until_ms {
                 Some(until_ms) => {
                     self.quiet.insert(
@@ -1132,6 +1338,7 @@ mod tests {
             overrides: XidOverrides::default(),
             settle_ms: 0,
             quiet_ms: 0,
+            remind_ms: 0,
         })
     }
 
@@ -1596,13 +1803,13 @@ mod tests {
         let mut out = Vec::new();
         feed(
             &mut e,
-            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            xid("0000:17:00.0", 48, Severity::Critical, 1),
             0,
             &mut out,
         );
         feed(
             &mut e,
-            xid("0000:17:00.0", 79, Severity::Critical, 2),
+            xid("0000:17:00.0", 48, Severity::Critical, 2),
             1_000,
             &mut out,
         );
@@ -1644,6 +1851,41 @@ mod tests {
         );
     }
 
+    /// A lost GPU (Xid 79) never resolves on silence, whatever the quiet period; a probe round
+    /// that sees another board is said once and ends nothing; the same board ends it, saying so.
+    #[test]
+    fn a_lost_gpu_ends_only_when_the_same_board_is_verified() {
+        let mut e = settling(0, 1_000);
+        let mut out = Vec::new();
+        let mut f = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        f.gpu.uuid = Some("GPU-a".into());
+        let pci = f.pci.unwrap();
+        feed(&mut e, f, 0, &mut out);
+        e.tick(10_000_000, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let round = |uuid: &str, at| Verification {
+            at_mono_ms: at,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some(uuid.into()),
+                serial: None,
+            }],
+        };
+        e.verify_lost(&round("GPU-b", 10_000_001), 10_000_001, &mut out);
+        e.verify_lost(&round("GPU-b", 10_000_002), 10_000_002, &mut out);
+        assert_eq!(out.len(), 2);
+        assert!(out[1].note.as_deref().unwrap().contains("different board"));
+        assert_eq!(e.open_count(), 1);
+        e.verify_lost(&round("GPU-a", 10_000_003), 10_000_003, &mut out);
+        assert_eq!(out[2].phase, IncidentPhase::Resolved);
+        assert_eq!(
+            out[2].note.as_deref(),
+            Some("recovered: GPU-a reachable again (same board)")
+        );
+        assert_eq!(e.open_count(), 0);
+    }
+
     /// A restart during the quiet period keeps the resolved notice.
     #[test]
     fn the_quiet_period_survives_a_restart() {
@@ -1651,7 +1893,7 @@ mod tests {
         let mut out = Vec::new();
         feed(
             &mut e,
-            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            xid("0000:17:00.0", 48, Severity::Critical, 1),
             0,
             &mut out,
         );

@@ -64,6 +64,12 @@ pub struct Incident {
     /// A synthetic incident sent by `xidwatch test-alert`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub test: bool,
+    /// What is true about how this incident stands or ended, in words receivers show: "quiet
+    /// for 10 min" (an event: nothing was fixed, it only stopped), "recovered: GPU-... reachable
+    /// again (same board)", or why a lost GPU cannot be verified. Without it a resolved notice
+    /// would read as "fixed" whatever ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

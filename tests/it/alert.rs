@@ -97,6 +97,7 @@ fn xid79_incident() -> Incident {
         runbook_override: None,
         dropped_alerts_before: 0,
         test: false,
+        note: None,
     }
 }
 

@@ -13,6 +13,7 @@ mod families;
 mod fleet;
 mod health;
 mod install;
+mod lost;
 mod nvml;
 mod ops;
 mod page_cli;

@@ -60,6 +60,7 @@ fn incident(id: &str, sev: Severity, phase: IncidentPhase) -> Incident {
         runbook_override: None,
         dropped_alerts_before: 0,
         test: false,
+        note: None,
     }
 }
 

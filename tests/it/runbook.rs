@@ -149,6 +149,7 @@ fn incident(findings: Vec<Finding>, kind: FindingKind, xid: Option<u32>) -> Inci
         runbook_override: None,
         dropped_alerts_before: 0,
         test: false,
+        note: None,
     }
 }
 

@@ -307,6 +307,13 @@ impl NvmlWorker {
             .map_err(CallError::Failed)
     }
 
+    /// The GPUs NVML reaches now with who each says it is (UUID, serial), so the probe can tell
+    /// a lost board that came back from another board at its address.
+    pub fn reached_gpus(&self) -> Result<Vec<crate::incident::Reached>, CallError> {
+        self.call("nvmlDeviceGetCount", |nvml, _| super::reached(nvml))?
+            .map_err(CallError::Failed)
+    }
+
     /// One poll's health readings for every GPU NVML enumerated at init, in one request. The
     /// pids NVML lists are looked up in procfs afterwards, on the caller's thread, so the worker
     /// never waits on the filesystem.

@@ -39,7 +39,9 @@
 //! hex) and `vbios=TEXT`; a key never given makes its getter return NOT_SUPPORTED, as NVML does on
 //! boards without the sensor. `set at_ms=T gpu=N KEY=VALUE...` changes values from `T`
 //! milliseconds after init on, so a script can play a temperature that climbs and stays, a spike,
-//! or a link that drops under load.
+//! or a link that drops under load. `lost=1` makes the GPU lost (as `gpu_lost` does, without
+//! an event) and `lost=0` reachable again; `uuid=TEXT` makes it answer with another UUID, as
+//! another board at the same address would.
 //!
 //! Processes: `compute=PID:MIB,...` and `graphics=PID:MIB,...` on a `device` line or in a `set`
 //! give the lists `nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3` answer (`none`: an empty
@@ -215,6 +217,10 @@ struct SetValues {
     values: Vec<(&'static str, u64)>,
     /// New process lists: (`true` for graphics, the list).
     procs: Vec<(bool, Vec<(u32, Option<u64>)>)>,
+    /// `lost=1` / `lost=0`: the GPU is lost from then on / reachable again.
+    lost: Option<bool>,
+    /// `uuid=TEXT`: the GPU answers with another UUID from then on (another board).
+    uuid: Option<String>,
 }
 
 enum EventKind {
@@ -453,8 +459,11 @@ fn parse_set(words: &[&str]) -> Result<SetValues, String> {
     let mut gpu = None;
     let mut values = Vec::new();
     let mut procs = Vec::new();
+    let (mut lost, mut uuid) = (None, None);
     for (k, v) in key_values(words)? {
         match k {
+            "lost" => lost = Some(parse_value(k, v)? != 0),
+            "uuid" => uuid = Some(v.to_string()),
             "compute" => procs.push((false, parse_procs(v)?)),
             "graphics" => procs.push((true, parse_procs(v)?)),
             "at_ms" => at = Some(parse_value(k, v)?),
@@ -465,7 +474,7 @@ fn parse_set(words: &[&str]) -> Result<SetValues, String> {
             },
         }
     }
-    if values.is_empty() && procs.is_empty() {
+    if values.is_empty() && procs.is_empty() && lost.is_none() && uuid.is_none() {
         return Err("set needs at least one KEY=VALUE".into());
     }
     Ok(SetValues {
@@ -473,6 +482,8 @@ fn parse_set(words: &[&str]) -> Result<SetValues, String> {
         gpu: gpu.ok_or("set needs gpu=")?,
         values,
         procs,
+        lost,
+        uuid,
     })
 }
 
@@ -771,7 +782,11 @@ fn device_of(s: &State, handle: *mut c_void) -> Result<usize, NvmlReturn> {
 /// Runs `f` on the GPU behind `handle`.
 fn with_device(handle: *mut c_void, f: impl FnOnce(usize, &mut State) -> NvmlReturn) -> NvmlReturn {
     with_state(
-        |s| match device_of(s, handle).inspect(|_| apply_due_sets(s)) {
+        // Due sets first: one may make a lost GPU reachable again.
+        |s| match {
+            apply_due_sets(s);
+            device_of(s, handle)
+        } {
             Ok(i) => f(i, s),
             Err(code) => code,
         },
@@ -786,6 +801,12 @@ fn apply_due_sets(s: &mut State) {
             break;
         };
         if let Some(d) = s.devices.get_mut(set.gpu) {
+            if let Some(lost) = set.lost {
+                d.lost = lost;
+            }
+            if let Some(uuid) = set.uuid {
+                d.uuid = Some(uuid);
+            }
             for (k, v) in set.values {
                 d.values.insert(k, v);
             }
@@ -867,6 +888,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         if device.is_null() || i >= s.devices.len() {
             return ERROR_INVALID_ARGUMENT;
         }
+        apply_due_sets(s);
         if s.devices[i].lost {
             return ERROR_GPU_IS_LOST;
         }
