@@ -278,6 +278,9 @@ fn incident(title: &str, severity: Severity, last_seen_ms: u64) -> IncidentSumma
         first_seen_ms: last_seen_ms,
         last_seen_ms,
         count: 1,
+        kind: "xid".into(),
+        pci: None,
+        state: false,
     }
 }
 
