@@ -10,7 +10,8 @@
 //!   severity. For the host also a host-level incident of such a kind (a service down, the
 //!   driver failing to initialise) or any critical host-level incident.
 //! - `unknown`: the daemon cannot verify: there is no fresh status (the daemon is not running,
-//!   its status is unreadable, or its main loop is stuck), or NVML is down or disabled while an
+//!   its status is unreadable, or its main loop is stuck; this one overrides every other rule,
+//!   since an old status is no evidence either way), or NVML is down or disabled while an
 //!   open incident on the GPU is a state only NVML can see end.
 //! - `degraded`: an open warning incident.
 //! - `healthy`: otherwise. Info incidents never change a state.
@@ -267,11 +268,13 @@ pub fn judge(snap: &StatusSnapshot, freshness: &Freshness, now_ms: u64) -> Verdi
                 },
             )
         };
-        // What was failed stays failed (the last status said so); everything else is unknown.
+        // An old status is no evidence either way: a GPU it called failed may have been reset
+        // since (a reboot, a daemon restart), and one it called healthy may have fallen off
+        // the bus while nobody watched. The GPUs stay listed so a reader sees which.
         for (pci, g) in gpus.iter_mut() {
-            g.2.push(stale(Some(*pci)));
+            g.2 = vec![stale(Some(*pci))];
         }
-        host.push(stale(None));
+        host = vec![stale(None)];
     }
     let gpus: Vec<GpuVerdict> = gpus
         .into_iter()
@@ -542,7 +545,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_status_is_unknown_except_what_was_failed() {
+    fn a_stale_status_is_unknown_even_where_it_said_failed() {
         let open = vec![inc(
             "x79",
             FindingKind::Xid,
@@ -555,9 +558,10 @@ mod tests {
             &Freshness::Stale("xidwatch is not running".into()),
             1,
         );
-        assert_eq!(state(&v, "0000:17:00.0"), GpuState::Failed);
+        assert_eq!(state(&v, "0000:17:00.0"), GpuState::Unknown);
         assert_eq!(state(&v, "0000:65:00.0"), GpuState::Unknown);
-        assert_eq!(v.host.state, GpuState::Failed);
+        assert_eq!(v.host.state, GpuState::Unknown);
+        assert!(v.host.incidents.is_empty());
         let v = judge(&snap(true, vec![]), &Freshness::Stale("stuck".into()), 1);
         assert_eq!(v.host.state, GpuState::Unknown);
         assert_eq!(v.host.reasons[0].kind, "no_status");

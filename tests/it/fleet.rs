@@ -214,7 +214,7 @@ fn npd_check_healthz_and_node_name_against_a_live_daemon() {
     let doc: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(doc["host"], "gpu-node-17", "{doc:#}");
     let problem = n.npd_until(i32::from(EXIT_PROBLEM));
-    assert!(problem.starts_with("critical: "), "{problem}");
+    assert!(problem.starts_with("failed: "), "{problem}");
     assert!(problem.contains("fell off the bus"), "{problem}");
 
     // Stopped: unknown, never OK.
@@ -255,6 +255,7 @@ fn report(daemon: Liveness, status: Option<StatusSnapshot>) -> Report {
         age_ms: None,
         notes: vec!["cannot open the status socket: permission denied".into()],
         status,
+        verdict: xidwatch::verdict::no_status("not judged", 0),
     }
 }
 
@@ -321,12 +322,12 @@ fn npd_verdict_for_each_state() {
     );
     assert_eq!(code, EXIT_PROBLEM);
     assert_eq!(
-        msg,
-        "critical: GPU 0 (0000:17:00.0): double-bit ECC (Xid 48) (+1 more)"
+        msg, "failed: GPU 3 (0000:3b:00.0) fell off the bus (Xid 79) (+1 more)",
+        "the host's state and its oldest reason"
     );
     let (code, msg) = verdict(&report(Liveness::Running, Some(s)), Severity::Warning, now);
     assert_eq!(
-        (code, msg.ends_with("(+2 more)")),
+        (code, msg.ends_with("(Xid 79) (+1 more)")),
         (EXIT_PROBLEM, true),
         "{msg}"
     );
