@@ -295,6 +295,18 @@ pub fn judge(snap: &StatusSnapshot, freshness: &Freshness, now_ms: u64) -> Verdi
     }
 }
 
+/// The running daemon's own verdict (metrics, `GET /verdict`): its snapshot is fresh unless
+/// its main loop has stopped beating, as `/healthz` judges it.
+pub fn of_live(snap: &StatusSnapshot, now_ms: u64) -> Verdict {
+    let (ok, line) = crate::daemon::metrics::health(snap.heartbeat_ms, now_ms);
+    let freshness = if ok {
+        Freshness::Fresh
+    } else {
+        Freshness::Stale(format!("xidwatch is stuck: {line}"))
+    };
+    judge(snap, &freshness, now_ms)
+}
+
 impl Verdict {
     /// One line for people and schedulers: the host's state, then its first reason.
     pub fn line(&self) -> String {
