@@ -222,14 +222,17 @@ pub fn no_status(why: &str, now_ms: u64) -> Verdict {
     }
 }
 
+/// A GPU's NVML index and UUID, and the states its incidents put on it.
+type Candidates = (Option<u32>, Option<String>, Vec<(GpuState, Reason)>);
+
 /// The state of each GPU and of the host, from `snap`'s open incidents.
 pub fn judge(snap: &StatusSnapshot, freshness: &Freshness, now_ms: u64) -> Verdict {
     let nvml_up = snap.nvml.up;
-    let mut gpus: BTreeMap<PciAddress, (Option<u32>, Option<String>, Vec<(GpuState, Reason)>)> =
-        snap.gpus
-            .iter()
-            .map(|g| (g.pci, (Some(g.index), g.uuid.clone(), Vec::new())))
-            .collect();
+    let mut gpus: BTreeMap<PciAddress, Candidates> = snap
+        .gpus
+        .iter()
+        .map(|g| (g.pci, (Some(g.index), g.uuid.clone(), Vec::new())))
+        .collect();
     let mut host = Vec::new();
     for i in &snap.open_incidents {
         let Some(state) = state_of(i, nvml_up) else {
