@@ -216,6 +216,21 @@ fn npd_check_healthz_and_node_name_against_a_live_daemon() {
     let problem = n.npd_until(i32::from(EXIT_PROBLEM));
     assert!(problem.starts_with("failed: "), "{problem}");
     assert!(problem.contains("fell off the bus"), "{problem}");
+    // The same state, for machines, on the metrics listener.
+    let verdict = n.get("/verdict");
+    let (head, body) = verdict.split_once("\r\n\r\n").unwrap_or_default();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{verdict}");
+    assert!(head.contains("Content-Type: application/json"), "{verdict}");
+    let doc: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(doc["schema"], "xidwatch.verdict/v1", "{doc:#}");
+    assert_eq!(doc["host"]["state"], "failed", "{doc:#}");
+    assert_eq!(doc["gpus"][0]["pci"], "0000:3b:00.0", "{doc:#}");
+    assert_eq!(doc["gpus"][0]["state"], "failed", "{doc:#}");
+    let metrics = n.get("/metrics");
+    assert!(
+        metrics.contains("xidwatch_gpu_state{pci=\"0000:3b:00.0\",state=\"failed\"} 1"),
+        "{metrics}"
+    );
 
     // Stopped: unknown, never OK.
     xidwatch_sigterm(&child);

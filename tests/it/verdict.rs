@@ -395,3 +395,60 @@ fn validate(root: &Value, s: &Value, v: &Value, at: &str) -> Result<(), String> 
     }
     Ok(())
 }
+
+/// deploy/nhc/xidwatch.nhc under bash with NHC's `die` stubbed: it passes a healthy host, dies
+/// with the line otherwise, and its options let degraded or unknown pass.
+#[test]
+fn the_nhc_check_dies_with_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let nhc = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nhc/xidwatch.nhc");
+    let run = |args: &str| {
+        let script = format!(
+            "die() {{ echo \"DIE $1 $2\"; return 1; }}\n. {:?}\ncheck_xidwatch {args} --state-dir {:?}\necho \"rc=$?\"\n",
+            nhc.display().to_string(),
+            state.display().to_string()
+        );
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .env("XIDWATCH", env!("CARGO_BIN_EXE_xidwatch"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // No daemon: unknown, which dies unless let pass.
+    let out = run("");
+    assert!(
+        out.starts_with("DIE 1 check_xidwatch: xidwatch: unknown: ") && out.ends_with("rc=1\n"),
+        "{out}"
+    );
+    assert_eq!(run("--unknown-ok"), "rc=0\n");
+
+    let daemon = Daemon::start();
+    control::write_status_file(state, &snapshot_of(daemon.0.id(), vec![])).unwrap();
+    assert_eq!(run(""), "rc=0\n");
+    let warn = vec![incident(
+        "w1",
+        "xid",
+        Severity::Warning,
+        Some("0000:17:00.0"),
+    )];
+    control::write_status_file(state, &snapshot_of(daemon.0.id(), warn)).unwrap();
+    assert_eq!(
+        run(""),
+        "DIE 1 check_xidwatch: xidwatch: degraded: w1: xid\nrc=1\n"
+    );
+    assert_eq!(run("--degraded-ok"), "rc=0\n");
+    let lost = vec![incident(
+        "l",
+        "fallen_off_bus",
+        Severity::Critical,
+        Some("0000:3b:00.0"),
+    )];
+    control::write_status_file(state, &snapshot_of(daemon.0.id(), lost)).unwrap();
+    assert_eq!(
+        run("--degraded-ok --unknown-ok"),
+        "DIE 1 check_xidwatch: xidwatch: failed: l: fallen_off_bus\nrc=1\n"
+    );
+}
