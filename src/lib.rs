@@ -26,3 +26,4 @@ pub mod process_guard;
 pub mod runbook;
 pub mod source;
 pub(crate) mod state;
+pub mod verdict;

@@ -5,6 +5,7 @@
 
 pub mod explain;
 pub mod gpus;
+pub mod health_check;
 pub mod install;
 pub mod json;
 pub mod logging;
@@ -64,6 +65,14 @@ pub enum Command {
     Status(status::StatusArgs),
     /// node-problem-detector custom plugin: exit 0 no GPU fault, 1 fault open, 2 unknown.
     NpdCheck(npd::NpdCheckArgs),
+    /// Node health check for Slurm's HealthCheckProgram and NHC: one line, exit 0 healthy,
+    /// 1 degraded, 2 failed, 3 unknown. Reads the daemon's state; changes nothing.
+    #[command(after_help = "Exit status:
+  0  healthy: no open warning or critical incident
+  1  degraded: an open warning incident
+  2  failed: a GPU lost, an open critical incident, or a GPU service down
+  3  unknown: the daemon is not running or stuck, its status cannot be read, or NVML is down while a condition waits on it")]
+    HealthCheck(health_check::HealthCheckArgs),
     /// This boot's GPU inventory as the daemon stored it, or (--diff) what changed since the
     /// previous boot.
     Inventory(gpus::InventoryArgs),
@@ -216,6 +225,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Uninstall(args) => install::uninstall(&args),
         Command::Status(args) => status::run(&args),
         Command::NpdCheck(args) => npd::run(&args),
+        Command::HealthCheck(args) => health_check::run(&args),
         Command::Inventory(args) => gpus::inventory(&args),
         Command::History(args) => gpus::history(&args),
     }

@@ -6,20 +6,22 @@
 //! whole characters only. deploy/kubernetes/npd-xidwatch.yaml turns it into a `GPUFault` node
 //! condition; xidwatch itself never talks to the Kubernetes API.
 //!
-//! The verdict comes from the same status `xidwatch status` reads (socket, else `status.json`):
+//! The verdict is the host's state ([`crate::verdict`]) from the same status `xidwatch status`
+//! reads (socket, else `status.json`):
 //!
-//! - a problem while an incident of at least `--min-severity` (critical by default) is open;
-//!   the incident closes `[incidents] window_secs` after the fault's last repeat, and the
-//!   condition goes back to False then;
-//! - unknown when the daemon is not running, its status cannot be read, or its main loop has not
-//!   gone round for [`HEALTH_STALE`] (a stuck daemon sees nothing, so "no fault" would be a lie);
+//! - a problem while the host is `failed` (a GPU lost or with an open critical incident, a
+//!   service down): for as long as that lasts, not for an incident window; with
+//!   `--min-severity warning` also while it is `degraded`;
+//! - unknown while it is `unknown`: the daemon is not running, its status cannot be read, its
+//!   main loop has not gone round for a minute (a stuck daemon sees nothing, so "no fault"
+//!   would be a lie), or NVML is down while a health condition waits on it;
 //! - OK otherwise.
 
 use std::path::PathBuf;
 
-use super::status::{gather, span, state_dir, Liveness, Report};
-use crate::daemon::metrics::{health, HEALTH_STALE};
+use super::status::{gather, state_dir, verdict_of, Report};
 use crate::model::Severity;
+use crate::verdict::GpuState;
 
 /// Exit status: no GPU fault (condition False).
 pub const EXIT_OK: u8 = 0;
@@ -77,103 +79,49 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The exit status and the (uncut) message for what `status` found.
+/// The exit status and the (uncut) message for what `status` found. The host's state
+/// ([`crate::verdict`]) decides, so the condition stays True for as long as a GPU is failed:
+/// failed is a problem, unknown is Unknown, degraded is a problem only with
+/// `--min-severity warning` (or info, which also counts open info incidents), healthy is OK.
 pub fn verdict(r: &Report, min: Severity, now: u64) -> (u8, String) {
-    let snap = match (r.daemon, &r.status) {
-        (Liveness::Running, Some(s)) => s,
-        (Liveness::Running, None) => {
-            return (
-                EXIT_UNKNOWN,
-                format!(
-                    "unknown: xidwatch runs but its status is unreadable: {}",
-                    notes(r)
-                ),
-            )
-        }
-        (Liveness::NotRunning, Some(s)) => {
-            return (
-                EXIT_UNKNOWN,
-                format!(
-                    "unknown: xidwatch is not running (last status {} ago)",
-                    span(now.saturating_sub(s.taken_ms))
-                ),
-            )
-        }
-        (Liveness::NotRunning, None) => {
-            return (
-                EXIT_UNKNOWN,
-                format!(
-                    "unknown: xidwatch is not running (no status in {})",
-                    r.state_dir.display()
-                ),
-            )
-        }
-        (Liveness::Unknown, _) => {
-            return (
-                EXIT_UNKNOWN,
-                format!("unknown: cannot read xidwatch's status: {}", notes(r)),
-            )
-        }
+    let v = verdict_of(r, now);
+    let open_info = r
+        .status
+        .as_ref()
+        .is_some_and(|s| s.open_incidents_total > 0);
+    let problem = match v.host.state {
+        GpuState::Failed => true,
+        GpuState::Unknown => return (EXIT_UNKNOWN, v.line()),
+        GpuState::Degraded => min <= Severity::Warning,
+        GpuState::Healthy => min == Severity::Info && open_info,
     };
-    // A status from a daemon too old to report its heartbeat has 0: judge by the snapshot's age.
-    let beat = if snap.heartbeat_ms > 0 {
-        snap.heartbeat_ms
-    } else {
-        snap.taken_ms
+    if problem && v.host.state == GpuState::Healthy {
+        // Only info incidents: name the most recent one.
+        if let Some(i) = r
+            .status
+            .as_ref()
+            .and_then(|s| s.open_incidents.iter().max_by_key(|i| i.last_seen_ms))
+        {
+            return (EXIT_PROBLEM, format!("info: {}", i.title));
+        }
+    }
+    if problem {
+        return (EXIT_PROBLEM, v.line());
+    }
+    let (gpus, nvml) = match &r.status {
+        Some(s) if !s.nvml.up => (s.gpus.len(), format!(", NVML {}", s.nvml.state)),
+        Some(s) => (s.gpus.len(), String::new()),
+        None => (0, String::new()),
     };
-    if !health(beat, now).0 {
-        return (
-            EXIT_UNKNOWN,
-            format!(
-                "unknown: xidwatch is stuck: no progress for {} (limit {})",
-                span(now.saturating_sub(beat)),
-                span(HEALTH_STALE.as_millis() as u64)
-            ),
-        );
-    }
-    let mut faults: Vec<_> = snap
-        .open_incidents
-        .iter()
-        .filter(|i| i.severity >= min)
-        .collect();
-    // The worst first, then the most recent.
-    faults.sort_by(|a, b| {
-        b.severity
-            .cmp(&a.severity)
-            .then(b.last_seen_ms.cmp(&a.last_seen_ms))
-    });
-    match faults.split_first() {
-        Some((worst, rest)) => {
-            let more = if rest.is_empty() {
-                String::new()
-            } else {
-                format!(" (+{} more)", rest.len())
-            };
-            (
-                EXIT_PROBLEM,
-                format!("{}: {}{more}", worst.severity.as_str(), worst.title),
-            )
-        }
-        None => {
-            let nvml = if snap.nvml.up {
-                String::new()
-            } else {
-                format!(", NVML {}", snap.nvml.state)
-            };
-            (
-                EXIT_OK,
-                format!("ok: no GPU fault open ({} GPUs{nvml})", snap.gpus.len()),
-            )
-        }
-    }
-}
-
-fn notes(r: &Report) -> String {
-    if r.notes.is_empty() {
-        "no details".into()
+    let degraded = if v.host.state == GpuState::Degraded {
+        format!(", degraded: {}", v.host.reasons.len())
     } else {
-        r.notes.join("; ")
-    }
+        String::new()
+    };
+    (
+        EXIT_OK,
+        format!("ok: no GPU fault open ({gpus} GPUs{nvml}{degraded})"),
+    )
 }
 
 /// One line of at most `max` bytes: line breaks become spaces, and a longer message is cut at a

@@ -13,7 +13,9 @@ use serde::Serialize;
 use super::EXIT_CONFIG;
 use crate::config::{default_state_dir, Config, ConfigError, DEFAULT_PATH};
 use crate::daemon::control::{self, QueryError, STATUS_FILE_INTERVAL};
+use crate::daemon::metrics::{health, HEALTH_STALE};
 use crate::daemon::telemetry::StatusSnapshot;
+use crate::verdict::{judge, no_status, Freshness, GpuState, Verdict};
 
 /// Exit status: the daemon is not running.
 pub const EXIT_NOT_RUNNING: u8 = 3;
@@ -59,6 +61,9 @@ pub struct Report {
     pub notes: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<StatusSnapshot>,
+    /// The host's and each GPU's state ([`crate::verdict`], schema `xidwatch.verdict/v1`):
+    /// the one answer every reader of this status gives.
+    pub verdict: Verdict,
 }
 
 impl Report {
@@ -92,6 +97,39 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<u8> {
         print!("{}", render(&report, now_ms()));
     }
     Ok(report.exit_code())
+}
+
+/// The host's state, then every GPU that is not healthy with its reasons.
+fn render_state(o: &mut String, v: &Verdict, now: u64) {
+    use std::fmt::Write;
+    let _ = writeln!(o, "\nstate: {}", v.line());
+    for g in v
+        .gpus
+        .iter()
+        .filter(|g| g.judged.state != GpuState::Healthy)
+    {
+        let gpu = match g.index {
+            Some(i) => format!("GPU {i} {}", g.pci),
+            None => format!("GPU {}", g.pci),
+        };
+        let since = g
+            .judged
+            .since_ms
+            .map(|t| format!(" since {}", when(t, now)))
+            .unwrap_or_default();
+        let _ = writeln!(o, "  {gpu}  {}{since}", g.judged.state.as_str());
+        for reason in &g.judged.reasons {
+            let _ = writeln!(o, "    {}", reason.title);
+        }
+    }
+    let healthy = v
+        .gpus
+        .iter()
+        .filter(|g| g.judged.state == GpuState::Healthy)
+        .count();
+    if healthy > 0 && healthy < v.gpus.len() {
+        let _ = writeln!(o, "  {healthy} other GPU(s) healthy");
+    }
 }
 
 /// The state directory the config names. Status needs nothing else from the config, so a file
@@ -136,13 +174,80 @@ fn clone_error(e: &ConfigError) -> ConfigError {
     }
 }
 
-/// Asks the socket, then falls back to `status.json`.
+/// Asks the socket, then falls back to `status.json`, and judges the state from what it found.
 pub async fn gather(state_dir: PathBuf) -> Report {
+    gather_within(state_dir, SOCKET_TIMEOUT).await
+}
+
+/// [`gather`], with the socket given `timeout` to answer (`health-check` must be quick).
+pub async fn gather_within(state_dir: PathBuf, timeout: Duration) -> Report {
+    let mut r = gather_raw(state_dir, timeout).await;
+    r.verdict = verdict_of(&r, now_ms());
+    r
+}
+
+/// Whether `r`'s status can be trusted now; `Err` with the reason when there is none at all.
+/// The words are the ones `npd-check` and `health-check` print after `unknown: `.
+pub fn freshness(r: &Report, now: u64) -> Result<(&StatusSnapshot, Freshness), String> {
+    let notes = || {
+        if r.notes.is_empty() {
+            "no details".to_string()
+        } else {
+            r.notes.join("; ")
+        }
+    };
+    match (r.daemon, &r.status) {
+        (Liveness::Running, Some(s)) => {
+            // A status from a daemon too old to report its heartbeat has 0: judge by its age.
+            let beat = if s.heartbeat_ms > 0 {
+                s.heartbeat_ms
+            } else {
+                s.taken_ms
+            };
+            if health(beat, now).0 {
+                Ok((s, Freshness::Fresh))
+            } else {
+                let why = format!(
+                    "xidwatch is stuck: no progress for {} (limit {})",
+                    span(now.saturating_sub(beat)),
+                    span(HEALTH_STALE.as_millis() as u64)
+                );
+                Ok((s, Freshness::Stale(why)))
+            }
+        }
+        (Liveness::Running, None) => Err(format!(
+            "xidwatch runs but its status is unreadable: {}",
+            notes()
+        )),
+        (Liveness::NotRunning, Some(s)) => {
+            let why = format!(
+                "xidwatch is not running (last status {} ago)",
+                span(now.saturating_sub(s.taken_ms))
+            );
+            Ok((s, Freshness::Stale(why)))
+        }
+        (Liveness::NotRunning, None) => Err(format!(
+            "xidwatch is not running (no status in {})",
+            r.state_dir.display()
+        )),
+        (Liveness::Unknown, _) => Err(format!("cannot read xidwatch's status: {}", notes())),
+    }
+}
+
+/// The state of the host and its GPUs from what `status` found.
+pub fn verdict_of(r: &Report, now: u64) -> Verdict {
+    match freshness(r, now) {
+        Ok((s, f)) => judge(s, &f, now),
+        Err(why) => no_status(&why, now),
+    }
+}
+
+async fn gather_raw(state_dir: PathBuf, timeout: Duration) -> Report {
     let sock = control::socket_path(&state_dir);
     let mut notes = Vec::new();
     let mut answered = false;
     let mut denied = false;
-    match control::query_status(&sock, SOCKET_TIMEOUT).await {
+    match control::query_status(&sock, timeout).await {
         Ok(snap) => {
             return Report {
                 daemon: Liveness::Running,
@@ -151,6 +256,7 @@ pub async fn gather(state_dir: PathBuf) -> Report {
                 state_dir,
                 notes,
                 status: Some(snap),
+                verdict: no_status("not judged yet", 0),
             }
         }
         Err(QueryError::NotListening { .. }) => {}
@@ -211,6 +317,7 @@ pub async fn gather(state_dir: PathBuf) -> Report {
                 state_dir,
                 notes,
                 status: Some(snap),
+                verdict: no_status("not judged yet", 0),
             }
         }
         None => Report {
@@ -226,6 +333,7 @@ pub async fn gather(state_dir: PathBuf) -> Report {
             state_dir,
             notes,
             status: None,
+            verdict: no_status("not judged yet", 0),
         },
     }
 }
@@ -318,6 +426,7 @@ pub fn render(r: &Report, now: u64) -> String {
     for n in &r.notes {
         let _ = writeln!(o, "  note: {n}");
     }
+    render_state(&mut o, &r.verdict, now);
     let Some(s) = &r.status else {
         return o;
     };
@@ -496,6 +605,7 @@ mod tests {
             age_ms: None,
             notes: Vec::new(),
             status: None,
+            verdict: no_status("xidwatch is not running", 0),
         };
         assert_eq!(r.exit_code(), 3);
         let text = render(&r, 0);

@@ -4,8 +4,11 @@
 //! The HTTP side is deliberately tiny (one request per connection, `Connection: close`): a
 //! bounded request head, a per-connection deadline and a cap on connections served at once, so a
 //! stuck or hostile client costs a few kilobytes and a few seconds, never the daemon. Anything but
-//! `GET`/`HEAD /metrics` and `/healthz` gets a 404 (or 405), and nothing the client sends is
-//! echoed back.
+//! `GET`/`HEAD /metrics`, `/healthz` and `/verdict` gets a 404 (or 405), and nothing the
+//! client sends is echoed back.
+//!
+//! `GET /verdict` is the GPU state for machines: the `xidwatch.verdict/v1` document
+//! ([`crate::verdict`], docs/verdict.schema.json), always 200, the state in the body.
 //!
 //! `GET /healthz` is the liveness check (the DaemonSet's `livenessProbe`): 200 while the
 //! daemon's main loop keeps going round, 503 once it has not for [`HEALTH_STALE`]. A TCP check
@@ -264,6 +267,38 @@ impl Collector for SnapshotCollector {
                 m.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
         }
+        // The one state (crate::verdict), every state a series so `== 1` selects and a change
+        // of state never leaves a stale series at 1.
+        let verdict = crate::verdict::of_live(s, s.taken_ms);
+        {
+            let mut m = family(
+                e,
+                "xidwatch_gpu_state",
+                "1 for the state each GPU is in (healthy, degraded, unknown, failed), 0 for the others; the state GET /verdict explains.",
+                MetricType::Gauge,
+            )?;
+            for g in &verdict.gpus {
+                let pci = g.pci.to_string();
+                for st in crate::verdict::GpuState::ALL {
+                    let labels: Labels = vec![("pci", &pci), ("state", st.as_str())];
+                    m.encode_family(&labels)?
+                        .encode_gauge(&i64::from(g.judged.state == st))?;
+                }
+            }
+        }
+        {
+            let mut m = family(
+                e,
+                "xidwatch_host_state",
+                "1 for the state the host is in (the worst of its GPUs and its host-level incidents), 0 for the others.",
+                MetricType::Gauge,
+            )?;
+            for st in crate::verdict::GpuState::ALL {
+                let labels: Labels = vec![("state", st.as_str())];
+                m.encode_family(&labels)?
+                    .encode_gauge(&i64::from(verdict.host.state == st))?;
+            }
+        }
 
         counter_family(
             e,
@@ -407,6 +442,7 @@ pub async fn serve(
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
     Metrics { head: bool },
+    Verdict { head: bool },
     Health { head: bool },
     NotFound,
     MethodNotAllowed,
@@ -437,7 +473,9 @@ fn route(head: &[u8]) -> Route {
         ("HEAD", "/metrics") => Route::Metrics { head: true },
         ("GET", "/healthz") => Route::Health { head: false },
         ("HEAD", "/healthz") => Route::Health { head: true },
-        (_, "/metrics" | "/healthz") => Route::MethodNotAllowed,
+        ("GET", "/verdict") => Route::Verdict { head: false },
+        ("HEAD", "/verdict") => Route::Verdict { head: true },
+        (_, "/metrics" | "/healthz" | "/verdict") => Route::MethodNotAllowed,
         _ => Route::NotFound,
     }
 }
@@ -471,6 +509,13 @@ async fn handle(mut stream: TcpStream, telemetry: &Telemetry) -> std::io::Result
             Route::Metrics { head } => {
                 ("200 OK", CONTENT_TYPE, render(&telemetry.snapshot()), head)
             }
+            Route::Verdict { head } => {
+                // 200 whatever the state: the document says it; a failed GPU is not a failed
+                // request.
+                let v = crate::verdict::of_live(&telemetry.snapshot(), now_ms());
+                let body = serde_json::to_string_pretty(&v).unwrap_or_default() + "\n";
+                ("200 OK", "application/json", body, head)
+            }
             Route::Health { head } => {
                 let (ok, line) = health(telemetry.heartbeat_ms(), now_ms());
                 let status = if ok {
@@ -483,7 +528,7 @@ async fn handle(mut stream: TcpStream, telemetry: &Telemetry) -> std::io::Result
             Route::NotFound => (
                 "404 Not Found",
                 "text/plain; charset=utf-8",
-                "not found; metrics are at /metrics, liveness at /healthz\n".to_string(),
+                "not found; metrics are at /metrics, liveness at /healthz, the GPU state at /verdict\n".to_string(),
                 false,
             ),
             Route::MethodNotAllowed => (
@@ -586,6 +631,14 @@ mod tests {
             route(b"POST /healthz HTTP/1.1\r\n\r\n"),
             Route::MethodNotAllowed
         );
+        assert_eq!(
+            route(b"GET /verdict HTTP/1.1\r\n\r\n"),
+            Route::Verdict { head: false }
+        );
+        assert_eq!(
+            route(b"DELETE /verdict HTTP/1.1\r\n\r\n"),
+            Route::MethodNotAllowed
+        );
         assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
         assert_eq!(route(b"GET /metrics/x HTTP/1.1\r\n\r\n"), Route::NotFound);
         assert_eq!(route(b"garbage\r\n\r\n"), Route::BadRequest);
@@ -627,6 +680,36 @@ mod tests {
             accepted_total: 5,
         }));
         t
+    }
+
+    #[test]
+    fn gpu_and_host_state_gauges_follow_the_verdict() {
+        let t = Telemetry::started(1_700_000_000_000, 1);
+        let inc = crate::daemon::telemetry::IncidentSummary {
+            id: "i79".into(),
+            title: "GPU 0 fell off the bus".into(),
+            severity: Severity::Critical,
+            first_seen_ms: 1,
+            last_seen_ms: 2,
+            count: 1,
+            kind: "fallen_off_bus".into(),
+            pci: PciAddress::parse("0000:3b:00.0").ok(),
+            state: false,
+        };
+        t.set_open_incidents(vec![inc]);
+        t.heartbeat();
+        let text = render(&t.snapshot());
+        for line in [
+            "xidwatch_gpu_state{pci=\"0000:3b:00.0\",state=\"failed\"} 1",
+            "xidwatch_gpu_state{pci=\"0000:3b:00.0\",state=\"healthy\"} 0",
+            "xidwatch_host_state{state=\"failed\"} 1",
+            "xidwatch_host_state{state=\"unknown\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line} in:\n{text}"
+            );
+        }
     }
 
     #[test]

@@ -89,6 +89,17 @@ pub struct IncidentSummary {
     pub first_seen_ms: u64,
     pub last_seen_ms: u64,
     pub count: u64,
+    /// The kind of the finding that opened it (`fallen_off_bus`, `xid`, ...): the GPU state
+    /// (`crate::verdict`) goes by it. Empty from a daemon too old to report it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// The GPU it is about; `None` for a host-level incident (a service, the driver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<PciAddress>,
+    /// A state kind: open until its source verifies the condition is gone, never closed by a
+    /// quiet period; with NVML down that check cannot run, so the GPU's state is unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub state: bool,
 }
 
 impl From<&Incident> for IncidentSummary {
@@ -100,6 +111,9 @@ impl From<&Incident> for IncidentSummary {
             first_seen_ms: i.first_seen_ms,
             last_seen_ms: i.last_seen_ms,
             count: i.count,
+            kind: i.kind.as_str().to_string(),
+            pci: i.pci,
+            state: crate::incident::is_state(i.kind),
         }
     }
 }
@@ -799,6 +813,9 @@ mod tests {
                 first_seen_ms: i,
                 last_seen_ms: i,
                 count: 1,
+                kind: "xid".into(),
+                pci: None,
+                state: false,
             })
             .collect();
         t.set_open_incidents(many);

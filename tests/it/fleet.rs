@@ -214,8 +214,23 @@ fn npd_check_healthz_and_node_name_against_a_live_daemon() {
     let doc: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(doc["host"], "gpu-node-17", "{doc:#}");
     let problem = n.npd_until(i32::from(EXIT_PROBLEM));
-    assert!(problem.starts_with("critical: "), "{problem}");
+    assert!(problem.starts_with("failed: "), "{problem}");
     assert!(problem.contains("fell off the bus"), "{problem}");
+    // The same state, for machines, on the metrics listener.
+    let verdict = n.get("/verdict");
+    let (head, body) = verdict.split_once("\r\n\r\n").unwrap_or_default();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{verdict}");
+    assert!(head.contains("Content-Type: application/json"), "{verdict}");
+    let doc: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(doc["schema"], "xidwatch.verdict/v1", "{doc:#}");
+    assert_eq!(doc["host"]["state"], "failed", "{doc:#}");
+    assert_eq!(doc["gpus"][0]["pci"], "0000:3b:00.0", "{doc:#}");
+    assert_eq!(doc["gpus"][0]["state"], "failed", "{doc:#}");
+    let metrics = n.get("/metrics");
+    assert!(
+        metrics.contains("xidwatch_gpu_state{pci=\"0000:3b:00.0\",state=\"failed\"} 1"),
+        "{metrics}"
+    );
 
     // Stopped: unknown, never OK.
     xidwatch_sigterm(&child);
@@ -255,6 +270,7 @@ fn report(daemon: Liveness, status: Option<StatusSnapshot>) -> Report {
         age_ms: None,
         notes: vec!["cannot open the status socket: permission denied".into()],
         status,
+        verdict: xidwatch::verdict::no_status("not judged", 0),
     }
 }
 
@@ -278,6 +294,9 @@ fn incident(title: &str, severity: Severity, last_seen_ms: u64) -> IncidentSumma
         first_seen_ms: last_seen_ms,
         last_seen_ms,
         count: 1,
+        kind: "xid".into(),
+        pci: None,
+        state: false,
     }
 }
 
@@ -318,12 +337,12 @@ fn npd_verdict_for_each_state() {
     );
     assert_eq!(code, EXIT_PROBLEM);
     assert_eq!(
-        msg,
-        "critical: GPU 0 (0000:17:00.0): double-bit ECC (Xid 48) (+1 more)"
+        msg, "failed: GPU 3 (0000:3b:00.0) fell off the bus (Xid 79) (+1 more)",
+        "the host's state and its oldest reason"
     );
     let (code, msg) = verdict(&report(Liveness::Running, Some(s)), Severity::Warning, now);
     assert_eq!(
-        (code, msg.ends_with("(+2 more)")),
+        (code, msg.ends_with("(Xid 79) (+1 more)")),
         (EXIT_PROBLEM, true),
         "{msg}"
     );

@@ -27,3 +27,4 @@ mod service;
 mod services;
 mod state_files;
 mod support;
+mod verdict;
