@@ -29,13 +29,21 @@ pub struct KmsgConfig {
     /// Accept records written by userspace (facility != kernel). Off in production, so nobody can
     /// page the on-call by writing to /dev/kmsg; tests and fire drills turn it on.
     pub accept_userspace: bool,
+    /// On the first start of a boot the whole ring buffer is read: faults the kernel logged more
+    /// than this many seconds before the start are recorded (history, status) but not paged, so
+    /// installing on a machine up for months does not page every old fault as new. 0 pages all.
+    pub lookback_secs: u64,
 }
+
+/// Six hours: a fault from the last shift still pages; one from last month does not.
+pub const DEFAULT_LOOKBACK_SECS: u64 = 6 * 3600;
 
 impl Default for KmsgConfig {
     fn default() -> Self {
         KmsgConfig {
             path: PathBuf::from("/dev/kmsg"),
             accept_userspace: false,
+            lookback_secs: DEFAULT_LOOKBACK_SECS,
         }
     }
 }

@@ -351,6 +351,7 @@ mod tests {
             findings: Vec::new(),
             echoes: Vec::new(),
             found_at_startup: false,
+            before_lookback: false,
             runbook_override: None,
             dropped_alerts_before: 0,
             test: false,

@@ -55,6 +55,11 @@ pub struct Incident {
     pub echoes: Vec<EchoCount>,
     /// True when the finding was already in the kernel log when xidwatch started.
     pub found_at_startup: bool,
+    /// Found on the first start of a boot and logged before the look-back (`[kmsg]
+    /// lookback_secs`): recorded in the history and status, never paged, so an old fault read
+    /// from the ring buffer is not sent as new.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub before_lookback: bool,
     /// Runbook chosen by a per-Xid override in the config, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runbook_override: Option<String>,
