@@ -973,6 +973,15 @@ mod tests {
     }
 
     #[test]
+    fn the_lookback_defaults_to_six_hours_and_zero_turns_it_off() {
+        let c = Config::from_toml("", None).unwrap();
+        assert_eq!(c.kmsg.lookback_secs, 21_600);
+        let c = Config::from_toml("[kmsg]\nlookback_secs = 0\n", None).unwrap();
+        assert_eq!(c.kmsg.lookback_secs, 0);
+        assert!(Config::from_toml("[kmsg]\nlookback_secs = -1\n", None).is_err());
+    }
+
+    #[test]
     fn typos_and_bad_values_name_file_and_key() {
         let p = Path::new("/etc/xidwatch/xidwatch.toml");
         let e = Config::from_toml("[kmsg]\npaht = \"/dev/kmsg\"\n", Some(p))

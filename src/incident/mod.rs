@@ -1195,6 +1195,39 @@ mod tests {
         f
     }
 
+    /// An old fault read at start-up is dated when logged and marked, not paged; a recent one on
+    /// the same GPU is not swallowed by it as a repeat.
+    #[test]
+    fn faults_before_the_lookback_are_marked_and_a_recent_one_opens_its_own() {
+        let mut e = engine();
+        let now = 10 * 3_600_000;
+        e.set_lookback(Some(now - 6 * 3_600_000));
+        let mut out = Vec::new();
+        let mut old = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        old.logged_ms = Some(60_000);
+        e.push(old, Origin::Kmsg, now, true, &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].before_lookback);
+        assert_eq!(out[0].first_seen_ms, 60_000);
+        let mut recent = xid("0000:17:00.0", 79, Severity::Critical, 2);
+        recent.logged_ms = Some(now - 60_000);
+        out.clear();
+        e.push(recent, Origin::Kmsg, now, true, &mut out);
+        let opened: Vec<&Incident> = out
+            .iter()
+            .filter(|i| i.phase == IncidentPhase::Opened && !i.before_lookback)
+            .collect();
+        assert_eq!(opened.len(), 1, "{out:#?}");
+        assert_eq!(opened[0].first_seen_ms, now - 60_000);
+        assert_eq!(opened[0].count, 1);
+        // Read live (not at start-up), an old timestamp never hides a fault.
+        let mut live = xid("0000:2a:00.0", 48, Severity::Critical, 3);
+        live.logged_ms = Some(60_000);
+        out.clear();
+        e.push(live, Origin::Kmsg, now, false, &mut out);
+        assert!(!out[0].before_lookback);
+    }
+
     /// A wall-clock step (NTP, `date -s`, a resumed VM) must not decide anything: the window is
     /// measured on the monotonic clock, the wall clock only labels what people read.
     #[test]
