@@ -44,7 +44,8 @@ pub struct Incident {
     pub category: Category,
     /// Headline for people, without the host ("GPU 3 (0000:17:00.0) fell off the bus").
     pub title: String,
-    /// Wall-clock time of the first and latest occurrence, milliseconds since the Unix epoch.
+    /// Wall-clock time of the first and latest occurrence, milliseconds since the Unix epoch; for
+    /// a kernel log fault, when the kernel logged it ([`Finding::logged_ms`]), not when read.
     pub first_seen_ms: u64,
     pub last_seen_ms: u64,
     /// Exact number of occurrences of the opening (GPU, kind, Xid), whatever the storm.
