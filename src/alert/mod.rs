@@ -153,6 +153,7 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
         findings: vec![finding],
         echoes: Vec::new(),
         found_at_startup: false,
+        before_lookback: false,
         runbook_override: None,
         dropped_alerts_before: 0,
         test: true,

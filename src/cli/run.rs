@@ -20,6 +20,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         boot_id_path: std::env::var_os("XIDWATCH_BOOT_ID_PATH")
             .map(Into::into)
             .unwrap_or_else(|| "/proc/sys/kernel/random/boot_id".into()),
+        boot_time_path: std::env::var_os("XIDWATCH_BOOT_TIME_PATH")
+            .map(Into::into)
+            .unwrap_or_else(|| crate::source::kmsg::time::PROC_STAT.into()),
     };
     match rt.block_on(daemon::run(opts)) {
         Ok(()) => Ok(0),

@@ -29,13 +29,21 @@ pub struct KmsgConfig {
     /// Accept records written by userspace (facility != kernel). Off in production, so nobody can
     /// page the on-call by writing to /dev/kmsg; tests and fire drills turn it on.
     pub accept_userspace: bool,
+    /// On the first start of a boot the whole ring buffer is read: faults the kernel logged more
+    /// than this many seconds before the start are recorded (history, status) but not paged, so
+    /// installing on a machine up for months does not page every old fault as new. 0 pages all.
+    pub lookback_secs: u64,
 }
+
+/// Six hours: a fault from the last shift still pages; one from last month does not.
+pub const DEFAULT_LOOKBACK_SECS: u64 = 6 * 3600;
 
 impl Default for KmsgConfig {
     fn default() -> Self {
         KmsgConfig {
             path: PathBuf::from("/dev/kmsg"),
             accept_userspace: false,
+            lookback_secs: DEFAULT_LOOKBACK_SECS,
         }
     }
 }
@@ -966,6 +974,15 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/tmp/s"));
         assert_eq!(c.runbooks.dirs().len(), 2);
         assert!(c.overrides.get(13).is_some());
+    }
+
+    #[test]
+    fn the_lookback_defaults_to_six_hours_and_zero_turns_it_off() {
+        let c = Config::from_toml("", None).unwrap();
+        assert_eq!(c.kmsg.lookback_secs, 21_600);
+        let c = Config::from_toml("[kmsg]\nlookback_secs = 0\n", None).unwrap();
+        assert_eq!(c.kmsg.lookback_secs, 0);
+        assert!(Config::from_toml("[kmsg]\nlookback_secs = -1\n", None).is_err());
     }
 
     #[test]

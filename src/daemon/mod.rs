@@ -35,6 +35,7 @@ use crate::host::alert_host;
 use crate::incident::{Engine, EngineConfig, Origin};
 use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::kmsg::follow::{self, KmsgEvent};
+use crate::source::kmsg::KernelClock;
 use crate::state::{self, StateDir};
 use checkpoint::{Acks, Checkpointer, SavedIncidents, CHECKPOINT};
 use telemetry::Telemetry;
@@ -55,6 +56,9 @@ pub struct RunOptions {
     pub output: Output,
     /// `/proc/sys/kernel/random/boot_id`, replaceable for tests.
     pub boot_id_path: PathBuf,
+    /// `/proc/stat`, whose `btime` dates kernel log records; replaceable for tests, which set the
+    /// boot's time to make a record as old as they need.
+    pub boot_time_path: PathBuf,
 }
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
@@ -367,6 +371,8 @@ struct Pipeline {
     /// Whether the log said that a program's kernel log line that looked like a GPU fault was
     /// ignored: said once, so that whoever tests with `echo ... > /dev/kmsg` learns the key.
     said_userspace: bool,
+    /// Dates kernel log records on the wall clock (boot time plus the record's timestamp).
+    kclock: KernelClock,
 }
 
 impl Pipeline {
@@ -418,7 +424,17 @@ impl Pipeline {
                 tracing::warn!("{e:#}; open incidents of the previous run are not restored")
             }
         }
+        // The first start of a boot reads the whole ring buffer: what the kernel logged before
+        // the look-back is recorded, not paged. A restart within the boot reads only what came
+        // after its saved position: all of it is new.
+        let lookback_ms = cfg.kmsg.lookback_secs.saturating_mul(1000);
+        let lookback_from = (resume_after.is_none() && lookback_ms > 0)
+            .then(|| now_ms().saturating_sub(lookback_ms));
+        engine.set_lookback(lookback_from);
         let out = Emitter {
+            lookback_secs: cfg.kmsg.lookback_secs,
+            before_lookback: 0,
+            told_before_lookback: false,
             output: opts.output,
             stdout: std::io::stdout(),
             alerts,
@@ -462,6 +478,7 @@ impl Pipeline {
             last_reload_error: None,
             fingerprint: Fingerprint::of(cfg),
             said_userspace: false,
+            kclock: KernelClock::read(&opts.boot_time_path),
         };
         Ok((p, probe_memory))
     }
@@ -521,7 +538,8 @@ impl Pipeline {
                             self.classifier.push(line, &at, &mut self.findings);
                         }
                     }
-                    for f in std::mem::take(&mut self.findings) {
+                    for mut f in std::mem::take(&mut self.findings) {
+                        self.date(&mut f, now);
                         self.feed(f, Origin::Kmsg, now, at_startup);
                     }
                 }
@@ -590,8 +608,19 @@ impl Pipeline {
     fn fold_quiet(&mut self) {
         self.classifier.flush(&mut self.findings);
         let now = Now::read();
-        for f in std::mem::take(&mut self.findings) {
-            self.feed(f, Origin::Kmsg, now, false);
+        // Lines read before the reader caught up were in the buffer at start-up.
+        let at_startup = !self.caught_up;
+        for mut f in std::mem::take(&mut self.findings) {
+            self.date(&mut f, now);
+            self.feed(f, Origin::Kmsg, now, at_startup);
+        }
+    }
+
+    /// Dates a kernel log finding when the kernel logged it, not when it was read: at start-up
+    /// that may be hours earlier.
+    fn date(&self, f: &mut Finding, now: Now) {
+        if let Some(ts) = f.origin.ts_usec {
+            f.logged_ms = Some(self.kclock.wall_ms(ts, now));
         }
     }
 
@@ -1007,6 +1036,46 @@ struct Emitter {
     stop_runbooks: tokio::sync::watch::Sender<bool>,
     /// The GPU's history and inventory diff, put on each page beside the runbook's evidence.
     pages: Option<health::Pages>,
+    /// `[kmsg] lookback_secs`, for the note.
+    lookback_secs: u64,
+    /// Incidents opened before the look-back at start-up: recorded, not paged.
+    before_lookback: u64,
+    /// Whether a page already carried the note about them: said once.
+    told_before_lookback: bool,
+}
+
+/// "6 h", "90 min", "45 s": the look-back as people read it.
+fn lookback_words(secs: u64) -> String {
+    if secs >= 3600 && secs.is_multiple_of(3600) {
+        format!("{} h", secs / 3600)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
+    }
+}
+
+/// The note on the first page after start-up, as evidence of its own so every channel shows it.
+fn before_lookback_evidence(note: &str, host: &str) -> crate::model::Evidence {
+    use crate::model::{StepResult, StepStatus};
+    crate::model::Evidence {
+        runbook: "startup-lookback".into(),
+        meaning: String::new(),
+        next_steps: String::new(),
+        steps: vec![StepResult {
+            name: "older faults at start-up".into(),
+            kind: "note".into(),
+            target: Vec::new(),
+            status: StepStatus::Done { exit_code: None },
+            output: format!("{note}\n"),
+            bytes_dropped: 0,
+            duration_ms: 0,
+            notes: vec![note.to_string()],
+        }],
+        started_ms: now_ms(),
+        duration_ms: 0,
+        host: host.to_string(),
+    }
 }
 
 /// New incidents waiting for (or running) their runbook, at most; past this an incident's alert
@@ -1020,6 +1089,20 @@ const RUNBOOK_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const HOLD_GRACE: Duration = Duration::from_secs(15);
 
 impl Emitter {
+    /// What the first page after start-up says about the old faults it did not page, once.
+    fn before_lookback_note(&self) -> Option<String> {
+        if self.before_lookback == 0 || self.told_before_lookback {
+            return None;
+        }
+        let n = self.before_lookback;
+        Some(format!(
+            "{n} older fault{s} found at start-up (before the {} look-back) {were} recorded, not paged: see xidwatch history",
+            lookback_words(self.lookback_secs),
+            s = if n == 1 { "" } else { "s" },
+            were = if n == 1 { "was" } else { "were" },
+        ))
+    }
+
     /// Stops waiting runbooks and lets every task hand its evidence (or its release) over.
     async fn finish(&mut self) {
         let _ = self.stop_runbooks.send(true);
@@ -1052,6 +1135,12 @@ impl Emitter {
         }
         for inc in incidents.iter() {
             self.tel.record_incident(inc);
+            // Counted before any page of the batch goes out: old and recent faults read at
+            // start-up are released together, and the page must count all the old ones.
+            if inc.before_lookback && inc.phase == crate::model::IncidentPhase::Opened && !inc.test
+            {
+                self.before_lookback += 1;
+            }
         }
         if self.output == Output::Json {
             let mut lock = self.stdout.lock();
@@ -1064,18 +1153,39 @@ impl Emitter {
         }
         while self.tasks.try_join_next().is_some() {}
         for inc in incidents.drain(..) {
+            let opened = inc.phase == crate::model::IncidentPhase::Opened && !inc.test;
+            if inc.before_lookback {
+                // An old fault read at start-up: into the history (and status, above), no page.
+                if opened {
+                    if let Some(p) = &self.pages {
+                        p.annotate(&inc);
+                    }
+                    tracing::info!(
+                        "incident {} ({}) was logged before the {} look-back: recorded, not paged",
+                        inc.id,
+                        inc.title,
+                        lookback_words(self.lookback_secs)
+                    );
+                }
+                continue;
+            }
             let catalog = Some(catalog_text(&inc));
+            let mut evidence = self
+                .pages
+                .as_ref()
+                .map(|p| p.annotate(&inc))
+                .unwrap_or_default();
+            if opened {
+                if let Some(note) = self.before_lookback_note() {
+                    self.told_before_lookback = true;
+                    evidence.push(before_lookback_evidence(&note, &inc.host));
+                }
+            }
             let alert = crate::alert::Alert {
                 catalog,
-                evidence: self
-                    .pages
-                    .as_ref()
-                    .map(|p| p.annotate(&inc))
-                    .unwrap_or_default(),
+                evidence,
                 incident: inc,
             };
-            let opened =
-                alert.incident.phase == crate::model::IncidentPhase::Opened && !alert.incident.test;
             if !opened {
                 acks.submitted(self.alerts.submit(alert, None, None).await);
                 continue;

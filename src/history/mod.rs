@@ -28,7 +28,9 @@ const MAX_LISTED: usize = 20;
 /// One fault on one board.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// Wall-clock time the incident opened, milliseconds since the Unix epoch.
+    /// Wall-clock time of the incident's first fault, milliseconds since the Unix epoch: for a
+    /// kernel log fault, when the kernel logged it (one read at start-up may be hours old, and
+    /// the repeat window must count it then).
     pub at_ms: u64,
     /// `serial:...`, `uuid:...` or `pci:...`: which board it happened on.
     pub board: String,
@@ -351,6 +353,7 @@ mod tests {
             findings: Vec::new(),
             echoes: Vec::new(),
             found_at_startup: false,
+            before_lookback: false,
             runbook_override: None,
             dropped_alerts_before: 0,
             test: false,

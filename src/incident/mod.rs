@@ -327,6 +327,9 @@ pub struct Engine {
     changes: u64,
     /// NVML runs, so a lost GPU's recovery can be verified; without it the page says it cannot.
     can_verify: bool,
+    /// On the first start of a boot: kernel log faults logged before this wall-clock time and
+    /// read at start-up are recorded, not paged ([`Engine::set_lookback`]).
+    lookback_from_ms: Option<u64>,
 }
 
 impl Engine {
@@ -339,7 +342,22 @@ impl Engine {
             stats: EngineStats::default(),
             changes: 0,
             can_verify: true,
+            lookback_from_ms: None,
         }
+    }
+
+    /// Sets the look-back of the first start of a boot: a fault read at start-up that the
+    /// kernel logged before `from_ms` (wall clock) opens an incident marked
+    /// [`Incident::before_lookback`], which the daemon records but does not page. `None` (a
+    /// restart within the boot, or a look-back of 0) pages everything.
+    pub fn set_lookback(&mut self, from_ms: Option<u64>) {
+        self.lookback_from_ms = from_ms;
+    }
+
+    /// Whether `f`, read at start-up or not, falls before the look-back.
+    fn before_lookback(&self, f: &Finding, at_startup: bool) -> bool {
+        at_startup
+            && matches!((self.lookback_from_ms, f.logged_ms), (Some(from), Some(at)) if at < from)
     }
 
     /// A counter that moves whenever the engine's state moved: the daemon saves its checkpoint
@@ -476,10 +494,29 @@ impl Engine {
     ) {
         let key = Key::of(&f);
         let (family, rank) = family_rank(&f);
+        // A recent fault must page even where an old one (recorded, not paged) is still open
+        // for the same GPU: the old one closes first rather than swallow it as a repeat.
+        if !self.before_lookback(&f, at_startup) {
+            let old: Vec<Key> = self
+                .open
+                .values()
+                .filter(|o| {
+                    o.inc.before_lookback
+                        && (o.key == key || (f.pci.is_some() && o.key.pci == f.pci))
+                })
+                .map(|o| o.key)
+                .collect();
+            for k in old {
+                if let Some(o) = self.open.remove(&k) {
+                    self.close(o, out);
+                }
+            }
+        }
+        let seen_ms = f.logged_ms.unwrap_or(now.wall_ms);
         // 1. A repeat of an open incident.
         if let Some(o) = self.open.get_mut(&key) {
             o.inc.count += 1;
-            o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
+            o.inc.last_seen_ms = o.inc.last_seen_ms.max(seen_ms);
             o.last_mono_ms = now.mono_ms;
             push_sample(&mut o.inc, f);
             if !o.emitted && o.inc.count >= o.min_count && now.mono_ms >= o.settle_until_ms {
@@ -523,7 +560,7 @@ impl Engine {
                 }
                 if let Some(o) = self.open.get_mut(&hk) {
                     o.echo_total += 1;
-                    o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
+                    o.inc.last_seen_ms = o.inc.last_seen_ms.max(seen_ms);
                     o.last_mono_ms = now.mono_ms;
                     bump_echo(&mut o.inc, &f);
                     o.inc.severity = o.inc.severity.max(f.severity);
@@ -571,7 +608,7 @@ impl Engine {
                     return;
                 };
                 o.echo_total += 1;
-                o.inc.last_seen_ms = o.inc.last_seen_ms.max(now.wall_ms);
+                o.inc.last_seen_ms = o.inc.last_seen_ms.max(seen_ms);
                 o.last_mono_ms = now.mono_ms;
                 bump_echo(&mut o.inc, &f);
                 if !o.emitted {
@@ -642,6 +679,9 @@ impl Engine {
         // is not quiet, so the previous one is not resolved (the new one will be, in its turn).
         self.quiet.remove(&key);
         let first_mark = f.origin.seq.unwrap_or(now.wall_ms);
+        // Dated when the kernel logged it, where it came from the kernel log.
+        let seen_ms = f.logged_ms.unwrap_or(now.wall_ms);
+        let before_lookback = self.before_lookback(&f, at_startup);
         let id = incident_id(&self.cfg.boot_id, &key, first_mark);
         let inc = Incident {
             id,
@@ -656,12 +696,13 @@ impl Engine {
             category: f.category,
             title: title(&f),
             note: (is_lost(f.kind, f.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string()),
-            first_seen_ms: now.wall_ms,
-            last_seen_ms: now.wall_ms,
+            first_seen_ms: seen_ms,
+            last_seen_ms: seen_ms,
             count: 1,
             findings: vec![f],
             echoes: Vec::new(),
             found_at_startup: at_startup,
+            before_lookback,
             runbook_override: runbook,
             dropped_alerts_before: 0,
             test: false,
@@ -1012,6 +1053,7 @@ impl Engine {
                 told_echoes: o.told_echoes,
                 echo_total: o.echo_total,
                 found_at_startup: o.inc.found_at_startup,
+                before_lookback: o.inc.before_lookback,
                 quiet_until_ms: None,
             })
             .chain(self.quiet_snapshot())
@@ -1062,6 +1104,7 @@ impl Engine {
                 told_echoes: 0,
                 echo_total: 0,
                 found_at_startup: q.inc.found_at_startup,
+                before_lookback: q.inc.before_lookback,
                 quiet_until_ms: Some(q.until_ms),
             })
             .collect()
@@ -1118,6 +1161,7 @@ impl Engine {
                     findings: vec![f],
                     echoes,
                     found_at_startup: p.found_at_startup,
+                    before_lookback: p.before_lookback,
                     runbook_override: None,
                     dropped_alerts_before: 0,
                     test: false,
@@ -1192,6 +1236,9 @@ pub struct Persisted {
     told_echoes: u64,
     echo_total: u64,
     found_at_startup: bool,
+    /// See [`Incident::before_lookback`]; absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    before_lookback: bool,
     /// Set for a closed incident waiting out its quiet period (monotonic): restored as such, so
     /// its resolved notice still goes out after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1353,6 +1400,39 @@ mod tests {
         f.pci = Some(PciAddress::parse(pci).unwrap());
         f.origin.seq = Some(seq);
         f
+    }
+
+    /// An old fault read at start-up is dated when logged and marked, not paged; a recent one on
+    /// the same GPU is not swallowed by it as a repeat.
+    #[test]
+    fn faults_before_the_lookback_are_marked_and_a_recent_one_opens_its_own() {
+        let mut e = engine();
+        let now = 10 * 3_600_000;
+        e.set_lookback(Some(now - 6 * 3_600_000));
+        let mut out = Vec::new();
+        let mut old = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        old.logged_ms = Some(60_000);
+        e.push(old, Origin::Kmsg, now, true, &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].before_lookback);
+        assert_eq!(out[0].first_seen_ms, 60_000);
+        let mut recent = xid("0000:17:00.0", 79, Severity::Critical, 2);
+        recent.logged_ms = Some(now - 60_000);
+        out.clear();
+        e.push(recent, Origin::Kmsg, now, true, &mut out);
+        let opened: Vec<&Incident> = out
+            .iter()
+            .filter(|i| i.phase == IncidentPhase::Opened && !i.before_lookback)
+            .collect();
+        assert_eq!(opened.len(), 1, "{out:#?}");
+        assert_eq!(opened[0].first_seen_ms, now - 60_000);
+        assert_eq!(opened[0].count, 1);
+        // Read live (not at start-up), an old timestamp never hides a fault.
+        let mut live = xid("0000:2a:00.0", 48, Severity::Critical, 3);
+        live.logged_ms = Some(60_000);
+        out.clear();
+        e.push(live, Origin::Kmsg, now, false, &mut out);
+        assert!(!out[0].before_lookback);
     }
 
     /// A wall-clock step (NTP, `date -s`, a resumed VM) must not decide anything: the window is

@@ -419,6 +419,11 @@ pub struct Finding {
     #[serde(skip_serializing_if = "GpuIdentity::is_empty")]
     pub gpu: GpuIdentity,
     pub origin: Origin,
+    /// When the kernel logged it (wall clock, ms since the epoch), for a kernel log record: a
+    /// fault read at start-up may be hours old, and is dated then rather than when it was read.
+    /// `None` for other sources, which are dated when seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logged_ms: Option<u64>,
 }
 
 impl Finding {
@@ -438,6 +443,7 @@ impl Finding {
             detail: None,
             gpu: GpuIdentity::default(),
             origin: Origin::default(),
+            logged_ms: None,
         }
     }
 }

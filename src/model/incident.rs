@@ -44,7 +44,8 @@ pub struct Incident {
     pub category: Category,
     /// Headline for people, without the host ("GPU 3 (0000:17:00.0) fell off the bus").
     pub title: String,
-    /// Wall-clock time of the first and latest occurrence, milliseconds since the Unix epoch.
+    /// Wall-clock time of the first and latest occurrence, milliseconds since the Unix epoch; for
+    /// a kernel log fault, when the kernel logged it ([`Finding::logged_ms`]), not when read.
     pub first_seen_ms: u64,
     pub last_seen_ms: u64,
     /// Exact number of occurrences of the opening (GPU, kind, Xid), whatever the storm.
@@ -55,6 +56,11 @@ pub struct Incident {
     pub echoes: Vec<EchoCount>,
     /// True when the finding was already in the kernel log when xidwatch started.
     pub found_at_startup: bool,
+    /// Found on the first start of a boot and logged before the look-back (`[kmsg]
+    /// lookback_secs`): recorded in the history and status, never paged, so an old fault read
+    /// from the ring buffer is not sent as new.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub before_lookback: bool,
     /// Runbook chosen by a per-Xid override in the config, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runbook_override: Option<String>,

@@ -94,6 +94,7 @@ fn xid79_incident() -> Incident {
             count: 1,
         }],
         found_at_startup: false,
+        before_lookback: false,
         runbook_override: None,
         dropped_alerts_before: 0,
         test: false,

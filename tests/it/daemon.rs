@@ -112,6 +112,8 @@ impl Setup {
         let s = Setup { dir };
         std::fs::write(s.kmsg(), "").unwrap();
         std::fs::write(s.boot(), "5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f\n").unwrap();
+        // Booted an hour ago: the records below (a second after boot) are inside the look-back.
+        super::support::write_boot_stat(&s.stat(), 3600);
         let cfg = format!(
             "[kmsg]\npath = {:?}\naccept_userspace = false\n[nvml]\nenabled = false\nsysfs_root = {:?}\n[state]\ndir = {:?}\n{extra}",
             s.kmsg(),
@@ -130,6 +132,10 @@ impl Setup {
     fn config(&self) -> PathBuf {
         self.dir.path().join("xidwatch.toml")
     }
+    /// The `/proc/stat` the daemon reads the boot's time from.
+    fn stat(&self) -> PathBuf {
+        self.dir.path().join("stat")
+    }
     fn append(&self, records: &str) {
         let mut f = std::fs::OpenOptions::new()
             .append(true)
@@ -140,7 +146,10 @@ impl Setup {
     fn start(&self) -> Daemon {
         Daemon::start(
             &self.config(),
-            &[("XIDWATCH_BOOT_ID_PATH", self.boot().to_str().unwrap())],
+            &[
+                ("XIDWATCH_BOOT_ID_PATH", self.boot().to_str().unwrap()),
+                ("XIDWATCH_BOOT_TIME_PATH", self.stat().to_str().unwrap()),
+            ],
         )
     }
 }
@@ -458,6 +467,10 @@ fn nvml_events_enrich_and_fold_into_kernel_log_incidents() {
         &s.config(),
         &[
             ("XIDWATCH_BOOT_ID_PATH", s.boot().to_str().unwrap()),
+            (
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat().to_str().unwrap(),
+            ),
             ("XIDWATCH_FAKE_NVML_SCRIPT", script.to_str().unwrap()),
         ],
     );
@@ -504,6 +517,10 @@ fn nvml_init_failures_become_incidents_and_the_kernel_log_goes_on() {
             &s.config(),
             &[
                 ("XIDWATCH_BOOT_ID_PATH", s.boot().to_str().unwrap()),
+                (
+                    "XIDWATCH_BOOT_TIME_PATH",
+                    super::support::recent_boot_stat().to_str().unwrap(),
+                ),
                 ("XIDWATCH_FAKE_NVML_SCRIPT", script.to_str().unwrap()),
             ],
         );
@@ -545,6 +562,10 @@ fn the_unit_protocol_ready_watchdog_stopping() {
         &s.config(),
         &[
             ("XIDWATCH_BOOT_ID_PATH", s.boot().to_str().unwrap()),
+            (
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat().to_str().unwrap(),
+            ),
             ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
             ("WATCHDOG_USEC", "200000"),
         ],
@@ -786,6 +807,10 @@ fn the_probe_reports_a_gpu_on_the_bus_that_nvml_cannot_reach() {
         &s.config(),
         &[
             ("XIDWATCH_BOOT_ID_PATH", s.boot().to_str().unwrap()),
+            (
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat().to_str().unwrap(),
+            ),
             ("XIDWATCH_FAKE_NVML_SCRIPT", script.to_str().unwrap()),
         ],
     );
@@ -950,6 +975,10 @@ fn logs_as_json_lines_for_log_shippers() {
         .args(["--log-format", "json", "run", "--config"])
         .arg(s.config())
         .env("XIDWATCH_BOOT_ID_PATH", s.boot())
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .env("XIDWATCH_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -1022,6 +1051,10 @@ fn a_second_daemon_on_the_same_state_directory_is_refused_naming_the_first() {
         .args(["run", "--json", "--config"])
         .arg(s.config())
         .env("XIDWATCH_BOOT_ID_PATH", s.boot())
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
         .output()
@@ -1334,4 +1367,191 @@ fn a_clean_stop_removes_the_status_socket() {
     let (code, _, err) = d.stop();
     assert_eq!(code, Some(0), "{err}");
     assert!(!sock.exists(), "{} left behind:\n{err}", sock.display());
+}
+
+/// A loopback webhook receiver that answers 200: every JSON body it was sent, in order.
+fn hook_receiver() -> (std::net::SocketAddr, Arc<Mutex<Vec<Value>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut w = conn;
+                while let Some((_, body)) = super::support::read_request(&mut r) {
+                    if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                        g.lock().unwrap().push(v);
+                    }
+                    if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+/// Waits until `pred` holds for the pages received so far.
+fn wait_pages(got: &Mutex<Vec<Value>>, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        {
+            let l = got.lock().unwrap();
+            if pred(&l) {
+                return l.clone();
+            }
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "timed out waiting for {what}: {:#?}",
+            got.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the GPU history holds an event that `pred` accepts; returns them all.
+fn wait_history(s: &Setup, what: &str, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let path = s.dir.path().join("state").join("history.json");
+    let start = Instant::now();
+    loop {
+        let events: Vec<Value> = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["events"].as_array().cloned())
+            .unwrap_or_default();
+        if events.iter().any(&pred) {
+            return events;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "no {what} in the history: {events:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// An Xid record logged `secs` seconds after boot.
+fn xid_record_at(seq: u64, secs: u64, pci_bus: &str, xid: u32) -> String {
+    format!(
+        "3,{seq},{},-;NVRM: Xid (PCI:0000:{pci_bus}:00): {xid}, pid=42, name=python3, test\n",
+        secs * 1_000_000
+    )
+}
+
+#[test]
+fn a_fault_logged_before_the_start_is_dated_when_the_kernel_logged_it() {
+    let (addr, got) = hook_receiver();
+    let s = Setup::new(&format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n"
+    ));
+    // Booted an hour ago; the Xid 79 was logged 50 minutes after boot: 10 minutes ago.
+    super::support::write_boot_stat(&s.stat(), 3600);
+    s.append(&xid_record_at(0, 3000, "17", 79));
+    let logged = wall_ms() - 600_000;
+    let near = |ms: &Value| {
+        let ms = ms.as_u64().unwrap_or(0);
+        ms.abs_diff(logged) < 5_000
+    };
+    let d = s.start();
+    let pages = wait_pages(&got, "the page of the Xid 79", |l| {
+        l.iter().any(|p| p["xid"] == 79 && p["phase"] == "opened")
+    });
+    let page = pages.iter().find(|p| p["xid"] == 79).unwrap();
+    assert_eq!(page["found_at_startup"], true, "{page:#}");
+    assert!(
+        near(&page["first_seen_ms"]),
+        "first seen 10 minutes ago ({logged}), not at the start: {page:#}"
+    );
+    let events = wait_history(&s, "the Xid 79", |e| e["xid"] == 79);
+    let e = events.iter().find(|e| e["xid"] == 79).unwrap();
+    assert!(
+        near(&e["at_ms"]),
+        "history dated 10 minutes ago ({logged}): {e:#}"
+    );
+    let v = d.wait_for("the incident on stdout", |l| {
+        l.iter().any(|i| i["xid"] == 79)
+    });
+    assert!(near(&v[0]["first_seen_ms"]), "{:#}", v[0]);
+
+    // A live record is dated by the kernel's clock too: now, give or take the clocks' drift.
+    d.wait_stderr("caught up");
+    super::support::write_boot_stat(&s.stat(), 3600);
+    s.append(&xid_record_at(1, 3600, "2a", 48));
+    let pages = wait_pages(&got, "the live Xid 48", |l| {
+        l.iter().any(|p| p["xid"] == 48)
+    });
+    let live = pages.iter().find(|p| p["xid"] == 48).unwrap();
+    assert!(
+        live["first_seen_ms"].as_u64().unwrap().abs_diff(wall_ms()) < 10_000,
+        "{live:#}"
+    );
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn first_start_records_faults_older_than_the_lookback_without_paging_them() {
+    let (addr, got) = hook_receiver();
+    let s = Setup::new(&format!(
+        "[[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n"
+    ));
+    // Up for 8 hours: an Xid 79 from the first minute (beyond the default 6 h look-back), an Xid
+    // 48 on another GPU from a minute ago.
+    super::support::write_boot_stat(&s.stat(), 8 * 3600);
+    s.append(&xid_record_at(0, 60, "17", 79));
+    s.append(&xid_record_at(1, 8 * 3600 - 60, "2a", 48));
+    let d = s.start();
+    let pages = wait_pages(&got, "the page of the recent Xid 48", |l| {
+        l.iter().any(|p| p["xid"] == 48)
+    });
+    let page = pages.iter().find(|p| p["xid"] == 48).unwrap();
+    let note = "1 older fault found at start-up (before the 6 h look-back) was recorded, not paged: see xidwatch history";
+    assert!(
+        page.to_string().contains(note),
+        "the first page carries the note: {page:#}"
+    );
+    // The old one is in the history, dated then (8 h ago less a minute).
+    let events = wait_history(&s, "the old Xid 79", |e| e["xid"] == 79);
+    let old = events.iter().find(|e| e["xid"] == 79).unwrap();
+    let then = wall_ms() - (8 * 3600 - 60) * 1000;
+    assert!(
+        old["at_ms"].as_u64().unwrap().abs_diff(then) < 5_000,
+        "{old:#}"
+    );
+    d.wait_stderr("caught up");
+    d.wait_stderr("was logged before the 6 h look-back: recorded, not paged");
+    let (code, all, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    // Stated on stdout as recorded, not paged; never sent to a channel.
+    let x79 = all
+        .iter()
+        .find(|i| i["xid"] == 79)
+        .expect("the old incident on stdout");
+    assert_eq!(x79["before_lookback"], true, "{x79:#}");
+    assert!(
+        got.lock().unwrap().iter().all(|p| p["xid"] != 79),
+        "the old Xid 79 paged: {:#?}",
+        got.lock().unwrap()
+    );
+    // A restart within the boot reads nothing again and pages nothing old.
+    let d = s.start();
+    d.wait_stderr("caught up");
+    let (code, all, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(all.is_empty(), "{all:#?}");
+    assert!(got.lock().unwrap().iter().all(|p| p["xid"] != 79));
 }

@@ -74,6 +74,10 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
     );
     let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config_path)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
@@ -240,6 +244,10 @@ fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
     );
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
@@ -290,6 +298,10 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_xidwatch"))
             .args(["run", "--config"])
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .arg(&config)
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
@@ -409,6 +421,10 @@ fn a_crash_during_the_runbook_loses_no_alert() {
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_xidwatch"))
             .args(["run", "--config"])
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .arg(&config)
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
@@ -509,6 +525,10 @@ fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env("XW_E2E_TOKEN", secret)
         .env_remove("NOTIFY_SOCKET")
@@ -585,6 +605,10 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     );
     let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
@@ -697,6 +721,10 @@ fn a_refused_config_page_names_the_key_not_the_value() {
     let config = webhook_config(dir.path(), &kmsg, &url, "");
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
@@ -769,6 +797,10 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
     let config = webhook_config(dir.path(), &kmsg, &url, "");
     let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())

@@ -75,6 +75,10 @@ impl Host {
             .args(["run", "--json", "--config"])
             .arg(&config)
             .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

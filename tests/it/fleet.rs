@@ -101,6 +101,10 @@ impl Node {
             .args(["run", "--config"])
             .arg(self.path("xidwatch.toml"))
             .env("XIDWATCH_BOOT_ID_PATH", self.path("boot_id"))
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .env("NODE_NAME", node_name)
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())

@@ -112,6 +112,10 @@ impl Machine {
             .args(["run", "--json", "--config"])
             .arg(config)
             .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .env("XIDWATCH_FAKE_NVML_SCRIPT", self.p("nvml.script"))
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())

@@ -80,6 +80,10 @@ impl Lost {
         .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
             .args(["run", "--config"])
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .arg(p("xidwatch.toml"))
             .env("XIDWATCH_BOOT_ID_PATH", p("boot_id"))
             .env("XIDWATCH_FAKE_NVML_SCRIPT", p("nvml.script"))

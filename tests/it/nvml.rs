@@ -862,6 +862,10 @@ impl Wedged {
             &p("xidwatch.toml"),
             &[
                 ("XIDWATCH_BOOT_ID_PATH", &p("boot_id")),
+                (
+                    "XIDWATCH_BOOT_TIME_PATH",
+                    super::support::recent_boot_stat(),
+                ),
                 ("XIDWATCH_FAKE_NVML_SCRIPT", &p("nvml.script")),
                 ("NOTIFY_SOCKET", &p("notify.sock")),
             ],

@@ -57,6 +57,7 @@ fn incident(id: &str, sev: Severity, phase: IncidentPhase) -> Incident {
         findings: Vec::new(),
         echoes: Vec::new(),
         found_at_startup: false,
+        before_lookback: false,
         runbook_override: None,
         dropped_alerts_before: 0,
         test: false,

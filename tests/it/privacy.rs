@@ -72,6 +72,10 @@ fn page_for(record: &str, make_proc: impl Fn(&Path)) -> (String, String) {
     std::fs::write(&config_path, config).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config_path)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())

@@ -146,6 +146,7 @@ fn incident(findings: Vec<Finding>, kind: FindingKind, xid: Option<u32>) -> Inci
         findings,
         echoes: vec![],
         found_at_startup: false,
+        before_lookback: false,
         runbook_override: None,
         dropped_alerts_before: 0,
         test: false,

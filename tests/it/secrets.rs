@@ -149,6 +149,10 @@ fn an_echoing_receiver_puts_no_secret_in_logs_status_or_outbox() {
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
         .args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .env("RUST_LOG", "debug")
@@ -265,6 +269,10 @@ fn an_env_secret_is_not_in_proc_environ_the_daemon_is_not_dumpable_and_reload_re
     .unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
     cmd.args(["run", "--config"])
+        .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .env("XIDWATCH_IT_HOOK_URL", &url)

@@ -68,6 +68,10 @@ fn runs_as_the_unit_would() {
         .args(&args)
         .env_clear()
         .env(
+            "XIDWATCH_BOOT_TIME_PATH",
+            super::support::recent_boot_stat(),
+        )
+        .env(
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         )

@@ -61,6 +61,10 @@ impl Setup {
         cmd.args(["run", "--json", "--config"])
             .arg(self.path("xidwatch.toml"))
             .env("XIDWATCH_BOOT_ID_PATH", self.path("boot_id"))
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null());
         cmd

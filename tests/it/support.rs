@@ -92,3 +92,25 @@ pub fn read_request<R: std::io::BufRead>(r: &mut R) -> Option<(Vec<String>, Vec<
     r.read_exact(&mut body).ok()?;
     Some((head, body))
 }
+
+/// A `/proc/stat`-shaped file whose `btime` is an hour ago, for `XIDWATCH_BOOT_TIME_PATH`: the
+/// daemon dates kernel log records from the boot's time, so the tests' records (a few seconds
+/// after boot) are an hour old, inside the default look-back, on a test machine up for months
+/// as on one just booted.
+pub fn recent_boot_stat() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("xidwatch-it-stat-{}", std::process::id()));
+        write_boot_stat(&p, 3600);
+        p
+    })
+}
+
+/// Writes a `/proc/stat`-shaped file at `path` whose `btime` is `secs_ago` seconds ago.
+pub fn write_boot_stat(path: &Path, secs_ago: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    std::fs::write(path, format!("cpu  1 2 3 4\nbtime {}\n", now - secs_ago)).unwrap();
+}

@@ -1,0 +1,113 @@
+//! When the kernel logged a record, on the wall clock.
+//!
+//! A kmsg record carries microseconds since boot, not a date. Read at start-up, a record may be
+//! hours old: dating it at the daemon's start would page an old fault as new and skew the
+//! history's repeat window. The date is the boot's wall-clock time (`btime` of `/proc/stat`)
+//! plus the record's timestamp.
+//!
+//! `btime` is read once, at start. A later wall-clock step (NTP, `date -s`) moves the boot's
+//! wall-clock time with it, so the step since start is added, measured against
+//! `CLOCK_BOOTTIME`. The kernel's timestamp does not count suspend while `btime` does, so on a
+//! machine that suspended, older records are dated somewhat early; servers rarely suspend, and a
+//! date is never put after the present.
+
+use std::path::Path;
+
+use crate::clock::Now;
+
+/// Where the boot's wall-clock time is read by default.
+pub const PROC_STAT: &str = "/proc/stat";
+
+/// The boot's wall-clock time, and the clocks when it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelClock {
+    /// Milliseconds since the Unix epoch at boot.
+    boot_wall_ms: u64,
+    /// Both clocks when `boot_wall_ms` was read: a wall-clock step since is followed.
+    read_at: Now,
+}
+
+impl KernelClock {
+    /// A clock whose boot was at `boot_wall_ms`, read at `read_at`.
+    pub fn new(boot_wall_ms: u64, read_at: Now) -> KernelClock {
+        KernelClock {
+            boot_wall_ms,
+            read_at,
+        }
+    }
+
+    /// Reads `btime` from `path` (`/proc/stat`, or a test's file in the same format). When it
+    /// cannot be read, the boot is now minus the time since boot (`CLOCK_BOOTTIME`): the same
+    /// number to within the clocks' drift, and never a reason not to start.
+    pub fn read(path: &Path) -> KernelClock {
+        let now = Now::read();
+        let btime = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| parse_btime(&text).ok_or_else(|| "no btime line".to_string()));
+        match btime {
+            Ok(secs) => KernelClock::new(secs.saturating_mul(1000), now),
+            Err(e) => {
+                tracing::warn!(
+                    "{}: {e}; the kernel log's times are counted from now minus the time since boot",
+                    path.display()
+                );
+                KernelClock::new(now.wall_ms.saturating_sub(now.mono_ms), now)
+            }
+        }
+    }
+
+    /// The wall-clock time (ms since the epoch) of a record logged `ts_usec` after boot, as of
+    /// `now`: never later than `now`, since a date in the future is always wrong.
+    pub fn wall_ms(&self, ts_usec: u64, now: Now) -> u64 {
+        // How far the wall clock stepped, relative to the time since boot, since `btime` was read.
+        let offset_then = i128::from(self.read_at.wall_ms) - i128::from(self.read_at.mono_ms);
+        let offset_now = i128::from(now.wall_ms) - i128::from(now.mono_ms);
+        let boot = i128::from(self.boot_wall_ms) + (offset_now - offset_then);
+        let at = boot + i128::from(ts_usec / 1000);
+        let at = at.clamp(0, i128::from(now.wall_ms));
+        u64::try_from(at).unwrap_or(0)
+    }
+}
+
+/// The `btime N` line of `/proc/stat`: seconds since the epoch at boot.
+fn parse_btime(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn btime_is_read_from_a_proc_stat_shaped_text() {
+        let text = "cpu  1 2 3\nintr 5\nctxt 9\nbtime 1764600000\nprocesses 7\n";
+        assert_eq!(parse_btime(text), Some(1_764_600_000));
+        assert_eq!(parse_btime("cpu 1\n"), None);
+        assert_eq!(parse_btime("btime x\n"), None);
+    }
+
+    #[test]
+    fn a_record_is_dated_boot_plus_its_timestamp_never_in_the_future() {
+        let start = Now {
+            mono_ms: 3_600_000,
+            wall_ms: 1_000_000_000,
+        };
+        let boot = start.wall_ms - start.mono_ms;
+        let c = KernelClock::new(boot, start);
+        // Logged 50 minutes after boot: 10 minutes before start.
+        assert_eq!(c.wall_ms(3_000_000_000, start), start.wall_ms - 600_000);
+        // Ahead of the present (drift): the present.
+        assert_eq!(c.wall_ms(4_000_000_000, start), start.wall_ms);
+        // The wall clock stepped forward an hour since: the boot's date moves with it.
+        let later = Now {
+            mono_ms: start.mono_ms + 1000,
+            wall_ms: start.wall_ms + 1000 + 3_600_000,
+        };
+        assert_eq!(
+            c.wall_ms(3_600_500_000, later),
+            boot + 3_600_000 + 3_600_500
+        );
+    }
+}
