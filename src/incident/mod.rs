@@ -742,6 +742,39 @@ impl Engine {
                 told_mono_ms: now.mono_ms,
             },
         );
+        self.align_host_settle(key);
+    }
+
+    /// A critical fault opening on a second GPU while the same fault's first alert is still held
+    /// on another GPU (a PCIe switch, riser or power event takes several down at once) is
+    /// released with it: the alert stage folds first alerts released together into one host
+    /// page ([`crate::alert::document::HostGroup`]), which it can only do when they come out of
+    /// the same tick. Only the timing changes: each GPU keeps its own incident.
+    fn align_host_settle(&mut self, key: Key) {
+        let Some(new) = self.open.get(&key) else {
+            return;
+        };
+        if !new.held() || new.inc.severity < Severity::Critical || new.inc.pci.is_none() {
+            return;
+        }
+        let (kind, xid, pci, seen) = (
+            new.inc.kind,
+            new.inc.xid,
+            new.inc.pci,
+            new.inc.first_seen_ms,
+        );
+        let settle = self.cfg.settle_ms;
+        let earliest = self
+            .open
+            .values()
+            .filter(|o| o.key != key && o.held() && o.inc.pci.is_some() && o.inc.pci != pci)
+            .filter(|o| o.inc.kind == kind && o.inc.xid == xid && o.inc.count >= o.min_count)
+            .filter(|o| o.inc.first_seen_ms.abs_diff(seen) <= settle)
+            .map(|o| o.settle_until_ms)
+            .min();
+        if let (Some(t), Some(n)) = (earliest, self.open.get_mut(&key)) {
+            n.settle_until_ms = n.settle_until_ms.min(t);
+        }
     }
 
     /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
