@@ -918,6 +918,67 @@ mod tests {
         assert_eq!(rfc3339(1_764_404_043_123), "2025-11-29T08:14:03.123Z");
     }
 
+    /// A host page names every GPU with its incident, the port above all of them when sysfs
+    /// knows it, and says the host is what to check; without sysfs it is still a host page.
+    #[test]
+    fn a_host_page_names_every_gpu_and_what_they_share() {
+        let alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        let mut a = alert.incident.clone();
+        a.id = "a".into();
+        a.pci = crate::model::PciAddress::parse("0000:19:00.0").ok();
+        let mut b = a.clone();
+        b.id = "b".into();
+        b.pci = crate::model::PciAddress::parse("0000:1a:00.0").ok();
+        let dir = tempfile::tempdir().unwrap();
+        let devices = dir.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&devices).unwrap();
+        for (name, path) in [
+            (
+                "0000:19:00.0",
+                "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.0",
+            ),
+            (
+                "0000:1a:00.0",
+                "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:04.0/0000:1a:00.0",
+            ),
+        ] {
+            std::os::unix::fs::symlink(format!("../../../devices/{path}"), devices.join(name))
+                .unwrap();
+        }
+        let g = HostGroup::new(&a, &[&b], dir.path());
+        assert_eq!(g.shared_ports, vec!["0000:17:00.0", "0000:16:01.0"]);
+        let ids: Vec<&str> = g.gpus.iter().map(|g| g.incident_id.as_str()).collect();
+        assert_eq!(ids, vec!["a", "b"]);
+        let mut doc = AlertDocument::build(&alert);
+        doc.apply_host_group(g);
+        assert!(
+            doc.headline.contains("2 GPUs failed together (Xid 79)"),
+            "{}",
+            doc.headline
+        );
+        assert!(doc.headline.contains("0000:19:00.0") && doc.headline.contains("0000:1a:00.0"));
+        assert!(
+            doc.meaning.contains("the PCIe port 0000:17:00.0"),
+            "{}",
+            doc.meaning
+        );
+        assert!(
+            doc.next_steps.contains("PCIe switch or riser"),
+            "{}",
+            doc.next_steps
+        );
+        let report = super::super::report::render(&doc);
+        assert!(report.contains("incident b"), "{report}");
+        assert!(
+            report.contains("Shared:    PCIe 0000:17:00.0 > 0000:16:01.0"),
+            "{report}"
+        );
+
+        let none = HostGroup::new(&a, &[&b], &dir.path().join("absent"));
+        assert!(none.shared_ports.is_empty());
+        assert!(none.shared.starts_with("the host"), "{}", none.shared);
+    }
+
     #[test]
     fn clip_respects_char_boundaries() {
         let (s, cut) = clip_bytes("ééé", 3);

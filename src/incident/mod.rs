@@ -1811,6 +1811,50 @@ mod tests {
         assert_eq!(out.len(), 1);
     }
 
+    /// The same critical fault on a second GPU within the first's settle delay comes out in the
+    /// same tick (the alert stage makes one host page of them); each keeps its own incident.
+    /// Another fault on another GPU keeps its own timing.
+    #[test]
+    fn the_same_critical_fault_on_two_gpus_settles_together() {
+        let mut e = settling(500, 0);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:19:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:1a:00.0", 79, Severity::Critical, 2),
+            300,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:3b:00.0", 13, Severity::Warning, 3),
+            300,
+            &mut out,
+        );
+        assert_eq!(e.next_deadline(), Some(500));
+        e.tick(500, &mut out);
+        let got: Vec<_> = out
+            .iter()
+            .map(|i| (i.pci.map(|p| p.to_string()), i.xid))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some("0000:19:00.0".to_string()), Some(79)),
+                (Some("0000:1a:00.0".to_string()), Some(79)),
+            ]
+        );
+        assert_eq!(e.open_count(), 3);
+        e.tick(800, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].xid, Some(13));
+    }
+
     /// Host-level findings (config refused, kernel log overrun) have no GPU to wait for.
     #[test]
     fn host_findings_do_not_settle() {
