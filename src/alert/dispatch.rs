@@ -19,7 +19,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::channel::{BuiltChannels, Channel};
 use super::config::{AlertConfig, ChannelCommon, ChannelKind, RateLimit, RetryConfig};
-use super::document::{AlertDocument, Phase};
+use super::document::{AlertDocument, HostGroup, Phase};
 use super::outbox::{self, Limits, Outbox, Outcome};
 use super::report;
 use super::retry::Backoff;
@@ -171,6 +171,8 @@ enum Envelope {
         hold: Option<Duration>,
         /// Why it carries no evidence, when it was decided up front.
         note: Option<String>,
+        /// Set when this opening page stands for several GPUs (a host page).
+        host: Option<Box<HostGroup>>,
         ack: Option<oneshot::Sender<Ack>>,
     },
     /// The evidence of an alert handed over earlier with a hold.
@@ -215,6 +217,7 @@ impl AlertSender {
                 alert,
                 hold: None,
                 note: None,
+                host: None,
                 ack: None,
             })
             .await
@@ -230,12 +233,26 @@ impl AlertSender {
         hold: Option<Duration>,
         note: Option<String>,
     ) -> Result<oneshot::Receiver<Ack>, SendError> {
+        self.submit_host(alert, hold, note, None).await
+    }
+
+    /// [`AlertSender::submit`] for an opening page that may stand for several GPUs: with
+    /// `host`, the page becomes the host page ([`HostGroup`]) and keeps being one when its
+    /// evidence comes. The other GPUs of the group are not handed over.
+    pub async fn submit_host(
+        &self,
+        alert: Alert,
+        hold: Option<Duration>,
+        note: Option<String>,
+        host: Option<HostGroup>,
+    ) -> Result<oneshot::Receiver<Ack>, SendError> {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Envelope::Alert {
                 alert,
                 hold,
                 note,
+                host: host.map(Box::new),
                 ack: Some(tx),
             })
             .await
@@ -287,6 +304,7 @@ impl AlertSender {
                 alert,
                 hold: None,
                 note: None,
+                host: None,
                 ack: None,
             })
             .map_err(|e| match e {
@@ -380,6 +398,7 @@ impl Dispatcher {
             keep_reports: cfg.outbox.keep_reports,
             shutdown,
             unpersisted: Vec::new(),
+            host_pages: Default::default(),
         };
         for ch in channels {
             intake.spawn_worker(cfg, ch);
@@ -450,6 +469,10 @@ struct Intake {
     /// Alerts in memory whose outbox file could not be written yet, with their acks: they are
     /// written again every second, and acknowledged only then.
     unpersisted: Vec<(u64, oneshot::Sender<Ack>)>,
+    /// Host pages held for their evidence, by incident id: the evidence rebuilds the document
+    /// from the lead's alert alone, and must not turn it back into a one-GPU page. Memory only:
+    /// after a restart the evidence never comes (the held page is sent as it was written).
+    host_pages: std::collections::HashMap<String, HostGroup>,
 }
 
 /// One alert as the intake takes it: the alert, its hold, its note, its acknowledgement.
@@ -457,6 +480,7 @@ type Incoming = (
     Alert,
     Option<Duration>,
     Option<String>,
+    Option<Box<HostGroup>>,
     Option<oneshot::Sender<Ack>>,
 );
 
@@ -517,14 +541,14 @@ impl Intake {
                 biased;
                 _ = shutdown_requested(&mut sd) => break,
                 msg = self.rx.recv() => match msg {
-                    Some(Envelope::Alert { alert, hold, note, ack }) => {
+                    Some(Envelope::Alert { alert, hold, note, host, ack }) => {
                         // A burst: take every alert already waiting and write them together.
-                        let mut batch = vec![(alert, hold, note, ack)];
+                        let mut batch = vec![(alert, hold, note, host, ack)];
                         let mut after = None;
                         while batch.len() < MAX_BATCH {
                             match self.rx.try_recv() {
-                                Ok(Envelope::Alert { alert, hold, note, ack }) => {
-                                    batch.push((alert, hold, note, ack))
+                                Ok(Envelope::Alert { alert, hold, note, host, ack }) => {
+                                    batch.push((alert, hold, note, host, ack))
                                 }
                                 Ok(other) => {
                                     after = Some(other);
@@ -572,10 +596,12 @@ impl Intake {
                 alert,
                 hold,
                 note,
+                host,
                 ack,
-            } => self.accept(alert, hold, note, ack).await,
+            } => self.accept_many(vec![(alert, hold, note, host, ack)]).await,
             Envelope::Evidence(alert) => self.attach(alert).await,
             Envelope::Release { id, note } => {
+                self.host_pages.remove(&id);
                 if lock(&self.shared.outbox).release(&id, &note) {
                     self.wake_all();
                 }
@@ -649,25 +675,22 @@ impl Intake {
         Ok(warnings)
     }
 
-    async fn accept(
-        &mut self,
-        alert: Alert,
-        hold: Option<Duration>,
-        note: Option<String>,
-        ack: Option<oneshot::Sender<Ack>>,
-    ) {
-        self.accept_many(vec![(alert, hold, note, ack)]).await;
-    }
-
     /// Builds the documents, writes them to the outbox together, and acknowledges each.
     async fn accept_many(&mut self, batch: Vec<Incoming>) {
         let now = now_ms();
         let mono = crate::clock::mono_ms();
         let mut acks = Vec::new();
         let mut work = Vec::new();
-        for (alert, hold, note, ack) in batch {
+        for (alert, hold, note, host, ack) in batch {
             let mut doc = AlertDocument::build(&alert);
             doc.evidence_note = note;
+            if let Some(g) = host {
+                // Kept for the evidence, which rebuilds the document from its alert.
+                if hold.is_some() {
+                    self.host_pages.insert(doc.id.clone(), (*g).clone());
+                }
+                doc.apply_host_group(*g);
+            }
             doc.handoff = super::handoff::suggest(&self.handoff, &doc);
             let targets: Vec<String> = self
                 .commons
@@ -791,6 +814,9 @@ impl Intake {
 
     async fn attach(&mut self, alert: Alert) {
         let mut doc = AlertDocument::build(&alert);
+        if let Some(g) = self.host_pages.remove(&doc.id) {
+            doc.apply_host_group(g);
+        }
         doc.handoff = super::handoff::suggest(&self.handoff, &doc);
         let shared = self.shared.clone();
         let reports_dir = self.reports_dir.clone();

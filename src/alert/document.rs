@@ -24,6 +24,133 @@ pub const MAX_LINE_CHARS: usize = 2000;
 pub const MAX_STEP_OUTPUT_BYTES: usize = 32 * 1024;
 pub const MAX_STEPS: usize = 64;
 
+/// One page for the host when several GPUs open the same critical fault together.
+///
+/// A PCIe switch, a riser, a power event or the driver takes several GPUs down at once; a page
+/// per card, each with advice about that one card, sends the on-call to the wrong place. The
+/// design, kept simple so the outbox's promise is unchanged:
+/// - every GPU keeps its own incident, history, digests and resolved notice;
+/// - the engine releases first alerts of the same critical (kind, Xid) on different GPUs whose
+///   settle delays overlap in the same tick ([`crate::incident`]);
+/// - the daemon hands over only the first of them (the lead), carrying this group; its id is the
+///   lead incident's id, so it is stable across restarts and deduplicated as before, and it goes
+///   through the outbox like any alert (written before it is acknowledged, sent at least once);
+/// - the other GPUs' opening pages are not sent: they are folded into this one, each named here
+///   with its own incident id, so their later notices can be matched to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostGroup {
+    /// Every GPU of the group, the lead first.
+    pub gpus: Vec<HostGpu>,
+    /// PCI ports above every GPU of the group (nearest first), from the sysfs topology: a shared
+    /// switch or root port is where to look. Empty when sysfs does not know.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_ports: Vec<String>,
+    /// What the GPUs share, in words ("the PCIe port 0000:16:00.0", or "the host").
+    pub shared: String,
+}
+
+/// One GPU of a [`HostGroup`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostGpu {
+    /// Its own incident, which goes on (digests, resolved notice) under this id.
+    pub incident_id: String,
+    pub gpu: GpuDoc,
+    pub title: String,
+}
+
+impl HostGroup {
+    /// The group for `lead` and `others`, with the ports above all of them read under
+    /// `sysfs_root` (missing or unreadable sysfs: no shared port, still a host page).
+    pub fn new(lead: &Incident, others: &[&Incident], sysfs_root: &std::path::Path) -> HostGroup {
+        let all: Vec<&Incident> = std::iter::once(lead)
+            .chain(others.iter().copied())
+            .collect();
+        let mut shared: Option<Vec<crate::model::PciAddress>> = None;
+        for inc in &all {
+            let ports = inc
+                .pci
+                .map(|p| crate::runbook::sysfs::ports_above(sysfs_root, p))
+                .unwrap_or_default();
+            shared = Some(match shared {
+                None => ports,
+                Some(s) => s.into_iter().filter(|p| ports.contains(p)).collect(),
+            });
+        }
+        let shared_ports: Vec<String> = shared
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        let shared = match shared_ports.first() {
+            Some(p) => format!("the PCIe port {p} above all of them"),
+            None => "the host (sysfs names no common PCIe port)".to_string(),
+        };
+        HostGroup {
+            gpus: all
+                .iter()
+                .map(|i| HostGpu {
+                    incident_id: i.id.clone(),
+                    gpu: gpu_doc(i).unwrap_or_default(),
+                    title: i.title.clone(),
+                })
+                .collect(),
+            shared_ports,
+            shared,
+        }
+    }
+
+    /// "GPU 0 (0000:17:00.0), GPU 1 (0000:18:00.0)".
+    pub fn names(&self) -> String {
+        self.gpus
+            .iter()
+            .map(|g| {
+                let pci = g.gpu.pci.as_deref().unwrap_or("unknown PCI address");
+                match g.gpu.index {
+                    Some(i) => format!("GPU {i} ({pci})"),
+                    None => format!("GPU {pci}"),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl AlertDocument {
+    /// Makes this opening page the host page for `group`: the headline names every GPU, and
+    /// the advice is about what they share, not about one card, which is what a simultaneous
+    /// failure points to.
+    pub fn apply_host_group(&mut self, group: HostGroup) {
+        let n = group.gpus.len();
+        let what = match self.xid {
+            Some(x) => format!("Xid {x}"),
+            None => self.kind.clone(),
+        };
+        self.title = format!("{n} GPUs failed together ({what}): {}", group.names());
+        self.headline = format!(
+            "{}{}: {} - {}",
+            if self.test { "[TEST] " } else { "" },
+            self.host,
+            self.title,
+            self.severity.as_str()
+        );
+        self.meaning = format!(
+            "{n} GPUs reported {what} within the settle delay: {}. They share {}. A fault on several GPUs at once usually lies in what they share, not in each card. Each GPU keeps its own incident. {}",
+            group.names(),
+            group.shared,
+            self.meaning
+        );
+        self.next_steps = format!(
+            "Treat it as a host fault: check the PCIe switch or riser above them ({}), the power to that slot group (PSU, cabling, power events in the BMC log), and the driver (dmesg around the first error) before replacing any card. Drain the host; reseat or replace the shared part rather than each GPU.",
+            if group.shared_ports.is_empty() {
+                "sysfs names none".to_string()
+            } else {
+                group.shared_ports.join(" > ")
+            }
+        );
+        self.host_group = Some(group);
+    }
+}
+
 /// The document. See `docs/alerts.md` for the meaning of every field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AlertDocument {
@@ -84,6 +211,10 @@ pub struct AlertDocument {
     /// Suggested for a person; xidwatch never runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<super::handoff::HandoffDoc>,
+    /// Set on a host page: several GPUs opened the same critical fault together, so this one
+    /// opening page stands for all of them (see [`HostGroup`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_group: Option<HostGroup>,
     pub generator: Generator,
 }
 
@@ -292,6 +423,7 @@ impl AlertDocument {
             evidence_note: None,
             report_path: None,
             handoff: None,
+            host_group: None,
             generator: Generator {
                 name: "xidwatch".to_string(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
@@ -784,6 +916,67 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(1_764_404_043_123), "2025-11-29T08:14:03.123Z");
+    }
+
+    /// A host page names every GPU with its incident, the port above all of them when sysfs
+    /// knows it, and says the host is what to check; without sysfs it is still a host page.
+    #[test]
+    fn a_host_page_names_every_gpu_and_what_they_share() {
+        let alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        let mut a = alert.incident.clone();
+        a.id = "a".into();
+        a.pci = crate::model::PciAddress::parse("0000:19:00.0").ok();
+        let mut b = a.clone();
+        b.id = "b".into();
+        b.pci = crate::model::PciAddress::parse("0000:1a:00.0").ok();
+        let dir = tempfile::tempdir().unwrap();
+        let devices = dir.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&devices).unwrap();
+        for (name, path) in [
+            (
+                "0000:19:00.0",
+                "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.0",
+            ),
+            (
+                "0000:1a:00.0",
+                "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:04.0/0000:1a:00.0",
+            ),
+        ] {
+            std::os::unix::fs::symlink(format!("../../../devices/{path}"), devices.join(name))
+                .unwrap();
+        }
+        let g = HostGroup::new(&a, &[&b], dir.path());
+        assert_eq!(g.shared_ports, vec!["0000:17:00.0", "0000:16:01.0"]);
+        let ids: Vec<&str> = g.gpus.iter().map(|g| g.incident_id.as_str()).collect();
+        assert_eq!(ids, vec!["a", "b"]);
+        let mut doc = AlertDocument::build(&alert);
+        doc.apply_host_group(g);
+        assert!(
+            doc.headline.contains("2 GPUs failed together (Xid 79)"),
+            "{}",
+            doc.headline
+        );
+        assert!(doc.headline.contains("0000:19:00.0") && doc.headline.contains("0000:1a:00.0"));
+        assert!(
+            doc.meaning.contains("the PCIe port 0000:17:00.0"),
+            "{}",
+            doc.meaning
+        );
+        assert!(
+            doc.next_steps.contains("PCIe switch or riser"),
+            "{}",
+            doc.next_steps
+        );
+        let report = super::super::report::render(&doc);
+        assert!(report.contains("incident b"), "{report}");
+        assert!(
+            report.contains("Shared:    PCIe 0000:17:00.0 > 0000:16:01.0"),
+            "{report}"
+        );
+
+        let none = HostGroup::new(&a, &[&b], &dir.path().join("absent"));
+        assert!(none.shared_ports.is_empty());
+        assert!(none.shared.starts_with("the host"), "{}", none.shared);
     }
 
     #[test]

@@ -851,6 +851,7 @@ mod tests {
             evidence_note: None,
             report_path: None,
             handoff: None,
+            host_group: None,
             generator: Generator {
                 name: "xidwatch".into(),
                 version: "0".into(),

@@ -55,6 +55,17 @@ pub fn summary(doc: &AlertDocument) -> String {
         }
         let _ = writeln!(o, "GPU:       {}", parts.join(", "));
     }
+    if let Some(h) = &doc.host_group {
+        // A host page: every GPU it stands for, each under its own incident's id, so the
+        // per-GPU notices that follow can be matched to it.
+        let _ = writeln!(o, "GPUs:      {} ({} together)", h.names(), h.gpus.len());
+        for g in &h.gpus {
+            let _ = writeln!(o, "           {}: incident {}", g.title, g.incident_id);
+        }
+        if !h.shared_ports.is_empty() {
+            let _ = writeln!(o, "Shared:    PCIe {}", h.shared_ports.join(" > "));
+        }
+    }
     let mut fault = doc.fault_words();
     if let Some(c) = &doc.catalog {
         // For other kinds the catalog's mnemonic is the kind itself: not twice.

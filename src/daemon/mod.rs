@@ -1152,8 +1152,25 @@ impl Emitter {
             let _ = lock.flush();
         }
         while self.tasks.try_join_next().is_some() {}
+        let mut groups = host_groups(incidents, &self.env.sysfs_root);
         for inc in incidents.drain(..) {
             let opened = inc.phase == crate::model::IncidentPhase::Opened && !inc.test;
+            let host = match groups.remove(&inc.id) {
+                Some(HostRole::Lead(g)) => Some(g),
+                Some(HostRole::Folded(lead)) => {
+                    // Its own incident and history go on; its opening page is the host page.
+                    if let Some(p) = &self.pages {
+                        p.annotate(&inc);
+                    }
+                    tracing::info!(
+                        "incident {} ({}) opened with others on this host: paged in host page {lead}",
+                        inc.id,
+                        inc.title
+                    );
+                    continue;
+                }
+                None => None,
+            };
             if inc.before_lookback {
                 // An old fault read at start-up: into the history (and status, above), no page.
                 if opened {
@@ -1200,11 +1217,15 @@ impl Emitter {
                     "no evidence: {} runbooks were already waiting when this incident opened",
                     self.tasks.len()
                 );
-                acks.submitted(self.alerts.submit(alert, None, Some(note)).await);
+                acks.submitted(self.alerts.submit_host(alert, None, Some(note), host).await);
                 continue;
             }
             let hold = self.limits.max_budget.saturating_add(HOLD_GRACE);
-            acks.submitted(self.alerts.submit(alert.clone(), Some(hold), None).await);
+            acks.submitted(
+                self.alerts
+                    .submit_host(alert.clone(), Some(hold), None, host)
+                    .await,
+            );
             self.spawn_runbook(alert);
         }
     }
@@ -1261,6 +1282,51 @@ impl Emitter {
             }
         });
     }
+}
+
+/// What an opening incident is in a host page.
+enum HostRole {
+    /// It carries the host page.
+    Lead(crate::alert::document::HostGroup),
+    /// Its opening page is folded into the host page with this incident id.
+    Folded(String),
+}
+
+/// Opening pages of the same critical (kind, Xid) on two or more GPUs released together (the
+/// engine releases them in one tick when their settle delays overlap): the first leads a host
+/// page, the others fold into it. Keyed by incident id. Faults recorded before the look-back
+/// and test incidents are left alone.
+fn host_groups(
+    incidents: &[Incident],
+    sysfs_root: &std::path::Path,
+) -> std::collections::HashMap<String, HostRole> {
+    use crate::model::IncidentPhase;
+    let mut by_key: std::collections::BTreeMap<_, Vec<&Incident>> = Default::default();
+    for inc in incidents {
+        if inc.phase == IncidentPhase::Opened
+            && !inc.test
+            && !inc.before_lookback
+            && inc.severity >= crate::model::Severity::Critical
+            && inc.pci.is_some()
+        {
+            let group = by_key
+                .entry((inc.host.clone(), inc.kind.as_str(), inc.xid))
+                .or_default();
+            if !group.iter().any(|g| g.pci == inc.pci) {
+                group.push(inc);
+            }
+        }
+    }
+    let mut out = std::collections::HashMap::new();
+    for group in by_key.into_values().filter(|g| g.len() >= 2) {
+        let (lead, others) = (group[0], &group[1..]);
+        for o in others {
+            out.insert(o.id.clone(), HostRole::Folded(lead.id.clone()));
+        }
+        let g = crate::alert::document::HostGroup::new(lead, others, sysfs_root);
+        out.insert(lead.id.clone(), HostRole::Lead(g));
+    }
+    out
 }
 
 /// The catalog's words (or, for findings without an Xid, xidwatch's guidance) for an incident.

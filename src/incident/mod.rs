@@ -742,6 +742,39 @@ impl Engine {
                 told_mono_ms: now.mono_ms,
             },
         );
+        self.align_host_settle(key);
+    }
+
+    /// A critical fault opening on a second GPU while the same fault's first alert is still held
+    /// on another GPU (a PCIe switch, riser or power event takes several down at once) is
+    /// released with it: the alert stage folds first alerts released together into one host
+    /// page ([`crate::alert::document::HostGroup`]), which it can only do when they come out of
+    /// the same tick. Only the timing changes: each GPU keeps its own incident.
+    fn align_host_settle(&mut self, key: Key) {
+        let Some(new) = self.open.get(&key) else {
+            return;
+        };
+        if !new.held() || new.inc.severity < Severity::Critical || new.inc.pci.is_none() {
+            return;
+        }
+        let (kind, xid, pci, seen) = (
+            new.inc.kind,
+            new.inc.xid,
+            new.inc.pci,
+            new.inc.first_seen_ms,
+        );
+        let settle = self.cfg.settle_ms;
+        let earliest = self
+            .open
+            .values()
+            .filter(|o| o.key != key && o.held() && o.inc.pci.is_some() && o.inc.pci != pci)
+            .filter(|o| o.inc.kind == kind && o.inc.xid == xid && o.inc.count >= o.min_count)
+            .filter(|o| o.inc.first_seen_ms.abs_diff(seen) <= settle)
+            .map(|o| o.settle_until_ms)
+            .min();
+        if let (Some(t), Some(n)) = (earliest, self.open.get_mut(&key)) {
+            n.settle_until_ms = n.settle_until_ms.min(t);
+        }
     }
 
     /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
@@ -1776,6 +1809,50 @@ mod tests {
             &mut out,
         );
         assert_eq!(out.len(), 1);
+    }
+
+    /// The same critical fault on a second GPU within the first's settle delay comes out in the
+    /// same tick (the alert stage makes one host page of them); each keeps its own incident.
+    /// Another fault on another GPU keeps its own timing.
+    #[test]
+    fn the_same_critical_fault_on_two_gpus_settles_together() {
+        let mut e = settling(500, 0);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:19:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:1a:00.0", 79, Severity::Critical, 2),
+            300,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:3b:00.0", 13, Severity::Warning, 3),
+            300,
+            &mut out,
+        );
+        assert_eq!(e.next_deadline(), Some(500));
+        e.tick(500, &mut out);
+        let got: Vec<_> = out
+            .iter()
+            .map(|i| (i.pci.map(|p| p.to_string()), i.xid))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some("0000:19:00.0".to_string()), Some(79)),
+                (Some("0000:1a:00.0".to_string()), Some(79)),
+            ]
+        );
+        assert_eq!(e.open_count(), 3);
+        e.tick(800, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].xid, Some(13));
     }
 
     /// Host-level findings (config refused, kernel log overrun) have no GPU to wait for.

@@ -12,6 +12,7 @@ mod fabricmanager;
 mod families;
 mod fleet;
 mod health;
+mod hostpage;
 mod install;
 mod lost;
 mod nvml;

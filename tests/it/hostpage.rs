@@ -1,0 +1,223 @@
+//! End to end: GPUs that fall off the bus together are one page for the host, naming every GPU
+//! and the PCIe port they share, while a single GPU's fault is still its own ordinary page.
+
+use std::io::{BufReader, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A loopback receiver that keeps each POST body and answers 200.
+fn receiver() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let Some((_, body)) = super::support::read_request(&mut r) else {
+                continue;
+            };
+            g.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&body).into_owned());
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, got)
+}
+
+/// A sysfs tree with two GPUs (19:00.0, 1a:00.0) behind one PCIe switch (upstream port
+/// 17:00.0, downstream ports 18:00.0 and 18:04.0) under root port 16:01.0, and a third GPU
+/// (3b:00.0) on a root port of its own.
+fn sysfs(root: &Path) {
+    let devices = root.join("bus/pci/devices");
+    std::fs::create_dir_all(&devices).unwrap();
+    for path in [
+        "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.0",
+        "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:04.0/0000:1a:00.0",
+        "pci0000:3a/0000:3a:01.0/0000:3b:00.0",
+    ] {
+        std::fs::create_dir_all(root.join("devices").join(path)).unwrap();
+        let name = path.rsplit('/').next().unwrap();
+        symlink(format!("../../../devices/{path}"), devices.join(name)).unwrap();
+    }
+}
+
+fn xid(seq: u64, usecs: u64, bus: &str, xid: u32) -> String {
+    format!("3,{seq},{usecs},-;NVRM: Xid (PCI:0000:{bus}:00): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+}
+
+struct Run {
+    _dir: tempfile::TempDir,
+    kmsg: std::path::PathBuf,
+    got: Arc<Mutex<Vec<String>>>,
+    child: Child,
+}
+
+impl Run {
+    /// The daemon with a 500 ms settle delay, NVML off, paging one JSON webhook.
+    fn start() -> Run {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        sysfs(&sys);
+        let kmsg = dir.path().join("kmsg");
+        std::fs::write(&kmsg, "").unwrap();
+        let (url, got) = receiver();
+        let state = dir.path().join("state");
+        let config = format!(
+            "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\nsysfs_root = {sys:?}\n\
+             [state]\ndir = {state:?}\n[incidents]\nsettle_ms = 500\n\
+             [runbooks]\nsearch_path = [{:?}]\nsysfs_root = {sys:?}\n\
+             [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
+            root.join("fixtures/fake-tools"),
+        );
+        let config_path = dir.path().join("xidwatch.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args(["run", "--config"])
+            .arg(&config_path)
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Run {
+            _dir: dir,
+            kmsg,
+            got,
+            child,
+        }
+    }
+
+    /// Appends records in one write, as the kernel log grows.
+    fn append(&self, records: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.kmsg)
+            .unwrap();
+        f.write_all(records.as_bytes()).unwrap();
+    }
+
+    /// Waits until some page satisfies `done`; returns every page received so far.
+    fn wait_for(
+        &self,
+        what: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            let pages: Vec<serde_json::Value> = self
+                .got
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|b| serde_json::from_str(b).unwrap())
+                .collect();
+            if pages.iter().any(&done) {
+                return pages;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no {what}; pages: {pages:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(self) {
+        super::support::sigterm(&self.child);
+        let out = self.child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn opened_xid79(pages: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    pages
+        .iter()
+        .filter(|p| p["phase"] == "opened" && p["xid"] == 79)
+        .collect()
+}
+
+#[test]
+fn two_gpus_falling_off_together_are_one_host_page_naming_both() {
+    let run = Run::start();
+    // Two GPUs behind the same switch, 20 ms apart in the kernel's clock, in one append.
+    run.append(&(xid(1, 9_512_238_711, "19", 79) + &xid(2, 9_512_258_711, "1a", 79)));
+    run.wait_for("Xid 79 page", |p| p["xid"] == 79);
+    // Progress marker: a later fault on another GPU. Had the second GPU's opening page been
+    // sent on its own, it would have been handed over before this one.
+    run.append(&xid(3, 9_512_300_000, "3b", 13));
+    let pages = run.wait_for("marker page", |p| p["xid"] == 13);
+    let opened = opened_xid79(&pages);
+    assert_eq!(opened.len(), 1, "{pages:#?}");
+    let page = opened[0];
+    let text = page.to_string();
+    assert!(
+        text.contains("0000:19:00.0") && text.contains("0000:1a:00.0"),
+        "{text}"
+    );
+    let group = &page["host_group"];
+    assert_eq!(group["gpus"].as_array().map(Vec::len), Some(2), "{text}");
+    assert_eq!(group["shared_ports"][0], "0000:17:00.0", "{text}");
+    assert!(
+        page["headline"]
+            .as_str()
+            .unwrap()
+            .contains("2 GPUs failed together"),
+        "{text}"
+    );
+    assert!(
+        page["next_steps"].as_str().unwrap().contains("PCIe switch"),
+        "{text}"
+    );
+    // Each GPU keeps its own incident, named on the page.
+    let ids: Vec<&str> = group["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["incident_id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(page["id"], ids[0], "{text}");
+    run.stop();
+}
+
+#[test]
+fn a_single_gpu_falling_off_is_its_ordinary_page() {
+    let run = Run::start();
+    run.append(&xid(1, 9_512_238_711, "19", 79));
+    run.wait_for("Xid 79 page", |p| p["xid"] == 79);
+    run.append(&xid(2, 9_512_300_000, "3b", 13));
+    let pages = run.wait_for("marker page", |p| p["xid"] == 13);
+    let opened = opened_xid79(&pages);
+    assert_eq!(opened.len(), 1, "{pages:#?}");
+    let page = opened[0];
+    assert!(page.get("host_group").is_none(), "{page:#}");
+    assert!(
+        !page["headline"]
+            .as_str()
+            .unwrap()
+            .contains("GPUs failed together"),
+        "{page:#}"
+    );
+    assert_eq!(page["gpu"]["pci"], "0000:19:00.0", "{page:#}");
+    run.stop();
+}
