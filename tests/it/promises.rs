@@ -206,7 +206,9 @@ fn sigkill_during_a_burst_of_2000_incidents_loses_none() {
     );
     let mut burst = String::new();
     for i in 0..N {
-        burst.push_str(&xid_on(u64::from(i), i, 79));
+        // Xid 13: an application fault per GPU, each its own page (the same critical fault on
+        // many GPUs at once would be one host page).
+        burst.push_str(&xid_on(u64::from(i), i, 13));
     }
     s.append(&burst);
     let mut first = s.spawn(&[]);
@@ -321,7 +323,8 @@ fn a_hung_receiver_does_not_hold_back_the_next_alert() {
     });
     s.append(&xid_on(0, 1, 79));
     std::thread::sleep(Duration::from_millis(300));
-    s.append(&xid_on(1, 2, 79));
+    // Another fault (an Xid 79 on a second GPU this close would share the first one's host page).
+    s.append(&xid_on(1, 2, 48));
     // The first request hangs for 120 s (and the channel's timeout is 60 s); the second alert
     // must not wait for either.
     wait_until("the second alert", Duration::from_secs(15), || {
