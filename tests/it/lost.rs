@@ -3,7 +3,8 @@
 //! same board back; an event (Xid 13) still ends after its quiet period, and says only that.
 //!
 //! Windows and quiet periods are 1 s here, so "several quiet periods" are a few seconds. Every
-//! test asserts on what a webhook receiver got.
+//! test asserts on what a webhook receiver got; two also on what follows from it: the alert in a
+//! real Alertmanager, and `xidwatch npd-check`'s verdict.
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
