@@ -3,7 +3,8 @@
 //! same board back; an event (Xid 13) still ends after its quiet period, and says only that.
 //!
 //! Windows and quiet periods are 1 s here, so "several quiet periods" are a few seconds. Every
-//! test asserts on what a webhook receiver got.
+//! test asserts on what a webhook receiver got; two also on what follows from it: the alert in a
+//! real Alertmanager, and `xidwatch npd-check`'s verdict.
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
@@ -29,12 +30,21 @@ struct Lost {
     child: Child,
     docs: Arc<Mutex<Vec<(Instant, Value)>>>,
     log: Arc<Mutex<String>>,
+    /// Just before the daemon was spawned: the fake's `at_ms` times count from its NVML init,
+    /// which is later, so a script's `set at_ms=T` has not happened before `started + T`.
+    started: Instant,
 }
 
 impl Lost {
     /// Starts the daemon with NVML (`script`) or without it (`None`), one NVIDIA GPU at
     /// 0000:17:00.0 on the fake bus, windows and quiet periods of 1 s.
     fn start(script: Option<&str>) -> Lost {
+        Lost::start_with(script, "", "")
+    }
+
+    /// As [`Lost::start`], with `incidents` added to `[incidents]` and `channels` after the
+    /// webhook channel.
+    fn start_with(script: Option<&str>, incidents: &str, channels: &str) -> Lost {
         let dir = tempfile::tempdir().unwrap();
         let p = |name: &str| dir.path().join(name);
         std::fs::write(p("kmsg"), "").unwrap();
@@ -68,8 +78,8 @@ impl Lost {
             p("xidwatch.toml"),
             format!(
                 "[kmsg]\npath = {:?}\n[nvml]\nenabled = {}\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\n[state]\ndir = {:?}\n\
-                 [incidents]\nsettle_ms = 0\nwindow_secs = 1\nquiet_secs = 1\n\
-                 [[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n",
+                 [incidents]\nsettle_ms = 0\nwindow_secs = 1\nquiet_secs = 1\n{incidents}\
+                 [[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n{channels}",
                 p("kmsg"),
                 script.is_some(),
                 fake_nvml_library(),
@@ -78,6 +88,7 @@ impl Lost {
             ),
         )
         .unwrap();
+        let started = Instant::now();
         let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
             .args(["run", "--config"])
             .env(
@@ -107,6 +118,7 @@ impl Lost {
             child,
             docs,
             log,
+            started,
         }
     }
 
@@ -264,4 +276,206 @@ fn an_event_still_ends_after_its_quiet_period_and_says_quiet() {
     let h = headline(&resolved);
     assert!(h.contains("quiet for 1 s"), "{h}");
     assert!(!h.contains("recovered"), "{h}");
+}
+
+/// How long a test watches a lost GPU's incident hold after it first shows: four quiet periods.
+const HOLD: Duration = Duration::from_secs(4);
+/// When the fake makes the GPU reachable again in the tests below (ms after its init): long
+/// enough that the page, its first showing and [`HOLD`] all fit before it on a slow machine.
+const BACK_MS: u64 = 15_000;
+
+impl Lost {
+    /// When the fake is certain to still report the GPU lost: before `started + BACK_MS` (less a
+    /// margin). Fails if `HOLD` from `from` does not fit, rather than watching a recovered GPU.
+    fn hold_until(&self, from: Instant) -> Instant {
+        let back = self.started + Duration::from_millis(BACK_MS) - Duration::from_millis(500);
+        assert!(
+            from + HOLD <= back,
+            "too slow: the incident showed {:?} after the start, too late to watch it hold for {HOLD:?} before the GPU is back",
+            from.duration_since(self.started)
+        );
+        from + HOLD
+    }
+
+    /// `xidwatch npd-check --config ...`: its exit code and its line.
+    fn npd_check(&self) -> (Option<i32>, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
+            .args(["npd-check", "--config"])
+            .arg(self.dir.path().join("xidwatch.toml"))
+            .output()
+            .expect("run xidwatch npd-check");
+        let text = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+        (out.status.code(), text)
+    }
+
+    /// Runs npd-check until it exits `code`; its line. Fails after [`LIMIT`].
+    fn npd_until(&self, code: i32) -> String {
+        let start = Instant::now();
+        loop {
+            let (got, text) = self.npd_check();
+            if got == Some(code) {
+                return text;
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "npd-check never exited {code} within {LIMIT:?}; last {got:?}: {text}\nlog:\n{}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// A host name no other test run has used, for an Alertmanager filter.
+fn unique_host(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Through the real daemon to a real Alertmanager: the Xid 79 on a lost GPU is active there,
+/// stays active over several quiet periods (its `endsAt` is "until resolved", and no resolved
+/// notice goes out on silence), and leaves the active list once the fake makes the same board
+/// reachable again.
+#[test]
+#[ignore = "needs an Alertmanager: XIDWATCH_ALERTMANAGER_URL (.ci/alert-services.sh)"]
+fn a_lost_gpu_stays_active_in_alertmanager_until_the_same_board_is_back() {
+    let base = super::support::required_env("XIDWATCH_ALERTMANAGER_URL");
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let host = unique_host("lost-am");
+    let d = Lost::start_with(
+        Some(&script(BACK_MS, "")),
+        &format!("host = {host:?}\n"),
+        &format!("[[alerts.alertmanager]]\nname = \"am\"\nurls = [\"{base}\"]\n"),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
+    url.query_pairs_mut()
+        .append_pair("filter", &format!("host=\"{host}\""));
+    // This host's alerts that Alertmanager lists, as (what, state): the Xid 79 (`xid 79`) and
+    // the probe's `gpu_missing`, each with its state (active, suppressed, ...).
+    let alerts = || -> (Vec<(String, String)>, Value) {
+        rt.block_on(async {
+            let resp = client.get(url.clone()).send().await.unwrap();
+            let list: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+            let mut got: Vec<(String, String)> = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| {
+                    let l = &a["labels"];
+                    let what = match l["xid"].as_str() {
+                        Some(x) => format!("xid {x}"),
+                        None => l["kind"].as_str().unwrap_or("").to_string(),
+                    };
+                    (
+                        what,
+                        a["status"]["state"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            got.sort();
+            (got, list)
+        })
+    };
+    let active = |what: &str| (what.to_string(), "active".to_string());
+    let both = vec![active("gpu_missing"), active("xid 79")];
+
+    lose(&d);
+    let deadline = Instant::now() + LIMIT;
+    let shown = loop {
+        let (got, list) = alerts();
+        if got == both {
+            let xid = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["labels"]["xid"] == "79")
+                .unwrap();
+            assert_eq!(xid["labels"]["pci"], "0000:17:00.0", "{xid:#}");
+            assert_eq!(xid["labels"]["uuid"], UUID0, "{xid:#}");
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Xid 79 and gpu_missing never both active in Alertmanager: {list:#}\nlog:\n{}",
+            d.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    // Several 1 s quiet periods: both still active every time (a resolved notice, or an
+    // `endsAt` on a timer, would take them off the active list).
+    let until = d.hold_until(shown);
+    let mut polls = 0;
+    while Instant::now() < until {
+        let (got, list) = alerts();
+        assert_eq!(
+            got,
+            both,
+            "not both active {:?} after they showed, GPU still lost: {list:#}",
+            shown.elapsed()
+        );
+        polls += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(polls >= 4, "{polls} polls");
+    assert!(d.resolved_lost().is_empty(), "{:#?}", d.resolved_lost());
+
+    // The same board is back: the Xid 79's resolved notice ends it in Alertmanager.
+    //
+    // Not asserted: the probe's `gpu_missing` alert. It was paged first, then superseded by the
+    // Xid 79 incident (absorbed as its echo, src/incident/mod.rs), which sends it no resolved
+    // notice; with its "until resolved" `endsAt` it stays active in Alertmanager (an open bug).
+    d.wait_for("the verified recovery", |v| {
+        v["phase"] == "resolved" && v["xid"] == 79
+    });
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (got, list) = alerts();
+        if !got.contains(&active("xid 79")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Xid 79 still active in Alertmanager after the GPU was back: {list:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// node-problem-detector's check follows the host's verdict: it reports the problem (exit 1) on
+/// every run while the GPU is lost, over several quiet periods, and OK (exit 0) once the same
+/// board is back and the incident resolved.
+#[test]
+fn npd_check_reports_a_lost_gpu_until_the_same_board_is_back() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let d = Lost::start(Some(&script(BACK_MS, "")));
+    lose(&d);
+    let first = d.npd_until(1);
+    assert!(first.starts_with("failed: "), "{first}");
+
+    let until = d.hold_until(Instant::now());
+    let mut runs = 0;
+    while Instant::now() < until {
+        let (code, text) = d.npd_check();
+        assert_eq!(code, Some(1), "GPU still lost: {text}");
+        assert!(text.starts_with("failed: "), "{text}");
+        runs += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(runs >= 4, "{runs} runs");
+    assert!(d.resolved_lost().is_empty(), "{:#?}", d.resolved_lost());
+
+    d.wait_for("the verified recovery", |v| {
+        v["phase"] == "resolved" && v["xid"] == 79
+    });
+    let ok = d.npd_until(0);
+    assert!(ok.starts_with("ok: "), "{ok}");
 }
