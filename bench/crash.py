@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Crash bench: SIGKILL the daemon at random moments while distinct incidents stream in.
 
-A writer appends one distinct Xid 79 incident (its own GPU address) to a regular-file kernel log
+A writer appends one distinct Xid 13 incident (its own GPU address; one application fault per
+GPU, since the same critical fault on several GPUs at once is one host page) to a regular-file kernel log
 every few milliseconds; the daemon sends each incident's alert to a webhook receiver on loopback;
 the bench SIGKILLs the daemon KILLS times at random moments and restarts it at once. At the end
 it prints how many incidents were written, how many reached the receiver, how many were lost
@@ -48,7 +49,7 @@ class Receiver(http.server.BaseHTTPRequestHandler):
 
 def record(seq, i):
     dom, bus, dev = i // 8192, (i // 32) % 256, i % 32
-    return (f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{dom:04x}:{bus:02x}:{dev:02x}): 79, "
+    return (f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{dom:04x}:{bus:02x}:{dev:02x}): 13, "
             f"pid=42, name=python3, crash bench\n")
 
 
