@@ -1,106 +1,54 @@
 //! The configured channels, built from [`AlertConfig`] in one step that resolves secrets and may
-//! fail with a message naming the channel, then used to deliver documents.
+//! fail with a message naming the channel, then used to deliver documents. A channel is a
+//! [`Sink`] of any kind with the config's secrets to cut out of what it reports; nothing here
+//! knows one kind from another.
 
-use std::io::Write;
-
-use super::alertmanager::AlertmanagerChannel;
-use super::config::{AlertConfig, ChannelKind, StdoutFormat, STDOUT_CHANNEL};
+use super::channels::stdout::StdoutChannel;
+use super::config::AlertConfig;
 use super::document::AlertDocument;
-use super::email::EmailChannel;
-use super::report;
+use super::error::AlertError;
 use super::retry::DeliveryError;
-use super::webhook::WebhookChannel;
-use super::AlertError;
+use super::sink::{ChannelKind, Sink, STDOUT_CHANNEL};
 use crate::runbook::Redactor;
 
 /// One delivery target, with the config's secrets to cut out of what it reports.
 #[derive(Debug)]
 pub struct Channel {
-    target: Target,
+    sink: Box<dyn Sink>,
     secrets: Redactor,
 }
 
-/// Where a channel delivers.
-#[derive(Debug)]
-enum Target {
-    Stdout(StdoutFormat),
-    Webhook(WebhookChannel),
-    Email(EmailChannel),
-    Alertmanager(AlertmanagerChannel),
-}
-
 impl Channel {
-    fn new(target: Target, secrets: &Redactor) -> Channel {
+    fn new(sink: Box<dyn Sink>, secrets: &Redactor) -> Channel {
         Channel {
-            target,
+            sink,
             secrets: secrets.clone(),
         }
     }
 
     pub fn name(&self) -> &str {
-        match &self.target {
-            Target::Stdout(_) => STDOUT_CHANNEL,
-            Target::Webhook(w) => w.name(),
-            Target::Email(e) => e.name(),
-            Target::Alertmanager(a) => a.name(),
-        }
+        self.sink.name()
     }
 
     pub fn kind(&self) -> ChannelKind {
-        match &self.target {
-            Target::Stdout(_) => ChannelKind::Stdout,
-            Target::Webhook(w) => match w.format() {
-                super::config::WebhookFormat::Json => ChannelKind::Webhook,
-                super::config::WebhookFormat::Slack => ChannelKind::Slack,
-            },
-            Target::Email(_) => ChannelKind::Email,
-            Target::Alertmanager(_) => ChannelKind::Alertmanager,
-        }
+        self.sink.kind()
     }
 
     /// One delivery attempt. Every channel's failure goes through here, and leaves redacted and
     /// capped: the dispatcher logs it, the outbox stores it, `xidwatch status` and the status
     /// files show it, `test-alert` prints it, all as it is returned here.
     pub async fn deliver(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
-        self.attempt(doc)
+        let accepted = self
+            .sink
+            .deliver(doc)
             .await
-            .map_err(|e| e.redacted(&self.secrets))
-    }
-
-    async fn attempt(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
-        match &self.target {
-            Target::Stdout(format) => {
-                let text = match format {
-                    StdoutFormat::Text => format!("{}\n", report::render(doc)),
-                    StdoutFormat::Json => {
-                        let mut s = String::from_utf8_lossy(&doc.to_json()).into_owned();
-                        s.push('\n');
-                        s
-                    }
-                };
-                // Standard output may be a full pipe; keep the blocking write off the runtime.
-                tokio::task::spawn_blocking(move || {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(text.as_bytes()).and_then(|_| out.flush())
-                })
-                .await
-                .map_err(|e| DeliveryError::transient(format!("stdout writer: {e}")))?
-                .map_err(|e| {
-                    DeliveryError::transient(format!("cannot write to standard output: {e}"))
-                })
-            }
-            Target::Webhook(w) => w.deliver(doc).await,
-            Target::Email(e) => e.deliver(doc).await,
-            Target::Alertmanager(a) => {
-                let refused = a.deliver(doc).await?;
-                // Instances that refused while another accepted: a warning, redacted too.
-                for (i, e) in refused {
-                    let e = e.redacted(&self.secrets);
-                    tracing::warn!(channel = %a.name(), instance = i, error = %e, "an Alertmanager instance did not accept the alert; another did");
-                }
-                Ok(())
-            }
+            .map_err(|e| e.redacted(&self.secrets))?;
+        // Instances that refused while another accepted: a warning, redacted too.
+        for (i, e) in accepted.refused {
+            let e = e.redacted(&self.secrets);
+            tracing::warn!(channel = %self.name(), instance = i, error = %e, "an Alertmanager instance did not accept the alert; another did");
         }
+        Ok(())
     }
 }
 
@@ -141,27 +89,19 @@ impl BuiltChannels {
 /// Builds every enabled channel (or only `only`, by name). Errors name the channel.
 pub fn build_all(cfg: &AlertConfig, only: Option<&str>) -> Result<Vec<Channel>, AlertError> {
     let want = |name: &str| only.is_none_or(|o| o == name);
-    let err = |channel: &str, message: String| AlertError::Channel {
-        channel: channel.to_string(),
-        message,
-    };
     // Every secret of the config, for every channel: a receiver may echo any of them.
     let secrets = Redactor::new(cfg.secret_values());
     let mut out = Vec::new();
     if cfg.stdout_enabled() && want(STDOUT_CHANNEL) {
-        out.push(Channel::new(Target::Stdout(cfg.stdout.format), &secrets));
+        let sink = StdoutChannel::new(cfg.stdout.format);
+        out.push(Channel::new(Box::new(sink), &secrets));
     }
-    for w in cfg.webhook.iter().filter(|w| want(&w.name)) {
-        let built = WebhookChannel::build(w).map_err(|m| err(&w.name, m))?;
-        out.push(Channel::new(Target::Webhook(built), &secrets));
-    }
-    for e in cfg.email.iter().filter(|e| want(&e.name)) {
-        let built = EmailChannel::build(e).map_err(|m| err(&e.name, m))?;
-        out.push(Channel::new(Target::Email(built), &secrets));
-    }
-    for a in cfg.alertmanager.iter().filter(|a| want(&a.name)) {
-        let built = AlertmanagerChannel::build(a).map_err(|m| err(&a.name, m))?;
-        out.push(Channel::new(Target::Alertmanager(built), &secrets));
+    for (_, c) in cfg.configured().into_iter().filter(|(_, c)| want(c.name())) {
+        let sink = c.build().map_err(|message| AlertError::Channel {
+            channel: c.name().to_string(),
+            message,
+        })?;
+        out.push(Channel::new(sink, &secrets));
     }
     Ok(out)
 }

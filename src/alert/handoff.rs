@@ -6,10 +6,13 @@
 //! kind, the hex incident id, a node name of letters, digits, `.`, `_` and `-`), never from log
 //! text, so what the on-call pastes is exactly what is shown.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::document::{AlertDocument, Phase};
 use crate::model::Severity;
+
+// The page's part of the hand-off is a document type; named here as it always was.
+pub use super::document::{HandoffDoc, Scheduler};
 
 /// `[handoff]`: which scheduler the node belongs to, and its name there.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -18,37 +21,6 @@ pub struct HandoffConfig {
     pub scheduler: Scheduler,
     /// The node's name in the scheduler; the alert's host name when unset.
     pub node: Option<String>,
-}
-
-/// The schedulers xidwatch can word a drain for.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Scheduler {
-    #[default]
-    None,
-    Slurm,
-    Kubernetes,
-}
-
-impl Scheduler {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scheduler::None => "none",
-            Scheduler::Slurm => "slurm",
-            Scheduler::Kubernetes => "kubernetes",
-        }
-    }
-}
-
-/// What the page carries.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HandoffDoc {
-    pub scheduler: Scheduler,
-    pub node: String,
-    /// The commands, in order, for a person to run; empty for a test alert.
-    pub commands: Vec<String>,
-    /// Always says that xidwatch does not run them.
-    pub note: String,
 }
 
 impl HandoffConfig {

@@ -12,22 +12,27 @@
 //! the readable text, `slack`/`webhook`/`email`/`alertmanager` the channels, `retry` the backoff
 //! policy, `outbox` the durable queue and `dispatch` the sender loop.
 
-pub mod alertmanager;
 pub mod channel;
+pub mod channels;
 pub mod config;
 pub mod dispatch;
 pub mod document;
-pub mod email;
+pub mod error;
 pub mod handoff;
+pub mod http;
+pub mod input;
 pub mod outbox;
 pub mod report;
 pub mod retry;
-pub mod slack;
-pub mod webhook;
+pub mod secret;
+pub mod sink;
+
+// Each channel kind by the name it has always had.
+pub use channels::{alertmanager, email, slack, webhook};
 
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::{
     Category, Evidence, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, Origin,
@@ -35,73 +40,14 @@ use crate::model::{
 };
 
 pub use channel::Channel;
-pub use config::{AlertConfig, ChannelKind, Secret};
+pub use config::AlertConfig;
 pub use dispatch::{read_status, AlertSender, AlertStatus, ChannelStatus, Dispatcher, SendError};
 pub use document::AlertDocument;
+pub use error::AlertError;
+pub use input::{Alert, CatalogText};
 pub use retry::{DeliveryError, FailureKind};
-
-/// One alert as the daemon hands it over.
-#[derive(Debug, Clone)]
-pub struct Alert {
-    pub incident: Incident,
-    pub evidence: Vec<Evidence>,
-    /// The catalog's words for this fault, when the classifier knows it.
-    pub catalog: Option<CatalogText>,
-}
-
-/// The catalog's text for one fault, filled by the classify stage from NVIDIA's catalog. Plain
-/// strings on purpose: the alert stage only shows them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatalogText {
-    /// NVIDIA's mnemonic, e.g. `ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS`.
-    pub mnemonic: String,
-    /// What the fault is, in a sentence.
-    pub summary: String,
-    /// Usual causes (NVIDIA's trigger conditions, in the project's words).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub causes: String,
-    /// What to check first.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub check: String,
-    /// NVIDIA's immediate-action bucket (`RESTART_BM`, `RESET_GPU`, ...) and what it means.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub immediate_bucket: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub immediate_meaning: Option<String>,
-    /// NVIDIA's investigatory-action bucket (`CONTACT_SUPPORT`, ...) and what it means.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub investigatory_bucket: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub investigatory_meaning: Option<String>,
-    /// GPU families the code applies to (`A100`, `H100`, ...).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub applies_to: Vec<String>,
-    /// Where the text came from (catalog name and date).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub source: String,
-}
-
-impl CatalogText {
-    /// "Immediate: RESTART_BM (restart the machine). Then: CONTACT_SUPPORT (...)", when known.
-    pub fn action_words(&self) -> Option<String> {
-        let part = |bucket: &Option<String>, meaning: &Option<String>| match (bucket, meaning) {
-            (Some(b), Some(m)) if !m.trim().is_empty() => Some(format!("{b} ({})", m.trim())),
-            (Some(b), _) => Some(b.clone()),
-            (None, Some(m)) if !m.trim().is_empty() => Some(m.trim().to_string()),
-            _ => None,
-        };
-        let imm = part(&self.immediate_bucket, &self.immediate_meaning);
-        let inv = part(&self.investigatory_bucket, &self.investigatory_meaning);
-        match (imm, inv) {
-            // NVIDIA gives some Xids (48, 145) one bucket for both steps: said once.
-            (Some(a), Some(b)) if a == b => Some(format!("Immediate, then investigate: {a}.")),
-            (Some(a), Some(b)) => Some(format!("Immediate: {a}. Then: {b}.")),
-            (Some(a), None) => Some(format!("Immediate: {a}.")),
-            (None, Some(b)) => Some(format!("Investigate: {b}.")),
-            (None, None) => None,
-        }
-    }
-}
+pub use secret::Secret;
+pub use sink::ChannelKind;
 
 /// A clearly marked synthetic alert for `xidwatch test-alert`: Xid 79 on a GPU that does not
 /// exist, with whatever real evidence the caller gathered on this machine.
@@ -245,19 +191,6 @@ impl TestAlertReport {
     }
 }
 
-/// Errors of the alert stage's setup (delivery failures are [`DeliveryError`]s).
-#[derive(Debug, thiserror::Error)]
-pub enum AlertError {
-    #[error("invalid alert configuration:\n  {}", .0.join("\n  "))]
-    Config(Vec<String>),
-    #[error("alert channel {channel}: {message}")]
-    Channel { channel: String, message: String },
-    #[error("no alert channel named {0:?} is configured")]
-    NoSuchChannel(String),
-    #[error("alert outbox {path}: {message}")]
-    Outbox { path: String, message: String },
-}
-
 /// Sends a synthetic alert once to each selected channel, directly (no outbox, no retries, no
 /// severity filter or rate limit), and reports what each channel said.
 pub async fn test_alert(
@@ -273,8 +206,7 @@ pub async fn test_alert(
         }
     }
     let alert = synthetic_alert(&opts.host, opts.now_ms, opts.evidence);
-    let mut doc = AlertDocument::build(&alert);
-    doc.handoff = handoff::suggest(&cfg.handoff, &doc);
+    let doc = document::build::PageBuilder::new(cfg.handoff.clone()).page(&alert, None, None);
     let mut results = Vec::new();
     for ch in &channels {
         let start = Instant::now();

@@ -4,14 +4,44 @@
 //! (authentication included) and bad configuration are permanent. Delays grow exponentially with
 //! "equal jitter" (half fixed, half random) so many hosts that failed together do not retry
 //! together, and a receiver's `Retry-After` is honoured up to a ceiling.
+//!
+//! The lowest room of the alert stage: every channel reports its failures as a [`DeliveryError`].
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::config::RetryConfig;
 use crate::runbook::Redactor;
+
+/// `[alerts.retry]`: the retry policy, shared by every channel. Kept with the code that applies
+/// it, so the backoff reads its own settings and nothing else.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// First delay after a temporary failure; doubled each attempt, with jitter.
+    pub initial_backoff_ms: u64,
+    /// Ceiling of the computed delay.
+    pub max_backoff_secs: u64,
+    /// Attempts per channel before the alert is given up for that channel (0: no limit by count).
+    pub max_attempts: u32,
+    /// Age after which an alert that still failed is given up (0: no limit by age).
+    pub max_age_secs: u64,
+    /// A receiver's `Retry-After` is honoured up to this many seconds.
+    pub max_retry_after_secs: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            initial_backoff_ms: 2000,
+            max_backoff_secs: 300,
+            max_attempts: 50,
+            max_age_secs: 2 * 24 * 3600,
+            max_retry_after_secs: 3600,
+        }
+    }
+}
 
 /// Whether a failed delivery is worth retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -24,7 +24,7 @@ use super::telemetry::{StatusSnapshot, Telemetry};
 /// The socket's name in the state directory.
 pub const SOCKET_NAME: &str = "xidwatch.sock";
 /// The status file's name in the state directory.
-pub const STATUS_FILE: &str = "status.json";
+pub use crate::state::DAEMON_STATUS_FILE as STATUS_FILE;
 /// How often the daemon should rewrite `status.json`; `xidwatch status` treats a file older
 /// than three of these (with its pid gone) as the last word of a stopped daemon.
 pub const STATUS_FILE_INTERVAL: Duration = Duration::from_secs(10);

@@ -112,12 +112,15 @@ pub fn unsafe_dir_reason(meta: &fs::Metadata, euid: u32) -> Option<String> {
     None
 }
 
+/// The daemon's status snapshot in the state directory (written by `daemon::control`). Named
+/// here, in the room that owns the directory, so the state code needs no higher room for it.
+pub const DAEMON_STATUS_FILE: &str = "status.json";
+/// The alert stage's status snapshot in the state directory (written by `alert::dispatch`).
+pub const ALERT_STATUS_FILE: &str = "alert-status.json";
+
 /// Names in the state directory the daemon only writes (by rename), checked at start-up (see
 /// [`file::tidy`]); the ones it reads are checked at every read.
-const WRITTEN_ONLY: [&str; 2] = [
-    crate::daemon::control::STATUS_FILE,
-    crate::alert::dispatch::STATUS_FILE,
-];
+const WRITTEN_ONLY: [&str; 2] = [DAEMON_STATUS_FILE, ALERT_STATUS_FILE];
 
 impl StateDir {
     /// Opens (creating, mode 0700) the state directory and locks it: a second daemon on the
@@ -248,7 +251,7 @@ mod tests {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
         drop(StateDir::open(&dir).unwrap());
         // A planted FIFO at a name only ever written is set aside at the start.
-        let status = dir.join(crate::daemon::control::STATUS_FILE);
+        let status = dir.join(DAEMON_STATUS_FILE);
         let c = std::ffi::CString::new(status.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);

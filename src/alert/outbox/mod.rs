@@ -27,8 +27,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::document::{AlertDocument, EVIDENCE_LOST_NOTE};
+use crate::alert::document::{AlertDocument, EVIDENCE_LOST_NOTE};
 use crate::model::Severity;
+use files::{create_private_dir, file_name, read_entry, write_atomic, write_batch};
+
+mod files;
 
 /// Version of the outbox file layout (not of the alert document).
 pub const FORMAT: u32 = 1;
@@ -192,36 +195,6 @@ pub struct Outbox {
     batch: Option<Vec<(u64, Vec<u8>)>>,
     /// `meta` changed since it was last written.
     meta_dirty: bool,
-}
-
-fn file_name(seq: u64) -> String {
-    format!("{seq:016}.json")
-}
-
-/// Writes `bytes` to `dir/name` atomically and durably, readable by the service and its group
-/// only (the state directory's one write helper).
-pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    crate::state::write_atomic(&dir.join(name), bytes, crate::state::STATE_FILE_MODE)
-}
-
-fn write_batch(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<()> {
-    crate::state::write_atomic_many(dir, files, crate::state::STATE_FILE_MODE)
-}
-
-/// The outbox directory, a real one of the daemon's own: a link there would send the alerts
-/// somewhere else, so anything else at its name is set aside (see [`crate::state::file`]).
-fn create_private_dir(dir: &Path) -> io::Result<()> {
-    crate::state::file::ensure_private_dir(dir, 0o700)
-}
-
-/// Reads an outbox file; a FIFO, a link or another user's file at its name is set aside (logged)
-/// and read as missing, so the outbox goes on without it.
-fn read_entry(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    crate::state::file::read_bounded(
-        path,
-        crate::state::MAX_STATE_FILE,
-        crate::state::file::Reader::Owner,
-    )
 }
 
 impl Outbox {
@@ -403,7 +376,7 @@ impl Outbox {
         now_ms: u64,
         held_until_mono: Option<u64>,
     ) -> Pushed {
-        if doc.phase == super::document::Phase::Opened && !doc.test {
+        if doc.phase == crate::alert::document::Phase::Opened && !doc.test {
             if self.meta.accepted.contains(&doc.id) {
                 return Pushed {
                     seq: None,
@@ -820,7 +793,7 @@ mod tests {
 
     pub(crate) fn doc(id: &str, severity: Severity) -> AlertDocument {
         AlertDocument {
-            schema: super::super::document::SCHEMA.into(),
+            schema: crate::alert::document::SCHEMA.into(),
             id: id.into(),
             phase: Phase::Opened,
             test: false,

@@ -13,13 +13,159 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use serde::Serialize;
+use std::path::PathBuf;
 
-use super::config::{check_http_url, AlertmanagerConfig};
-use super::document::{rfc3339, AlertDocument};
-use super::retry::{DeliveryError, FailureKind};
-use super::webhook::{header_map, http_client, post};
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use serde::{Deserialize, Serialize};
+
+use crate::alert::document::{rfc3339, AlertDocument};
+use crate::alert::http::{
+    check_headers, check_http_url, header_map, http_client, post, read_pem_certs,
+};
+use crate::alert::retry::{DeliveryError, FailureKind};
+use crate::alert::secret::Secret;
+use crate::alert::sink::{
+    check_rate, check_timeout, default_http_timeout, default_rate_count, default_rate_window,
+    rate_limit, Accepted, ChannelCommon, ChannelConfig, ChannelKind, Delivery, Sink,
+};
+use crate::model::Severity;
+
+/// `[[alerts.alertmanager]]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerConfig {
+    pub name: String,
+    /// Base URLs (`http://am-1:9093`); `/api/v2/alerts` is appended. Every URL is posted to; the
+    /// alert counts as delivered when at least one accepted it (an HA cluster shares it).
+    pub urls: Vec<String>,
+    /// Extra labels added to every alert (e.g. `cluster = "a"`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `endsAt` is set this long after the send; Alertmanager resolves the alert then.
+    #[serde(default = "default_resolve_after")]
+    pub resolve_after_secs: u64,
+    /// Extra headers (e.g. `Authorization`); values are secrets.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Link put in `generatorURL` (e.g. a dashboard for the host).
+    #[serde(default)]
+    pub generator_url: Option<String>,
+    /// Whether this channel is told when an incident resolves (quiet for `incidents.quiet_secs`).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
+    #[serde(default)]
+    pub min_severity: Option<Severity>,
+    #[serde(default = "default_rate_count")]
+    pub rate_limit_count: u32,
+    #[serde(default = "default_rate_window")]
+    pub rate_limit_window_secs: u64,
+    #[serde(default = "default_http_timeout")]
+    pub timeout_secs: u64,
+}
+
+fn default_resolve_after() -> u64 {
+    24 * 3600
+}
+
+fn is_label_name(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+impl ChannelConfig for AlertmanagerConfig {
+    fn table(&self) -> &'static str {
+        "alertmanager"
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> ChannelKind {
+        ChannelKind::Alertmanager
+    }
+
+    fn common(&self, min_severity: Severity) -> ChannelCommon {
+        ChannelCommon {
+            name: self.name.clone(),
+            kind: ChannelKind::Alertmanager,
+            min_severity: self.min_severity.unwrap_or(min_severity),
+            rate_limit: rate_limit(self.rate_limit_count, self.rate_limit_window_secs),
+            send_resolved: self.send_resolved.unwrap_or(true),
+        }
+    }
+
+    fn validate(&self, key: &str, errs: &mut Vec<String>) {
+        let a = self;
+        if a.urls.is_empty() {
+            errs.push(format!("{key}.urls: at least one URL is needed"));
+        }
+        for (j, u) in a.urls.iter().enumerate() {
+            match check_http_url(u) {
+                Err(msg) => errs.push(format!("{key}.urls[{j}]: {msg}")),
+                // URLs are not secrets (they appear in logs and Debug): no credentials in them.
+                Ok(url) if !url.username().is_empty() || url.password().is_some() => errs.push(
+                    format!("{key}.urls[{j}]: credentials in the URL are refused; put them in `headers` (a secret)"),
+                ),
+                Ok(_) => {}
+            }
+        }
+        for name in a.labels.keys() {
+            if !is_label_name(name) {
+                errs.push(format!("{key}.labels: {name:?} is not a valid label name"));
+            } else if RESERVED_LABELS.contains(&name.as_str()) {
+                errs.push(format!("{key}.labels: {name:?} is set by xidwatch itself"));
+            }
+        }
+        if a.resolve_after_secs < 60 {
+            errs.push(format!("{key}.resolve_after_secs: must be at least 60"));
+        }
+        if let Some(g) = &a.generator_url {
+            if let Err(msg) = check_http_url(g) {
+                errs.push(format!("{key}.generator_url: {msg}"));
+            }
+        }
+        check_headers(key, &a.headers, errs);
+        if let Some(p) = &a.ca_file {
+            if let Err(msg) = read_pem_certs(p) {
+                errs.push(format!("{key}.ca_file: {msg}"));
+            }
+        }
+        check_rate(key, a.rate_limit_count, a.rate_limit_window_secs, errs);
+        check_timeout(key, a.timeout_secs, errs);
+    }
+
+    fn secrets(&self) -> Vec<(String, &Secret)> {
+        self.headers
+            .iter()
+            .map(|(h, s)| (format!("headers.{h}"), s))
+            .collect()
+    }
+
+    /// A URL with a password in its userinfo (refused by validation, but never echoed either).
+    fn secret_shapes(&self) -> Vec<String> {
+        self.urls
+            .iter()
+            .filter(|u| reqwest::Url::parse(u).is_ok_and(|u| u.password().is_some()))
+            .cloned()
+            .collect()
+    }
+
+    fn urls(&self) -> Vec<(String, String)> {
+        self.urls
+            .iter()
+            .enumerate()
+            .map(|(j, u)| (format!("urls[{j}]"), u.clone()))
+            .collect()
+    }
+
+    fn build(&self) -> Result<Box<dyn Sink>, String> {
+        Ok(Box::new(AlertmanagerChannel::build(self)?))
+    }
+}
 
 /// `endsAt` for an alert that only its resolved notice ends (see [`ends_verified`]).
 ///
@@ -172,7 +318,7 @@ pub fn postable(
     // resolved notice posts `endsAt` = now. Ten years stands for "until resolved".
     let verified_end = crate::model::FindingKind::parse(&doc.kind)
         .is_some_and(|k| crate::incident::ends_verified(k, doc.xid));
-    let ends_ms = if doc.phase == super::document::Phase::Resolved {
+    let ends_ms = if doc.phase == crate::alert::document::Phase::Resolved {
         now_ms
     } else if verified_end {
         now_ms.saturating_add(UNTIL_RESOLVED_MS)
@@ -232,7 +378,7 @@ impl AlertmanagerChannel {
     /// Posts to every instance; delivered when at least one accepted, and then the errors of
     /// those that did not are returned for a warning (the caller redacts them before logging).
     /// Otherwise the failure is temporary if any instance failed temporarily.
-    pub async fn deliver(
+    pub async fn send(
         &self,
         doc: &AlertDocument,
     ) -> Result<Vec<(usize, DeliveryError)>, DeliveryError> {
@@ -282,6 +428,24 @@ impl AlertmanagerChannel {
             },
             message,
             retry_after,
+        })
+    }
+}
+
+impl Sink for AlertmanagerChannel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> ChannelKind {
+        ChannelKind::Alertmanager
+    }
+
+    fn deliver<'a>(&'a self, doc: &'a AlertDocument) -> Delivery<'a> {
+        Box::pin(async move {
+            Ok(Accepted {
+                refused: self.send(doc).await?,
+            })
         })
     }
 }

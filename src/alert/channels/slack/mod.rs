@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::document::{kind_words, AlertDocument, Phase, StepDoc, StepStatusDoc};
+use crate::alert::document::{kind_words, AlertDocument, Phase, StepDoc, StepStatusDoc};
 use crate::model::Severity;
 
 const SECTION_MAX: usize = 3000;

@@ -1,0 +1,69 @@
+//! What the alert stage is handed: an incident, its evidence and the catalog's words for it. The
+//! lowest room of the stage; the document is built from these.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Evidence, Incident};
+
+/// One alert as the daemon hands it over.
+#[derive(Debug, Clone)]
+pub struct Alert {
+    pub incident: Incident,
+    pub evidence: Vec<Evidence>,
+    /// The catalog's words for this fault, when the classifier knows it.
+    pub catalog: Option<CatalogText>,
+}
+
+/// The catalog's text for one fault, filled by the classify stage from NVIDIA's catalog. Plain
+/// strings on purpose: the alert stage only shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogText {
+    /// NVIDIA's mnemonic, e.g. `ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS`.
+    pub mnemonic: String,
+    /// What the fault is, in a sentence.
+    pub summary: String,
+    /// Usual causes (NVIDIA's trigger conditions, in the project's words).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub causes: String,
+    /// What to check first.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub check: String,
+    /// NVIDIA's immediate-action bucket (`RESTART_BM`, `RESET_GPU`, ...) and what it means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub immediate_bucket: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub immediate_meaning: Option<String>,
+    /// NVIDIA's investigatory-action bucket (`CONTACT_SUPPORT`, ...) and what it means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub investigatory_bucket: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub investigatory_meaning: Option<String>,
+    /// GPU families the code applies to (`A100`, `H100`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applies_to: Vec<String>,
+    /// Where the text came from (catalog name and date).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+impl CatalogText {
+    /// "Immediate: RESTART_BM (restart the machine). Then: CONTACT_SUPPORT (...)", when known.
+    pub fn action_words(&self) -> Option<String> {
+        let part = |bucket: &Option<String>, meaning: &Option<String>| match (bucket, meaning) {
+            (Some(b), Some(m)) if !m.trim().is_empty() => Some(format!("{b} ({})", m.trim())),
+            (Some(b), _) => Some(b.clone()),
+            (None, Some(m)) if !m.trim().is_empty() => Some(m.trim().to_string()),
+            _ => None,
+        };
+        let imm = part(&self.immediate_bucket, &self.immediate_meaning);
+        let inv = part(&self.investigatory_bucket, &self.investigatory_meaning);
+        match (imm, inv) {
+            // NVIDIA gives some Xids (48, 145) one bucket for both steps: said once.
+            (Some(a), Some(b)) if a == b => Some(format!("Immediate, then investigate: {a}.")),
+            (Some(a), Some(b)) => Some(format!("Immediate: {a}. Then: {b}.")),
+            (Some(a), None) => Some(format!("Immediate: {a}.")),
+            (None, Some(b)) => Some(format!("Investigate: {b}.")),
+            (None, None) => None,
+        }
+    }
+}
