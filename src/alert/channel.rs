@@ -19,7 +19,8 @@ pub struct Channel {
 }
 
 impl Channel {
-    fn new(sink: Box<dyn Sink>, secrets: &Redactor) -> Channel {
+    /// A channel of `sink`, reporting errors with `secrets` cut out.
+    pub(crate) fn new(sink: Box<dyn Sink>, secrets: &Redactor) -> Channel {
         Channel {
             sink,
             secrets: secrets.clone(),

@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::shared::{lock, now_ms, shutdown_requested, Ack, ChannelStatus, Envelope, Shared};
+use super::shared::{
+    lock, mono_ms, now_ms, shutdown_requested, Ack, ChannelStatus, Envelope, Shared,
+};
 use super::worker::{RateLimiter, Worker};
 use crate::alert::channel::{BuiltChannels, Channel};
 use crate::alert::config::{AlertConfig, ChannelSettings};
@@ -262,7 +264,7 @@ impl Intake {
     /// Builds the documents, writes them to the outbox together, and acknowledges each.
     pub(super) async fn accept_many(&mut self, batch: Vec<Incoming>) {
         let now = now_ms();
-        let mono = crate::clock::mono_ms();
+        let mono = mono_ms();
         let mut acks = Vec::new();
         let mut work = Vec::new();
         for (alert, hold, note, host, ack) in batch {
@@ -465,7 +467,7 @@ pub(super) fn write_report(
     // Prune at most once a second: listing the folder for every alert of a burst costs more
     // than the alerts.
     static LAST_PRUNE: AtomicU64 = AtomicU64::new(0);
-    let now = crate::clock::mono_ms();
+    let now = mono_ms();
     let last = LAST_PRUNE.load(Ordering::Relaxed);
     if now.saturating_sub(last) < 1000 && last != 0 {
         return Ok(());

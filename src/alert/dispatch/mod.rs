@@ -272,3 +272,6 @@ impl Dispatcher {
         Ok((AlertSender { tx, shared }, handle))
     }
 }
+
+#[cfg(test)]
+mod tests;

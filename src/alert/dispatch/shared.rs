@@ -167,8 +167,49 @@ pub(super) enum Envelope {
     },
 }
 
+/// The wall clock the dispatcher stamps and schedules retries by ([`crate::clock::wall_ms`]).
 pub(crate) fn now_ms() -> u64 {
-    crate::clock::wall_ms()
+    crate::clock::wall_ms().saturating_add(test_clock::advanced_ms())
+}
+
+/// The monotonic clock the dispatcher decides holds and rate limits by
+/// ([`crate::clock::mono_ms`]).
+pub(super) fn mono_ms() -> u64 {
+    crate::clock::mono_ms().saturating_add(test_clock::advanced_ms())
+}
+
+/// In this crate's unit tests, both clocks also move with tokio's paused clock, so a test of
+/// backoffs, holds and rate limits sees minutes pass without waiting for them. Elsewhere
+/// nothing is added: the daemon and the integration tests read the real clocks.
+#[cfg(not(test))]
+mod test_clock {
+    pub(super) fn advanced_ms() -> u64 {
+        0
+    }
+}
+
+#[cfg(test)]
+mod test_clock {
+    thread_local! {
+        /// Per test thread (each `#[tokio::test]` has its own): tokio's clock and the real one
+        /// at the first reading, and how far tokio's ran ahead of the real one since.
+        static BASE: std::cell::Cell<Option<(tokio::time::Instant, std::time::Instant)>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    pub(super) fn advanced_ms() -> u64 {
+        let (tokio_now, real_now) = (tokio::time::Instant::now(), std::time::Instant::now());
+        let (tokio_base, real_base) = BASE.with(|b| match b.get() {
+            Some(base) => base,
+            None => {
+                b.set(Some((tokio_now, real_now)));
+                (tokio_now, real_now)
+            }
+        });
+        let virtual_elapsed = tokio_now.saturating_duration_since(tokio_base);
+        let real_elapsed = real_now.saturating_duration_since(real_base);
+        u64::try_from(virtual_elapsed.saturating_sub(real_elapsed).as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// Resolves when shutdown is asked for (or its sender is gone).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 
-use super::shared::{lock, now_ms, shutdown_requested, Shared};
+use super::shared::{lock, mono_ms, now_ms, shutdown_requested, Shared};
 use crate::alert::channel::Channel;
 use crate::alert::document::AlertDocument;
 use crate::alert::outbox::Outcome;
@@ -92,7 +92,7 @@ impl Worker {
             // Start what is due, up to the in-flight limit and the rate limit.
             let mut rate_wait = None;
             while inflight.len() < MAX_IN_FLIGHT {
-                let (now, mono) = (now_ms(), crate::clock::mono_ms());
+                let (now, mono) = (now_ms(), mono_ms());
                 let next = {
                     let ob = lock(&self.shared.outbox);
                     ob.due_except(&name, now, mono, &busy)
@@ -125,9 +125,8 @@ impl Worker {
                 });
                 tasks.insert(handle.id(), seq);
             }
-            let wait = rate_wait.or_else(|| {
-                lock(&self.shared.outbox).next_wait(&name, now_ms(), crate::clock::mono_ms(), &busy)
-            });
+            let wait = rate_wait
+                .or_else(|| lock(&self.shared.outbox).next_wait(&name, now_ms(), mono_ms(), &busy));
             tokio::select! {
                 biased;
                 _ = shutdown_requested(&mut sd) => return,
