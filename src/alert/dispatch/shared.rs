@@ -178,6 +178,18 @@ pub(super) fn mono_ms() -> u64 {
     crate::clock::mono_ms().saturating_add(test_clock::advanced_ms())
 }
 
+/// Resolves when shutdown is asked for (or its sender is gone).
+pub(super) async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// In this crate's unit tests, both clocks also move with tokio's paused clock, so a test of
 /// backoffs, holds and rate limits sees minutes pass without waiting for them. Elsewhere
 /// nothing is added: the daemon and the integration tests read the real clocks.
@@ -209,17 +221,5 @@ mod test_clock {
         let virtual_elapsed = tokio_now.saturating_duration_since(tokio_base);
         let real_elapsed = real_now.saturating_duration_since(real_base);
         u64::try_from(virtual_elapsed.saturating_sub(real_elapsed).as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-/// Resolves when shutdown is asked for (or its sender is gone).
-pub(super) async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
     }
 }

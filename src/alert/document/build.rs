@@ -121,6 +121,9 @@ impl AlertDocument {
     }
 }
 
+/// `gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79, critical`; a repeat offender's
+/// `... - Xid 79 (2nd time in 30 days: replace the board), critical`, so that its page and mail
+/// subject never read as a duplicate of the first one.
 fn headline(inc: &Incident, escalation: Option<&str>) -> String {
     let mut s = String::new();
     if inc.test {

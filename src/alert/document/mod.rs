@@ -399,9 +399,6 @@ impl AlertDocument {
     }
 }
 
-/// `gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79, critical`; a repeat offender's
-/// `... - Xid 79 (2nd time in 30 days: replace the board), critical`, so that its page and mail
-
 /// The GPU part of the document, when the incident names one.
 pub(crate) fn gpu_doc(inc: &Incident) -> Option<GpuDoc> {
     if inc.pci.is_none() && inc.gpu.is_empty() {

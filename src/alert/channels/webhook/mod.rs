@@ -160,6 +160,7 @@ impl ChannelConfig for WebhookConfig {
     }
 
     fn urls(&self) -> Vec<(String, String)> {
+        // An unresolvable secret is `validate`'s to report; nothing to say about it here.
         match self.url.resolve() {
             Ok(v) => vec![("url".to_string(), v.expose().to_string())],
             Err(_) => Vec::new(),
