@@ -106,3 +106,58 @@ pub fn build_all(cfg: &AlertConfig, only: Option<&str>) -> Result<Vec<Channel>, 
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alert::sink::{Accepted, Delivery};
+
+    /// A receiver that echoes the request's token back in its refusals.
+    #[derive(Debug)]
+    struct Echo {
+        accept: bool,
+    }
+
+    impl Sink for Echo {
+        fn name(&self) -> &str {
+            "echo"
+        }
+
+        fn kind(&self) -> ChannelKind {
+            ChannelKind::Webhook
+        }
+
+        fn deliver<'a>(&'a self, _doc: &'a AlertDocument) -> Delivery<'a> {
+            Box::pin(async move {
+                let e = DeliveryError::permanent("HTTP 401: bad token s3cret-t0ken-xyz");
+                if self.accept {
+                    Ok(Accepted {
+                        refused: vec![(1, e)],
+                    })
+                } else {
+                    Err(e)
+                }
+            })
+        }
+    }
+
+    /// Whatever kind a channel is, its failure leaves `deliver` with the config's secrets cut
+    /// out, and an instance's refusal beside an acceptance is not a failure.
+    #[tokio::test]
+    async fn every_sink_s_failure_leaves_redacted() {
+        let secrets = Redactor::new(["s3cret-t0ken-xyz".to_string()]);
+        let alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        let doc = AlertDocument::build(&alert);
+        let refusing = Channel::new(Box::new(Echo { accept: false }), &secrets);
+        assert_eq!(
+            (refusing.name(), refusing.kind()),
+            ("echo", ChannelKind::Webhook)
+        );
+        let e = refusing.deliver(&doc).await.unwrap_err();
+        assert!(e.is_permanent());
+        assert!(!e.message.contains("s3cret-t0ken-xyz"), "{}", e.message);
+        assert!(e.message.starts_with("HTTP 401"), "{}", e.message);
+        let accepting = Channel::new(Box::new(Echo { accept: true }), &secrets);
+        assert!(accepting.deliver(&doc).await.is_ok());
+    }
+}

@@ -515,4 +515,88 @@ mod tests {
             assert_eq!(!w.is_empty(), warned, "{url}: {w:?}");
         }
     }
+
+    /// Every kind is walked through the one list, in config order (each table in its order),
+    /// and what is said about a channel names its table, index and name as before.
+    #[test]
+    fn every_channel_is_listed_once_in_config_order() {
+        let cfg = parse(
+            r#"
+            [[alerts.alertmanager]]
+            name = "am"
+            urls = ["http://am.example:9093", "https://am-2.example:9093"]
+            [[alerts.webhook]]
+            name = "w0"
+            url = "https://hooks.example/a"
+            format = "json"
+            [[alerts.email]]
+            name = "mail"
+            smtp_url = "smtp://127.0.0.1:25"
+            from = "x@example.com"
+            to = ["y@example.com"]
+            [[alerts.webhook]]
+            name = "w1"
+            url = "http://hooks.example/b"
+            format = "slack"
+            headers = { Authorization = "inline:Bearer t0ken-value" }
+            "#,
+        );
+        let listed: Vec<(usize, &str, &str)> = cfg
+            .configured()
+            .into_iter()
+            .map(|(i, c)| (i, c.table(), c.name()))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (0, "webhook", "w0"),
+                (1, "webhook", "w1"),
+                (0, "email", "mail"),
+                (0, "alertmanager", "am"),
+            ]
+        );
+        let kinds: Vec<(String, ChannelKind, bool)> = cfg
+            .channels()
+            .into_iter()
+            .map(|c| (c.name, c.kind, c.send_resolved))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("w0".to_string(), ChannelKind::Webhook, true),
+                ("w1".to_string(), ChannelKind::Slack, true),
+                ("mail".to_string(), ChannelKind::Email, false),
+                ("am".to_string(), ChannelKind::Alertmanager, true),
+            ]
+        );
+        assert!(!cfg.stdout_enabled(), "other channels are configured");
+        assert_eq!(
+            cfg.cleartext_warnings()
+                .iter()
+                .map(|w| w.split(':').next().unwrap_or_default())
+                .collect::<Vec<_>>(),
+            [
+                "alerts.webhook[1] (w1).url",
+                "alerts.alertmanager[0] (am).urls[0]"
+            ]
+        );
+        let keys: Vec<String> = cfg.secrets().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            [
+                "alerts.webhook[0].url",
+                "alerts.webhook[1].url",
+                "alerts.webhook[1].headers.Authorization",
+            ]
+        );
+        assert!(cfg
+            .secret_values()
+            .contains(&"Bearer t0ken-value".to_string()));
+        assert_eq!(
+            cfg.settings("w1")
+                .map(|s| matches!(s, ChannelSettings::Webhook(_))),
+            Some(true)
+        );
+        assert!(cfg.settings("nobody").is_none());
+    }
 }
