@@ -8,9 +8,18 @@
 //! channel has accepted the alert or failed for good, so a crash or restart re-sends what was
 //! pending (at least once; receivers deduplicate on the stable incident id).
 //!
-//! `config` is the `[alerts]` table, `document` the `xidwatch.alert/v1` JSON document, `report`
-//! the readable text, `slack`/`webhook`/`email`/`alertmanager` the channels, `retry` the backoff
-//! policy, `outbox` the durable queue and `dispatch` the sender loop.
+//! The rooms, lowest first; each imports only rooms listed before it:
+//! - `input` (what the daemon hands over), `error` (setup errors), `retry` (delivery errors,
+//!   the backoff and `[alerts.retry]`), `secret` (secrets and their values);
+//! - `document` (the `xidwatch.alert/v1` page's shape, the host page, shared wording), then
+//!   `handoff` (the drain command, read from a page) and `report` (the readable text), then
+//!   `document::build` (the one `PageBuilder`, which assembles every page, hand-off included);
+//! - `http` (the HTTP code every HTTP channel shares) and `sink` (the [`sink::Sink`] and
+//!   [`sink::ChannelConfig`] traits every channel kind implements);
+//! - `channels/<kind>` (one folder per kind: its table, checks, build and delivery);
+//! - `config` (the `[alerts]` table, walking every kind through one list), then `channel`
+//!   (the built channels);
+//! - `outbox` (the durable queue) and `dispatch` (the sender: shared state, workers, intake).
 
 pub mod channel;
 pub mod channels;

@@ -371,10 +371,6 @@ impl AlertmanagerChannel {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Posts to every instance; delivered when at least one accepted, and then the errors of
     /// those that did not are returned for a warning (the caller redacts them before logging).
     /// Otherwise the failure is temporary if any instance failed temporarily.

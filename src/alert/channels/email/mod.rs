@@ -262,10 +262,6 @@ impl EmailChannel {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Sends `doc` as one mail to every recipient.
     pub async fn send(&self, doc: &AlertDocument) -> Result<(), DeliveryError> {
         let msg = message(doc, &self.from, &self.to, &self.subject_prefix)

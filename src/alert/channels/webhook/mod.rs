@@ -240,10 +240,6 @@ impl WebhookChannel {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub fn format(&self) -> WebhookFormat {
         self.format
     }
