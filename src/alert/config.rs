@@ -15,6 +15,7 @@ pub use super::channels::alertmanager::AlertmanagerConfig;
 pub use super::channels::email::EmailConfig;
 pub use super::channels::stdout::StdoutConfig;
 pub use super::channels::webhook::WebhookConfig;
+use super::error::ConfigIssue;
 use super::handoff::HandoffConfig;
 pub use super::retry::RetryConfig;
 pub use super::secret::Secret;
@@ -158,22 +159,37 @@ impl AlertConfig {
     /// Checks everything that can be checked without sending: names, URLs, addresses, TLS
     /// settings, CA files, secrets' sources, bounds. Each error names its key, e.g.
     /// `alerts.webhook[0] (oncall).url: ...`.
-    pub fn validate(&self) -> Result<(), Vec<String>> {
+    pub fn validate(&self) -> Result<(), Vec<ConfigIssue>> {
         let mut errs = Vec::new();
         if self.queue_capacity == 0 {
-            errs.push("alerts.queue_capacity: must be at least 1".to_string());
+            errs.push(ConfigIssue::new(
+                "alerts.queue_capacity",
+                "must be at least 1",
+            ));
         }
         if self.outbox.max_count == 0 {
-            errs.push("alerts.outbox.max_count: must be at least 1".to_string());
+            errs.push(ConfigIssue::new(
+                "alerts.outbox.max_count",
+                "must be at least 1",
+            ));
         }
         if self.outbox.max_bytes < 64 * 1024 {
-            errs.push("alerts.outbox.max_bytes: must be at least 65536".to_string());
+            errs.push(ConfigIssue::new(
+                "alerts.outbox.max_bytes",
+                "must be at least 65536",
+            ));
         }
         if self.retry.initial_backoff_ms == 0 {
-            errs.push("alerts.retry.initial_backoff_ms: must be at least 1".to_string());
+            errs.push(ConfigIssue::new(
+                "alerts.retry.initial_backoff_ms",
+                "must be at least 1",
+            ));
         }
         if self.retry.max_backoff_secs == 0 {
-            errs.push("alerts.retry.max_backoff_secs: must be at least 1".to_string());
+            errs.push(ConfigIssue::new(
+                "alerts.retry.max_backoff_secs",
+                "must be at least 1",
+            ));
         }
         let mut names = BTreeSet::new();
         for (i, c) in self.configured() {
@@ -185,15 +201,20 @@ impl AlertConfig {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
             {
-                errs.push(format!(
-                    "{at}.name: {name:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
+                errs.push(ConfigIssue::new(
+                    format!("{at}.name"),
+                    format!("{name:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"),
                 ));
             } else if name == STDOUT_CHANNEL {
-                errs.push(format!(
-                    "{at}.name: \"stdout\" is reserved for standard output"
+                errs.push(ConfigIssue::new(
+                    format!("{at}.name"),
+                    "\"stdout\" is reserved for standard output",
                 ));
             } else if !names.insert(name.to_string()) {
-                errs.push(format!("{at}.name: {name:?} is used by another channel"));
+                errs.push(ConfigIssue::new(
+                    format!("{at}.name"),
+                    format!("{name:?} is used by another channel"),
+                ));
             }
             c.validate(&format!("{at} ({name})"), &mut errs);
         }
@@ -426,7 +447,11 @@ mod tests {
             "#,
         );
         let errs = cfg.validate().unwrap_err();
-        let all = errs.join("\n");
+        let all = errs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
         for want in [
             "alerts.webhook[0] (a).url: the scheme is not http or https",
             "alerts.webhook[1].name: \"a\" is used by another channel",

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
+use super::error::ConfigIssue;
 use super::retry::{classify_http_status, parse_retry_after, DeliveryError, FailureKind};
 use super::secret::Secret;
 use crate::runbook::redact::CUT_MARK;
@@ -184,20 +185,25 @@ pub(crate) async fn post(
 pub(crate) fn check_headers(
     key: &str,
     headers: &std::collections::BTreeMap<String, Secret>,
-    errs: &mut Vec<String>,
+    errs: &mut Vec<ConfigIssue>,
 ) {
     for (name, value) in headers {
         if HeaderName::from_bytes(name.as_bytes()).is_err() {
-            errs.push(format!(
-                "{key}.headers: {name:?} is not a valid header name"
+            errs.push(ConfigIssue::new(
+                format!("{key}.headers"),
+                format!("{name:?} is not a valid header name"),
             ));
         }
         match value.resolve() {
-            Err(e) => errs.push(format!("{key}.headers.{name}: {e}")),
+            Err(e) => errs.push(ConfigIssue::new(
+                format!("{key}.headers.{name}"),
+                e.to_string(),
+            )),
             Ok(v) => {
                 if HeaderValue::from_str(v.expose()).is_err() {
-                    errs.push(format!(
-                        "{key}.headers.{name}: the value is not a valid header value"
+                    errs.push(ConfigIssue::new(
+                        format!("{key}.headers.{name}"),
+                        "the value is not a valid header value",
                     ));
                 }
             }

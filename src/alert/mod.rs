@@ -52,7 +52,7 @@ pub use channel::Channel;
 pub use config::AlertConfig;
 pub use dispatch::{read_status, AlertSender, AlertStatus, ChannelStatus, Dispatcher, SendError};
 pub use document::AlertDocument;
-pub use error::AlertError;
+pub use error::{AlertError, ConfigIssue};
 pub use input::{Alert, CatalogText};
 pub use retry::{DeliveryError, FailureKind};
 pub use secret::Secret;

@@ -10,6 +10,7 @@ use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::document::AlertDocument;
+use super::error::ConfigIssue;
 use super::retry::DeliveryError;
 use super::secret::Secret;
 use crate::model::Severity;
@@ -87,7 +88,7 @@ pub trait ChannelConfig: Send + Sync {
     fn common(&self, min_severity: Severity) -> ChannelCommon;
     /// Checks everything but the name (the config checks names across every channel). Each
     /// error starts with `key`, e.g. `alerts.webhook[0] (oncall)`, then the field.
-    fn validate(&self, key: &str, errs: &mut Vec<String>);
+    fn validate(&self, key: &str, errs: &mut Vec<ConfigIssue>);
     /// Every secret, by field (`url`, `hmac_secret`, `headers.Authorization`).
     fn secrets(&self) -> Vec<(String, &Secret)>;
     /// Forms the libraries send secrets in that their values do not show (SMTP `AUTH`
@@ -110,19 +111,28 @@ pub fn rate_limit(count: u32, window_secs: u64) -> Option<RateLimit> {
 }
 
 /// Checks a channel's rate limit fields.
-pub fn check_rate(key: &str, count: u32, window: u64, errs: &mut Vec<String>) {
+pub fn check_rate(key: &str, count: u32, window: u64, errs: &mut Vec<ConfigIssue>) {
     if count == 0 {
-        errs.push(format!("{key}.rate_limit_count: must be at least 1"));
+        errs.push(ConfigIssue::new(
+            format!("{key}.rate_limit_count"),
+            "must be at least 1",
+        ));
     }
     if window == 0 {
-        errs.push(format!("{key}.rate_limit_window_secs: must be at least 1"));
+        errs.push(ConfigIssue::new(
+            format!("{key}.rate_limit_window_secs"),
+            "must be at least 1",
+        ));
     }
 }
 
 /// Checks a channel's `timeout_secs`.
-pub fn check_timeout(key: &str, secs: u64, errs: &mut Vec<String>) {
+pub fn check_timeout(key: &str, secs: u64, errs: &mut Vec<ConfigIssue>) {
     if secs == 0 || secs > 600 {
-        errs.push(format!("{key}.timeout_secs: must be between 1 and 600"));
+        errs.push(ConfigIssue::new(
+            format!("{key}.timeout_secs"),
+            "must be between 1 and 600",
+        ));
     }
 }
 

@@ -355,7 +355,7 @@ impl Config {
                 })?;
                 Config::from_toml_for(&text, Some(&p), sends)
             }
-            None => Config::from_raw(RawConfig::default(), None, sends),
+            None => Config::from_raw(RawConfig::default(), None, sends, None),
         }
     }
 
@@ -379,24 +379,38 @@ impl Config {
                 ),
             });
         }
-        let mut c = Config::from_raw(raw, path, sends).map_err(|e| match (e, &tree) {
-            (ConfigError::Invalid { path, message }, Some(tree)) => ConfigError::Invalid {
-                path,
-                message: scrub_values(&message, tree),
-            },
-            (e, _) => e,
-        })?;
-        if let (Some(note), Some(tree)) = (&c.channels_left_out, &tree) {
-            c.channels_left_out = Some(scrub_values(note, tree));
-        }
-        Ok(c)
+        Config::from_raw(raw, path, sends, tree.as_ref())
     }
 
-    fn from_raw(raw: RawConfig, path: Option<&Path>, sends: bool) -> Result<Config, ConfigError> {
+    /// Checks and builds what was parsed. With the file's `tree`, every message leaves without
+    /// the config's values ([`scrub_values`]); the alert stage's refusals carry their keys, so
+    /// they are scrubbed by key, not read back out of the text.
+    fn from_raw(
+        raw: RawConfig,
+        path: Option<&Path>,
+        sends: bool,
+        tree: Option<&toml::Table>,
+    ) -> Result<Config, ConfigError> {
         let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
+        let scrubbed = |message: String| match tree {
+            Some(t) => scrub_values(&message, t),
+            None => message,
+        };
         let invalid = |message: String| ConfigError::Invalid {
             path: shown.clone(),
-            message,
+            message: scrubbed(message),
+        };
+        // The alert stage's refusals, each scrubbed by its own key.
+        let alert_refusal = |e: crate::alert::AlertError| match e {
+            crate::alert::AlertError::Config(issues) => issues
+                .iter()
+                .map(|i| match tree {
+                    Some(t) => scrub_part(&i.key, &i.message, t),
+                    None => i.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            e => scrubbed(e.to_string()),
         };
         let overrides = XidOverrides::from_table(raw.xid).map_err(invalid)?;
         if raw.incidents.window_secs == 0 || raw.incidents.window_secs > MAX_WINDOW_SECS {
@@ -450,10 +464,7 @@ impl Config {
             Ok(b) => b,
             Err(e) if !sends => {
                 // Nothing is sent: the channels are not needed, only worth a word.
-                channels_left_out = Some(match e {
-                    crate::alert::AlertError::Config(errors) => errors.join("; "),
-                    e => e.to_string(),
-                });
+                channels_left_out = Some(alert_refusal(e));
                 let bare = crate::alert::AlertConfig {
                     webhook: Vec::new(),
                     email: Vec::new(),
@@ -461,16 +472,18 @@ impl Config {
                     ..raw.alerts.clone()
                 };
                 crate::alert::channel::BuiltChannels::build(&bare).map_err(|e| {
-                    invalid(match e {
-                        crate::alert::AlertError::Config(errors) => errors.join("; "),
-                        e => e.to_string(),
-                    })
+                    ConfigError::Invalid {
+                        path: shown.clone(),
+                        message: alert_refusal(e),
+                    }
                 })?
             }
-            Err(crate::alert::AlertError::Config(errors)) => {
-                return Err(invalid(errors.join("; ")))
+            Err(e) => {
+                return Err(ConfigError::Invalid {
+                    path: shown.clone(),
+                    message: alert_refusal(e),
+                })
             }
-            Err(e) => return Err(invalid(e.to_string())),
         };
         let runbook_limits = raw.runbooks.limits().map_err(invalid)?;
         let catalog = raw.runbooks.catalog().map_err(invalid)?;
@@ -589,9 +602,6 @@ fn scrub_values(message: &str, tree: &toml::Table) -> String {
     if message.starts_with("runbooks refused:") {
         return message.to_string();
     }
-    let mut long = Vec::new();
-    collect_renders(&toml::Value::Table(tree.clone()), &mut long);
-    long.retain(|r| r.chars().count() >= 8);
     message
         .split("; ")
         .map(|part| {
@@ -602,25 +612,34 @@ fn scrub_values(message: &str, tree: &toml::Table) -> String {
                 Some((table, k)) => format!("{table}.{k}"),
                 None => key.to_string(),
             };
-            let key = key.as_str();
-            let mut renders = long.clone();
-            if let Some(v) = lookup(tree, key) {
-                collect_renders(v, &mut renders);
-            }
-            renders.sort_by_key(|r| std::cmp::Reverse(r.len()));
-            renders.dedup();
-            let mut rest = rest.to_string();
-            for r in &renders {
-                rest = cut_token(&rest, r);
-            }
-            if rest.is_empty() {
-                key.to_string()
-            } else {
-                format!("{key}: {rest}")
-            }
+            scrub_part(&key, rest, tree)
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// One refusal, `key: rest`, with every rendering of the key's value, and of any long string
+/// anywhere in the file, cut from `rest`.
+fn scrub_part(key: &str, rest: &str, tree: &toml::Table) -> String {
+    let mut renders = Vec::new();
+    collect_renders(&toml::Value::Table(tree.clone()), &mut renders);
+    renders.retain(|r| r.chars().count() >= 8);
+    if let Some(v) = lookup(tree, key) {
+        collect_renders(v, &mut renders);
+    }
+    renders.sort_by_key(|r| std::cmp::Reverse(r.len()));
+    renders.dedup();
+    let mut rest = rest.to_string();
+    for r in &renders {
+        rest = cut_token(&rest, r);
+    }
+    if key.is_empty() {
+        rest
+    } else if rest.is_empty() {
+        key.to_string()
+    } else {
+        format!("{key}: {rest}")
+    }
 }
 
 /// The value at a message's key: `alerts.webhook[0] (oncall).url`, `runbooks.allow[2]`,
@@ -902,6 +921,31 @@ mod tests {
 
     /// Every kind of value, refused where it parses and where it validates: the message names
     /// file, line and key, and holds the value nowhere.
+    /// An alert channel's refusal carries its key as a value: a message that itself holds
+    /// "; " or ": " is kept whole (it used to be cut apart where the key was looked for), the
+    /// key names the channel, and the value is still cut out.
+    #[test]
+    fn alert_refusals_keep_their_key_and_their_whole_message() {
+        let p = std::path::Path::new("/etc/xidwatch/xidwatch.toml");
+        let text = "[[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtp://mail.example.com\"\ntls = \"none\"\nfrom = \"x@example.com\"\nto = [\"y@example.com\"]\n[[alerts.webhook]]\nname = \"hook\"\nformat = \"json\"\nurl = \"ftp://hooks.example/T0/SECRETTOKEN\"\n";
+        let e = super::Config::from_toml(text, Some(p))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("alerts.webhook[0] (hook).url: the scheme is not http or https"),
+            "{e}"
+        );
+        assert!(
+            e.contains("alerts.email[0] (mail).tls: a plain SMTP connection is allowed only to a loopback address; use tls = \"starttls\" or an smtps:// URL"),
+            "{e}"
+        );
+        assert!(!e.contains("SECRETTOKEN"), "{e}");
+        let r = super::Config::from_toml(text, Some(p))
+            .unwrap_err()
+            .refusal(Some(text));
+        assert_eq!(r.key.as_deref(), Some("alerts.webhook[0] (hook).url"));
+    }
+
     #[test]
     fn no_refusal_echoes_a_value_of_any_kind() {
         let p = std::path::Path::new("/etc/xidwatch/xidwatch.toml");
@@ -938,7 +982,7 @@ mod tests {
         );
         let written = Config::from_toml(block, Some(Path::new("README.md")))
             .unwrap_or_else(|e| panic!("{e}"));
-        let none = Config::from_raw(RawConfig::default(), None, true).unwrap();
+        let none = Config::from_raw(RawConfig::default(), None, true, None).unwrap();
         assert_eq!(written.kmsg, none.kmsg);
         assert_eq!(written.nvml, none.nvml);
         assert_eq!(written.state_dir, none.state_dir);

@@ -29,7 +29,7 @@ use crate::alert::channel::{BuiltChannels, Channel};
 use crate::alert::config::AlertConfig;
 use crate::alert::document::build::PageBuilder;
 use crate::alert::document::HostGroup;
-use crate::alert::error::AlertError;
+use crate::alert::error::{AlertError, ConfigIssue};
 use crate::alert::input::Alert;
 use crate::alert::outbox::{Limits, Outbox};
 use intake::Intake;
@@ -156,9 +156,8 @@ impl AlertSender {
                 reply,
             })
             .await
-            .map_err(|_| AlertError::Config(vec!["the alert dispatcher has stopped".into()]))?;
-        rx.await
-            .map_err(|_| AlertError::Config(vec!["the alert dispatcher has stopped".into()]))?
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Hands an alert over without waiting.
@@ -184,6 +183,14 @@ impl AlertSender {
     pub fn status(&self) -> AlertStatus {
         self.shared.status()
     }
+}
+
+/// A reload that found the dispatcher gone, worded as it always was.
+fn stopped() -> AlertError {
+    AlertError::Config(vec![ConfigIssue::new(
+        "",
+        "the alert dispatcher has stopped",
+    )])
 }
 
 /// Starts and owns the alert tasks.

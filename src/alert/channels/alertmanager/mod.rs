@@ -19,6 +19,7 @@ use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use serde::{Deserialize, Serialize};
 
 use crate::alert::document::{rfc3339, AlertDocument};
+use crate::alert::error::ConfigIssue;
 use crate::alert::http::{
     check_headers, check_http_url, header_map, http_client, post, read_pem_certs,
 };
@@ -98,40 +99,61 @@ impl ChannelConfig for AlertmanagerConfig {
         }
     }
 
-    fn validate(&self, key: &str, errs: &mut Vec<String>) {
+    fn validate(&self, key: &str, errs: &mut Vec<ConfigIssue>) {
         let a = self;
         if a.urls.is_empty() {
-            errs.push(format!("{key}.urls: at least one URL is needed"));
+            errs.push(ConfigIssue::new(
+                format!("{key}.urls"),
+                "at least one URL is needed",
+            ));
         }
         for (j, u) in a.urls.iter().enumerate() {
             match check_http_url(u) {
-                Err(msg) => errs.push(format!("{key}.urls[{j}]: {msg}")),
+                Err(msg) => errs.push(ConfigIssue::new(
+                    format!("{key}.urls[{j}]"),
+                    msg.to_string(),
+                )),
                 // URLs are not secrets (they appear in logs and Debug): no credentials in them.
-                Ok(url) if !url.username().is_empty() || url.password().is_some() => errs.push(
-                    format!("{key}.urls[{j}]: credentials in the URL are refused; put them in `headers` (a secret)"),
-                ),
+                Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+                    errs.push(ConfigIssue::new(
+                        format!("{key}.urls[{j}]"),
+                        "credentials in the URL are refused; put them in `headers` (a secret)",
+                    ))
+                }
                 Ok(_) => {}
             }
         }
         for name in a.labels.keys() {
             if !is_label_name(name) {
-                errs.push(format!("{key}.labels: {name:?} is not a valid label name"));
+                errs.push(ConfigIssue::new(
+                    format!("{key}.labels"),
+                    format!("{name:?} is not a valid label name"),
+                ));
             } else if RESERVED_LABELS.contains(&name.as_str()) {
-                errs.push(format!("{key}.labels: {name:?} is set by xidwatch itself"));
+                errs.push(ConfigIssue::new(
+                    format!("{key}.labels"),
+                    format!("{name:?} is set by xidwatch itself"),
+                ));
             }
         }
         if a.resolve_after_secs < 60 {
-            errs.push(format!("{key}.resolve_after_secs: must be at least 60"));
+            errs.push(ConfigIssue::new(
+                format!("{key}.resolve_after_secs"),
+                "must be at least 60",
+            ));
         }
         if let Some(g) = &a.generator_url {
             if let Err(msg) = check_http_url(g) {
-                errs.push(format!("{key}.generator_url: {msg}"));
+                errs.push(ConfigIssue::new(
+                    format!("{key}.generator_url"),
+                    msg.to_string(),
+                ));
             }
         }
         check_headers(key, &a.headers, errs);
         if let Some(p) = &a.ca_file {
             if let Err(msg) = read_pem_certs(p) {
-                errs.push(format!("{key}.ca_file: {msg}"));
+                errs.push(ConfigIssue::new(format!("{key}.ca_file"), msg.to_string()));
             }
         }
         check_rate(key, a.rate_limit_count, a.rate_limit_window_secs, errs);

@@ -18,6 +18,7 @@ use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use serde::Deserialize;
 
 use crate::alert::document::AlertDocument;
+use crate::alert::error::ConfigIssue;
 use crate::alert::http::{read_pem_certs, INCIDENT_HEADER};
 use crate::alert::report;
 use crate::alert::retry::DeliveryError;
@@ -111,47 +112,61 @@ impl ChannelConfig for EmailConfig {
         }
     }
 
-    fn validate(&self, key: &str, errs: &mut Vec<String>) {
+    fn validate(&self, key: &str, errs: &mut Vec<ConfigIssue>) {
         let e = self;
         match SmtpTarget::parse(&e.smtp_url, e.tls) {
-            Err(msg) => errs.push(format!("{key}.smtp_url: {msg}")),
+            Err(msg) => errs.push(ConfigIssue::new(format!("{key}.smtp_url"), msg.to_string())),
             Ok(t) => {
                 if t.security == SmtpSecurity::Plain && !t.loopback {
-                    errs.push(format!(
-                        "{key}.tls: a plain SMTP connection is allowed only to a loopback address; use tls = \"starttls\" or an smtps:// URL"
-                    ));
+                    errs.push(ConfigIssue::new(format!("{key}.tls"), "a plain SMTP connection is allowed only to a loopback address; use tls = \"starttls\" or an smtps:// URL"));
                 }
                 if t.security == SmtpSecurity::Plain && e.password.is_some() {
-                    errs.push(format!(
-                        "{key}.password: refusing to send a password over a plain connection"
+                    errs.push(ConfigIssue::new(
+                        format!("{key}.password"),
+                        "refusing to send a password over a plain connection",
                     ));
                 }
             }
         }
         if e.from.parse::<Mailbox>().is_err() {
-            errs.push(format!("{key}.from: {:?} is not an email address", e.from));
+            errs.push(ConfigIssue::new(
+                format!("{key}.from"),
+                format!("{:?} is not an email address", e.from),
+            ));
         }
         if e.to.is_empty() {
-            errs.push(format!("{key}.to: at least one recipient is needed"));
+            errs.push(ConfigIssue::new(
+                format!("{key}.to"),
+                "at least one recipient is needed",
+            ));
         }
         for (j, to) in e.to.iter().enumerate() {
             if to.parse::<Mailbox>().is_err() {
-                errs.push(format!("{key}.to[{j}]: {to:?} is not an email address"));
+                errs.push(ConfigIssue::new(
+                    format!("{key}.to[{j}]"),
+                    format!("{to:?} is not an email address"),
+                ));
             }
         }
         match (&e.username, &e.password) {
-            (Some(_), None) => errs.push(format!("{key}.password: needed with username")),
-            (None, Some(_)) => errs.push(format!("{key}.username: needed with password")),
+            (Some(_), None) => errs.push(ConfigIssue::new(
+                format!("{key}.password"),
+                "needed with username",
+            )),
+            (None, Some(_)) => errs.push(ConfigIssue::new(
+                format!("{key}.username"),
+                "needed with password",
+            )),
             _ => {}
         }
         if let Some(p) = &e.password {
             if let Err(msg) = p.resolve() {
-                errs.push(format!("{key}.password: {msg}"));
+                errs.push(ConfigIssue::new(format!("{key}.password"), msg.to_string()));
             }
         }
         if let Some(p) = &e.ca_file {
             if let Err(msg) = read_pem_certs(p) {
-                errs.push(format!("{key}.ca_file: {msg}"));
+                errs.push(ConfigIssue::new(format!("{key}.ca_file"), msg.to_string()));
             }
         }
         check_rate(key, e.rate_limit_count, e.rate_limit_window_secs, errs);

@@ -15,6 +15,7 @@ use sha2::Sha256;
 
 use super::slack;
 use crate::alert::document::{AlertDocument, Phase};
+use crate::alert::error::ConfigIssue;
 use crate::alert::http::{check_headers, check_http_url, header_map, http_client, post};
 use crate::alert::retry::DeliveryError;
 use crate::alert::secret::{Secret, SecretValue};
@@ -116,12 +117,12 @@ impl ChannelConfig for WebhookConfig {
         }
     }
 
-    fn validate(&self, key: &str, errs: &mut Vec<String>) {
+    fn validate(&self, key: &str, errs: &mut Vec<ConfigIssue>) {
         match self.url.resolve() {
-            Err(e) => errs.push(format!("{key}.url: {e}")),
+            Err(e) => errs.push(ConfigIssue::new(format!("{key}.url"), e.to_string())),
             Ok(u) => {
                 if let Err(e) = check_http_url(u.expose()) {
-                    errs.push(format!("{key}.url: {e}"));
+                    errs.push(ConfigIssue::new(format!("{key}.url"), e.to_string()));
                 }
             }
         }
@@ -134,16 +135,22 @@ impl ChannelConfig for WebhookConfig {
         check_timeout(key, self.timeout_secs, errs);
         check_headers(key, &self.headers, errs);
         if HeaderName::from_bytes(self.signature_header.as_bytes()).is_err() {
-            errs.push(format!("{key}.signature_header: not a valid header name"));
+            errs.push(ConfigIssue::new(
+                format!("{key}.signature_header"),
+                "not a valid header name",
+            ));
         }
         if let Some(s) = &self.hmac_secret {
             if let Err(e) = s.resolve() {
-                errs.push(format!("{key}.hmac_secret: {e}"));
+                errs.push(ConfigIssue::new(
+                    format!("{key}.hmac_secret"),
+                    e.to_string(),
+                ));
             }
         }
         if let Some(p) = &self.ca_file {
             if let Err(e) = crate::alert::http::read_pem_certs(p) {
-                errs.push(format!("{key}.ca_file: {e}"));
+                errs.push(ConfigIssue::new(format!("{key}.ca_file"), e.to_string()));
             }
         }
     }
