@@ -9,8 +9,8 @@
 //! and goes out after the restart.
 
 //!
-//! Three rooms, lowest first: [`shared`] (the state every task shares), [`worker`] (one channel's
-//! sender), [`intake`] (pages into the outbox, workers across reloads); this file is the handle
+//! Three rooms, lowest first: `shared` (the state every task shares), `worker` (one channel's
+//! sender), `intake` (pages into the outbox, workers across reloads); this file is the handle
 //! the daemon holds and the start.
 
 mod intake;

@@ -1,6 +1,6 @@
 //! The `xidwatch.alert/v1` JSON document: everything one alert carries, in a stable shape.
 //!
-//! It is built once from an [`Alert`](super::Alert) when the alert enters the outbox; every channel
+//! It is built once from an [`Alert`] when the alert enters the outbox; every channel
 //! (webhook, Slack, email, Alertmanager, standard output) renders from it. It is an API from the
 //! first day: fields are only ever added, never renamed or removed, and `schema` says which
 //! version a receiver is reading.
