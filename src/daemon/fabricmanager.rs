@@ -38,24 +38,19 @@ pub(super) fn start(
     (rx, None)
 }
 
-/// One event into the pipeline; the position to save once the findings are handed over.
-pub(super) fn apply(p: &mut super::Pipeline, ev: FmLogEvent) -> Option<LogPosition> {
+/// One event into the pipeline. The position it read up to is saved by the flush, once the
+/// findings are handed over and durable.
+pub(super) fn apply(p: &mut super::pipeline::Pipeline, ev: FmLogEvent) {
     match ev {
         FmLogEvent::Read { findings, pos } => {
             let now = Now::read();
             for f in findings {
                 p.feed(f, Origin::Kmsg, now, false);
             }
-            Some(pos)
+            p.fm_position = Some(pos);
         }
-        FmLogEvent::Note { warn: true, text } => {
-            tracing::warn!("{text}");
-            None
-        }
-        FmLogEvent::Note { warn: false, text } => {
-            tracing::info!("{text}");
-            None
-        }
+        FmLogEvent::Note { warn: true, text } => tracing::warn!("{text}"),
+        FmLogEvent::Note { warn: false, text } => tracing::info!("{text}"),
     }
 }
 

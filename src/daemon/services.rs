@@ -38,7 +38,7 @@ pub(super) fn start(
 }
 
 /// One event from the watch into the pipeline.
-pub(super) fn apply(p: &mut super::Pipeline, ev: ServiceEvent) {
+pub(super) fn apply(p: &mut super::pipeline::Pipeline, ev: ServiceEvent) {
     match ev {
         ServiceEvent::Down(f) => {
             tracing::warn!("service watch: {}", f.title);
