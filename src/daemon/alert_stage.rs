@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use super::options::Output;
 use super::telemetry::Telemetry;
-use super::Output;
 use crate::config::Config;
 
 pub(super) fn set_alert_provider(tel: &Telemetry, alerts: &AlertStage) {

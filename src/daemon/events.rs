@@ -24,7 +24,8 @@ pub(super) enum Event {
     Kmsg(Vec<KmsgEvent>),
     /// From the NVML worker, the lost-GPU probe or the health loop.
     Nvml(NvmlMsg),
-    Service(ServiceEvent),
+    /// Boxed: a finding is large, and most events are not.
+    Service(Box<ServiceEvent>),
     FabricLog(FmLogEvent),
     /// A multi-line kernel message got no next line in time.
     FoldQuiet,
@@ -82,7 +83,7 @@ impl Sources {
                 None => Event::Shutdown,
             },
             msg = self.nvml.next() => Event::Nvml(msg),
-            Some(ev) = self.services.recv() => Event::Service(ev),
+            Some(ev) = self.services.recv() => Event::Service(Box::new(ev)),
             Some(ev) = self.fabric.recv() => Event::FabricLog(ev),
             _ = tokio::time::sleep(w.fold.unwrap_or_default()), if w.fold.is_some() => Event::FoldQuiet,
             _ = tokio::time::sleep(w.deadline) => Event::Deadline,

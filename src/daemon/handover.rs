@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::checkpoint::Acks;
+use super::options::Output;
 use super::pages::{self, Pages};
 use super::telemetry::Telemetry;
-use super::Output;
 use crate::config::Config;
 use crate::host::alert_host;
 use crate::model::{FindingKind, Incident};

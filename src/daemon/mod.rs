@@ -26,6 +26,7 @@ pub mod metrics;
 pub(crate) mod notify;
 pub(crate) mod nvml;
 mod ops;
+mod options;
 pub(crate) mod pages;
 mod pipeline;
 mod reload;
@@ -36,7 +37,6 @@ pub mod telemetry;
 #[cfg(test)]
 mod tests;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,47 +44,15 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::mpsc;
 
-use crate::config::Config;
 use crate::source::kmsg::follow;
 use crate::state::{self, StateDir};
 use alert_stage::AlertStage;
 use events::{Event, Sources};
 pub use handover::{catalog_text, runbook_env, test_evidence};
+pub use options::{Output, RunOptions, SourceStats};
 use pipeline::Pipeline;
 pub use signals::{Hangup, Shutdown, StopHandle};
 use telemetry::Telemetry;
-
-/// Where `run` sends incidents when no alert channel takes them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Output {
-    /// The readable report, for a terminal or the journal.
-    Text,
-    /// One JSON object per incident.
-    Json,
-}
-
-/// Options of one daemon run.
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    pub config: Config,
-    pub output: Output,
-    /// `/proc/sys/kernel/random/boot_id`, replaceable for tests.
-    pub boot_id_path: PathBuf,
-    /// `/proc/stat`, whose `btime` dates kernel log records; replaceable for tests, which set the
-    /// boot's time to make a record as old as they need.
-    pub boot_time_path: PathBuf,
-}
-
-/// Counters the daemon keeps about its sources.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct SourceStats {
-    pub kmsg_records: u64,
-    pub kmsg_userspace_ignored: u64,
-    pub kmsg_malformed: u64,
-    pub kmsg_lost: u64,
-    pub nvml_up: bool,
-    pub gpus_seen: usize,
-}
 
 /// The daemon, built and not yet running: every part constructed once, from its config section.
 pub struct Daemon {
@@ -227,8 +195,8 @@ impl Daemon {
                     p.apply_nvml(v, false);
                 }
             }
-            Event::Service(ev) => services::apply(p, ev),
-            Event::FabricLog(ev) => fabricmanager::apply(p, ev),
+            Event::Service(ev) => p.apply_service(*ev),
+            Event::FabricLog(ev) => p.apply_fabric_log(ev),
             Event::FoldQuiet => p.fold_quiet(),
             Event::Deadline => p.tick(),
             Event::StatusTick => {

@@ -14,18 +14,20 @@ use super::control;
 use super::events::Waits;
 use super::handover::Emitter;
 use super::nvml::NvmlValue;
+use super::options::{Output, RunOptions, SourceStats};
 use super::reload::Fingerprint;
 use super::telemetry::Telemetry;
-use super::{Output, RunOptions, SourceStats};
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
 use crate::host::alert_host;
 use crate::incident::{Engine, EngineConfig, Origin};
 use crate::model::{Detail, Finding, FindingKind, Incident};
+use crate::source::fabricmanager::{FmLogEvent, LogPosition, POSITION_FILE};
 use crate::source::kmsg::follow::{self, KmsgEvent};
 use crate::source::kmsg::KernelClock;
 use crate::source::probe;
+use crate::source::services::ServiceEvent;
 use crate::state::{self, StateDir};
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
@@ -88,9 +90,9 @@ pub(super) struct Pipeline {
     /// GPU that stays missing across a restart is not reported again.
     pub(super) probe_memory: probe::Memory,
     /// The Fabric Manager log position read up to, saved once what was read is durable.
-    pub(super) fm_position: Option<crate::source::fabricmanager::LogPosition>,
+    pub(super) fm_position: Option<LogPosition>,
     /// The position last saved.
-    pub(super) fm_saved: Option<crate::source::fabricmanager::LogPosition>,
+    pub(super) fm_saved: Option<LogPosition>,
 }
 
 impl Pipeline {
@@ -113,17 +115,7 @@ impl Pipeline {
             }
         };
         let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
-        let mut engine = Engine::new(EngineConfig {
-            window_ms: cfg.incidents.window_secs.saturating_mul(1000),
-            max_open: cfg.incidents.max_open,
-            nvml_match_ms: cfg.incidents.nvml_match_ms,
-            host: alert_host(cfg.incidents.host.as_deref()),
-            boot_id: boot_hex.clone(),
-            overrides: cfg.overrides.clone(),
-            settle_ms: cfg.incidents.settle_ms,
-            quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
-            remind_ms: cfg.incidents.remind_secs.saturating_mul(1000),
-        });
+        let mut engine = Engine::new(engine_config(cfg, boot_hex.clone()));
         let mut probe_memory = None;
         match state.load_json::<SavedIncidents>(CHECKPOINT) {
             Ok(Some(saved)) if saved.boot_id == boot_hex => {
@@ -213,6 +205,40 @@ impl Pipeline {
             NvmlValue::LostCheck(v) => self.engine.verify_lost(&v, Now::read(), &mut self.out_buf),
             NvmlValue::ProbeMemory(m) => self.probe_memory = m,
             NvmlValue::CanVerify(can) => self.engine.set_can_verify(can),
+        }
+    }
+
+    /// One event from the service watch: a down unit is a finding pushed to the engine (paged
+    /// once; repeats fold in), and "verified active" ends that incident with a resolved notice.
+    pub(super) fn apply_service(&mut self, ev: ServiceEvent) {
+        match ev {
+            ServiceEvent::Down(f) => {
+                tracing::warn!("service watch: {}", f.title);
+                self.feed(f, Origin::Probe, Now::read(), false);
+            }
+            ServiceEvent::Active(f) => {
+                tracing::info!("service watch: {} (verified active)", f.title);
+                self.engine
+                    .resolve_state(&f, Now::read(), &mut self.out_buf);
+            }
+            ServiceEvent::Note { warn: true, text } => tracing::warn!("{text}"),
+            ServiceEvent::Note { warn: false, text } => tracing::info!("{text}"),
+        }
+    }
+
+    /// One event from the Fabric Manager log. The position it read up to is saved by the
+    /// flush, once the findings are handed over and durable.
+    pub(super) fn apply_fabric_log(&mut self, ev: FmLogEvent) {
+        match ev {
+            FmLogEvent::Read { findings, pos } => {
+                let now = Now::read();
+                for f in findings {
+                    self.feed(f, Origin::Kmsg, now, false);
+                }
+                self.fm_position = Some(pos);
+            }
+            FmLogEvent::Note { warn: true, text } => tracing::warn!("{text}"),
+            FmLogEvent::Note { warn: false, text } => tracing::info!("{text}"),
         }
     }
 
@@ -412,7 +438,7 @@ impl Pipeline {
         // The Fabric Manager position moves only once what was read is handed over and durable.
         if durable {
             if let Some(pos) = self.fm_position.take() {
-                super::fabricmanager::save(&self.ckpt.state, &mut self.fm_saved, pos);
+                save_fm_position(&self.ckpt.state, &mut self.fm_saved, pos);
             }
         }
         durable
@@ -510,4 +536,36 @@ fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
     );
     f.origin.seq = Some(a.seq);
     f
+}
+
+/// The incident engine's settings from `[incidents]`: at start-up and, swapped in, on reload.
+pub(super) fn engine_config(cfg: &Config, boot_id: String) -> EngineConfig {
+    EngineConfig {
+        window_ms: cfg.incidents.window_secs.saturating_mul(1000),
+        max_open: cfg.incidents.max_open,
+        nvml_match_ms: cfg.incidents.nvml_match_ms,
+        host: alert_host(cfg.incidents.host.as_deref()),
+        boot_id,
+        overrides: cfg.overrides.clone(),
+        settle_ms: cfg.incidents.settle_ms,
+        quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
+        remind_ms: cfg.incidents.remind_secs.saturating_mul(1000),
+    }
+}
+
+/// Saves the Fabric Manager log position (atomically, through the state directory's checked
+/// helpers) when it moved.
+fn save_fm_position(state: &StateDir, last: &mut Option<LogPosition>, pos: LogPosition) {
+    if *last == Some(pos) {
+        return;
+    }
+    match state.save_json(POSITION_FILE, &pos) {
+        Ok(()) => *last = Some(pos),
+        Err(e) => {
+            crate::state::log_write_error(
+                "fabricmanager position",
+                &format!("saving the Fabric Manager log position: {e:#}"),
+            );
+        }
+    }
 }

@@ -7,7 +7,8 @@ use tokio::sync::mpsc;
 
 use super::alert_stage::{alert_channels, alert_config};
 use super::handover::Emitter;
-use super::Output;
+use super::options::Output;
+use super::pipeline::engine_config;
 use crate::clock::Now;
 use crate::config::Config;
 use crate::incident::{Engine, Origin};
@@ -178,15 +179,17 @@ pub(super) async fn reload(
             tracing::warn!("{what} changed: it takes effect at the next restart");
         }
     }
+    // The engine's settings, built as at start-up (host and boot stay) and swapped in.
+    let e = engine_config(&new, String::new());
     engine.reconfigure(
-        new.incidents.window_secs.saturating_mul(1000),
-        new.incidents.max_open,
-        new.incidents.nvml_match_ms,
-        new.overrides.clone(),
-        new.incidents.settle_ms,
-        new.incidents.quiet_secs.saturating_mul(1000),
+        e.window_ms,
+        e.max_open,
+        e.nvml_match_ms,
+        e.overrides,
+        e.settle_ms,
+        e.quiet_ms,
     );
-    engine.set_remind_ms(new.incidents.remind_secs.saturating_mul(1000));
+    engine.set_remind_ms(e.remind_ms);
     // The runbooks, built as at start-up and swapped in.
     out.configure(&new);
     match out

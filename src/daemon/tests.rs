@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::events::Event;
 use super::nvml::NvmlValue;
 use super::*;
+use crate::config::Config;
 use crate::model::{FindingKind, GpuIdentity, PciAddress};
 use crate::source::kmsg::follow::KmsgEvent;
 use crate::source::kmsg::record::parse_record;
