@@ -295,48 +295,7 @@ impl Pipeline {
         let now = Now::read();
         for ev in batch {
             match ev {
-                KmsgEvent::Record { rec, at_startup } => {
-                    self.stats.kmsg_records += 1;
-                    self.tel.kmsg_records(1);
-                    self.last_seq = Some(rec.seq);
-                    if !rec.is_kernel() && !self.current.kmsg.accept_userspace {
-                        self.stats.kmsg_userspace_ignored += 1;
-                        self.tel.kmsg_userspace_ignored(1);
-                        // Only a line that looks like a GPU fault: programs (systemd among them)
-                        // write other lines to the kernel log at every boot.
-                        if !self.said_userspace
-                            && crate::classify::prefilter::Prefilter::shared()
-                                .is_candidate(rec.message.as_bytes())
-                        {
-                            self.said_userspace = true;
-                            tracing::info!(
-                                "a kernel log line written by a program, not the kernel, is ignored (kmsg record {}): set [kmsg] accept_userspace = true to accept such lines (fire drills); said once, the rest are counted in `xidwatch status`",
-                                rec.seq
-                            );
-                        }
-                        continue;
-                    }
-                    let at = LineOrigin {
-                        line: 0,
-                        seq: Some(rec.seq),
-                        ts_usec: Some(rec.ts_usec),
-                        timestamp: Some(format!(
-                            "[{:>5}.{:06}]",
-                            rec.ts_usec / 1_000_000,
-                            rec.ts_usec % 1_000_000
-                        )),
-                    };
-                    for line in rec.lines() {
-                        self.out.remember(rec.seq, rec.ts_usec, line);
-                        if crate::classify::prefix::message_start(line) == Some(0) {
-                            self.classifier.push(line, &at, &mut self.findings);
-                        }
-                    }
-                    for mut f in std::mem::take(&mut self.findings) {
-                        self.date(&mut f, now);
-                        self.feed(f, Origin::Kmsg, now, at_startup);
-                    }
-                }
+                KmsgEvent::Record { rec, at_startup } => self.record(&rec, at_startup, now),
                 KmsgEvent::Overrun {
                     lost,
                     next_seq,
@@ -396,6 +355,56 @@ impl Pipeline {
         }
         self.last_record = tokio::time::Instant::now();
         Ok(())
+    }
+
+    /// One kernel log record: counted, its lines kept for runbook excerpts, and classified;
+    /// each finding dated and fed to the engine. The per-record path.
+    fn record(
+        &mut self,
+        rec: &crate::source::kmsg::record::KmsgRecord,
+        at_startup: bool,
+        now: Now,
+    ) {
+        self.stats.kmsg_records += 1;
+        self.tel.kmsg_records(1);
+        self.last_seq = Some(rec.seq);
+        if !rec.is_kernel() && !self.current.kmsg.accept_userspace {
+            self.stats.kmsg_userspace_ignored += 1;
+            self.tel.kmsg_userspace_ignored(1);
+            // Only a line that looks like a GPU fault: programs (systemd among them)
+            // write other lines to the kernel log at every boot.
+            if !self.said_userspace
+                && crate::classify::prefilter::Prefilter::shared()
+                    .is_candidate(rec.message.as_bytes())
+            {
+                self.said_userspace = true;
+                tracing::info!(
+                    "a kernel log line written by a program, not the kernel, is ignored (kmsg record {}): set [kmsg] accept_userspace = true to accept such lines (fire drills); said once, the rest are counted in `xidwatch status`",
+                    rec.seq
+                );
+            }
+            return;
+        }
+        let at = LineOrigin {
+            line: 0,
+            seq: Some(rec.seq),
+            ts_usec: Some(rec.ts_usec),
+            timestamp: Some(format!(
+                "[{:>5}.{:06}]",
+                rec.ts_usec / 1_000_000,
+                rec.ts_usec % 1_000_000
+            )),
+        };
+        for line in rec.lines() {
+            self.out.remember(rec.seq, rec.ts_usec, line);
+            if crate::classify::prefix::message_start(line) == Some(0) {
+                self.classifier.push(line, &at, &mut self.findings);
+            }
+        }
+        for mut f in std::mem::take(&mut self.findings) {
+            self.date(&mut f, now);
+            self.feed(f, Origin::Kmsg, now, at_startup);
+        }
     }
 
     /// A multi-line message got no next line in time: report it as it is.
