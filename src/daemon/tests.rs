@@ -275,3 +275,40 @@ async fn a_stop_requested_before_the_loop_is_a_clean_shutdown() {
         serde_json::from_slice(&std::fs::read(dir.state().join("status.json")).unwrap()).unwrap();
     assert!(status["stopped_ms"].as_u64().is_some());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn kernel_log_events_are_counted_and_a_lost_reader_is_an_error() {
+    let dir = Dir::new("", "");
+    let mut d = dir.build().await;
+    let p = &mut d.pipeline;
+    // A program's line is counted, never classified (the key says how to accept it).
+    let injected = "12,3,1000003,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, test";
+    p.kmsg(vec![
+        record(injected),
+        KmsgEvent::Malformed("no semicolon".into()),
+        KmsgEvent::Overrun {
+            lost: 5,
+            next_seq: 9,
+            at_startup: false,
+        },
+    ])
+    .unwrap();
+    assert_eq!(p.stats.kmsg_records, 1);
+    assert_eq!(p.stats.kmsg_userspace_ignored, 1);
+    assert_eq!(p.stats.kmsg_malformed, 1);
+    assert_eq!(p.stats.kmsg_lost, 5);
+    d.after().await;
+    let snap = d.tel.snapshot();
+    assert_eq!(snap.open_incidents_total, 1, "the overrun only");
+    assert_eq!(
+        snap.open_incidents[0].kind,
+        FindingKind::KmsgOverrun.as_str()
+    );
+    // The reader's end is the daemon's error, with its reason.
+    let e = d
+        .handle(Event::Kmsg(vec![KmsgEvent::Failed("gone".into())]))
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("gone"), "{e:#}");
+    d.stop().await;
+}
