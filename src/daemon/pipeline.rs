@@ -14,14 +14,13 @@ use super::control;
 use super::events::Waits;
 use super::handover::Emitter;
 use super::nvml::NvmlValue;
-use super::options::{Output, RunOptions, SourceStats};
+use super::options::{engine_config, Output, RunOptions, SourceStats};
 use super::reload::Fingerprint;
 use super::telemetry::Telemetry;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
-use crate::host::alert_host;
-use crate::incident::{Engine, EngineConfig, Origin};
+use crate::incident::{Engine, Origin};
 use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::fabricmanager::{FmLogEvent, LogPosition, POSITION_FILE};
 use crate::source::kmsg::follow::{self, KmsgEvent};
@@ -545,21 +544,6 @@ fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
     );
     f.origin.seq = Some(a.seq);
     f
-}
-
-/// The incident engine's settings from `[incidents]`: at start-up and, swapped in, on reload.
-pub(super) fn engine_config(cfg: &Config, boot_id: String) -> EngineConfig {
-    EngineConfig {
-        window_ms: cfg.incidents.window_secs.saturating_mul(1000),
-        max_open: cfg.incidents.max_open,
-        nvml_match_ms: cfg.incidents.nvml_match_ms,
-        host: alert_host(cfg.incidents.host.as_deref()),
-        boot_id,
-        overrides: cfg.overrides.clone(),
-        settle_ms: cfg.incidents.settle_ms,
-        quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
-        remind_ms: cfg.incidents.remind_secs.saturating_mul(1000),
-    }
 }
 
 /// Saves the Fabric Manager log position (atomically, through the state directory's checked

@@ -7,8 +7,8 @@ use tokio::sync::mpsc;
 
 use super::alert_stage::{alert_channels, alert_config};
 use super::handover::Emitter;
+use super::options::engine_config;
 use super::options::Output;
-use super::pipeline::engine_config;
 use crate::clock::Now;
 use crate::config::Config;
 use crate::incident::{Engine, Origin};
