@@ -23,8 +23,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::telemetry::{IncidentSummary, StatusSnapshot};
+pub mod status;
+
 use crate::model::{FindingKind, PciAddress, Severity};
+use status::{IncidentSummary, StatusSnapshot};
 
 /// Version of the [`Verdict`] document (docs/verdict.schema.json); it only ever gains fields
 /// within one version.
@@ -301,7 +303,7 @@ pub fn judge(snap: &StatusSnapshot, freshness: &Freshness, now_ms: u64) -> Verdi
 /// The running daemon's own verdict (metrics, `GET /verdict`): its snapshot is fresh unless
 /// its main loop has stopped beating, as `/healthz` judges it.
 pub fn of_live(snap: &StatusSnapshot, now_ms: u64) -> Verdict {
-    let (ok, line) = crate::daemon::metrics::health(snap.heartbeat_ms, now_ms);
+    let (ok, line) = status::health(snap.heartbeat_ms, now_ms);
     let freshness = if ok {
         Freshness::Fresh
     } else {
@@ -346,8 +348,8 @@ fn plural(n: usize) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::status::GpuSummary;
     use super::*;
-    use crate::daemon::telemetry::GpuSummary;
 
     fn pci(s: &str) -> PciAddress {
         s.parse().expect("test address")

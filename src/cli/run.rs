@@ -24,7 +24,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
             .map(Into::into)
             .unwrap_or_else(|| crate::source::kmsg::time::PROC_STAT.into()),
     };
-    match rt.block_on(daemon::run(opts)) {
+    // The signal handlers first: a stop requested while the daemon is built (NVML can take
+    // seconds to open) is a clean shutdown once the loop runs.
+    let running = rt.block_on(async {
+        let (shutdown, hangup) = daemon::signals::install()?;
+        let built = daemon::build(&opts, hangup).await?;
+        daemon::run(built, shutdown).await
+    });
+    match running {
         Ok(()) => Ok(0),
         Err(e) => {
             eprintln!("xidwatch: error: {e:#}");

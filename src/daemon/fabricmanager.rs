@@ -1,13 +1,12 @@
 //! The daemon's side of the Fabric Manager log follower ([`crate::source::fabricmanager`]):
-//! starts it with the position saved in the state directory, feeds its findings to the engine
-//! as kernel-log findings are fed (they are log records too), and saves the position once what
-//! was read has been handed over, so a restart neither repeats nor skips a record.
+//! starts it with the position saved in the state directory. The pipeline feeds its findings to
+//! the engine as kernel-log findings are fed (they are log records too, `Pipeline::apply_fabric_log`)
+//! and saves the position once what was read has been handed over, so a restart neither repeats
+//! nor skips a record.
 
 use tokio::sync::mpsc;
 
-use crate::clock::Now;
 use crate::config::Config;
-use crate::incident::Origin;
 use crate::source::fabricmanager::{spawn, FmLogEvent, LogPosition, POSITION_FILE};
 use crate::state::StateDir;
 
@@ -36,41 +35,4 @@ pub(super) fn start(
         return (rx, Some(tx));
     }
     (rx, None)
-}
-
-/// One event into the pipeline; the position to save once the findings are handed over.
-pub(super) fn apply(p: &mut super::Pipeline, ev: FmLogEvent) -> Option<LogPosition> {
-    match ev {
-        FmLogEvent::Read { findings, pos } => {
-            let now = Now::read();
-            for f in findings {
-                p.feed(f, Origin::Kmsg, now, false);
-            }
-            Some(pos)
-        }
-        FmLogEvent::Note { warn: true, text } => {
-            tracing::warn!("{text}");
-            None
-        }
-        FmLogEvent::Note { warn: false, text } => {
-            tracing::info!("{text}");
-            None
-        }
-    }
-}
-
-/// Saves the position (atomically, through the state directory's checked helpers) when it moved.
-pub(super) fn save(state: &StateDir, last: &mut Option<LogPosition>, pos: LogPosition) {
-    if *last == Some(pos) {
-        return;
-    }
-    match state.save_json(POSITION_FILE, &pos) {
-        Ok(()) => *last = Some(pos),
-        Err(e) => {
-            crate::state::log_write_error(
-                "fabricmanager position",
-                &format!("saving the Fabric Manager log position: {e:#}"),
-            );
-        }
-    }
 }

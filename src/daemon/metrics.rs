@@ -40,27 +40,8 @@ const MAX_REQUEST_BYTES: usize = 8 * 1024;
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more wait in the kernel's accept queue, then are refused.
 const MAX_CONNECTIONS: usize = 16;
-/// How long the main loop may go without a heartbeat before `/healthz` fails. It beats at least
-/// every [`super::control::STATUS_FILE_INTERVAL`] (10 s); six missed beats is not a slow disk.
-pub const HEALTH_STALE: Duration = Duration::from_secs(60);
-
-/// The liveness verdict for a heartbeat at `heartbeat_ms`, at `now_ms`: healthy or not, and one
-/// line that says why.
-pub fn health(heartbeat_ms: u64, now_ms: u64) -> (bool, String) {
-    let age = now_ms.saturating_sub(heartbeat_ms);
-    if age <= HEALTH_STALE.as_millis() as u64 {
-        (true, format!("ok: pipeline went round {}s ago", age / 1000))
-    } else {
-        (
-            false,
-            format!(
-                "stalled: the pipeline has not gone round for {}s (limit {}s)",
-                age / 1000,
-                HEALTH_STALE.as_secs()
-            ),
-        )
-    }
-}
+/// The liveness rule lives with the verdict, which judges a status document by it too.
+pub use crate::verdict::status::{health, HEALTH_STALE};
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()

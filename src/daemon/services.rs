@@ -1,13 +1,10 @@
-//! The daemon's side of the service watch ([`crate::source::services`]): starts its task and
-//! turns its events into state incidents for the host, the way health findings become
-//! incidents: a down unit is a finding pushed to the engine (paged once; repeats fold in), and
-//! "verified active" ends that incident with a resolved notice.
+//! The daemon's side of the service watch ([`crate::source::services`]): starts its task. Its
+//! events become state incidents for the host in the pipeline
+//! (`Pipeline::apply_service`), the way health findings become incidents.
 
 use tokio::sync::mpsc;
 
-use crate::clock::Now;
 use crate::config::Config;
-use crate::incident::Origin;
 use crate::source::services::{watch_loop, ServiceEvent};
 
 /// Starts the watch when `[services] enabled`; without it the receiver never yields (its
@@ -27,7 +24,7 @@ pub(super) fn start(
     let search = svc
         .search_path
         .clone()
-        .unwrap_or_else(|| super::runbook_env(cfg).search_path);
+        .unwrap_or_else(|| super::handover::runbook_env(cfg).search_path);
     tokio::spawn(watch_loop(
         svc.clone(),
         search,
@@ -35,20 +32,4 @@ pub(super) fn start(
         tx,
     ));
     (rx, None)
-}
-
-/// One event from the watch into the pipeline.
-pub(super) fn apply(p: &mut super::Pipeline, ev: ServiceEvent) {
-    match ev {
-        ServiceEvent::Down(f) => {
-            tracing::warn!("service watch: {}", f.title);
-            p.feed(f, Origin::Probe, Now::read(), false);
-        }
-        ServiceEvent::Active(f) => {
-            tracing::info!("service watch: {} (verified active)", f.title);
-            p.engine.resolve_state(&f, Now::read(), &mut p.out_buf);
-        }
-        ServiceEvent::Note { warn: true, text } => tracing::warn!("{text}"),
-        ServiceEvent::Note { warn: false, text } => tracing::info!("{text}"),
-    }
 }

@@ -15,37 +15,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::runbook::process::job_identity;
 use crate::source::nvml::health::{GpuProcess, GpuReading};
-
-/// What procfs says about one pid.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct ProcLook {
-    pub state: Liveness,
-    /// The program name (`comm`), cleaned for the page.
-    pub comm: Option<String>,
-    pub uid: Option<u32>,
-    /// The user name for `uid`, where the system's user database knows it.
-    pub user: Option<String>,
-    /// The job from the cgroup: Slurm job and step, Kubernetes pod and container, systemd unit.
-    pub job: Option<String>,
-    /// The pid inside the process's own (innermost) pid namespace, when that is another one.
-    pub ns_pid: Option<u32>,
-}
-
-/// Whether a pid is a process in xidwatch's pid namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Liveness {
-    #[default]
-    Running,
-    /// Exited, and not yet reaped by its parent (state `Z`).
-    Zombie,
-    /// No such pid here: it exited, or it lives in a pid namespace xidwatch cannot see.
-    Absent,
-}
+/// Defined beside the readings they describe, so the source needs nothing from here.
+pub use crate::source::nvml::health::{Liveness, ProcLook};
 
 /// Fills in [`GpuProcess::look`] for every process of every reading.
 pub fn look_up(readings: &mut [GpuReading], procfs_root: &Path) {

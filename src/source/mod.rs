@@ -2,6 +2,8 @@
 
 pub mod fabricmanager;
 pub mod file;
+pub mod health;
 pub mod kmsg;
 pub mod nvml;
+pub mod probe;
 pub mod services;

@@ -96,7 +96,7 @@ pub struct GpuProcess {
     pub graphics: bool,
     /// What procfs says about the pid; filled in by the health task, not the worker.
     #[serde(default)]
-    pub look: Option<crate::health::holder::ProcLook>,
+    pub look: Option<ProcLook>,
 }
 
 /// NVML's fabric registration values (`nvmlGpuFabricInfo_t`).
@@ -303,4 +303,31 @@ fn recovery_action(d: &Device) -> Result<u32, NvmlError> {
         SampleValue::I64(v) => Ok(u32::try_from(v).unwrap_or(u32::MAX)),
         SampleValue::F64(_) => Err(NvmlError::NotSupported),
     }
+}
+
+/// What procfs says about one pid.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ProcLook {
+    pub state: Liveness,
+    /// The program name (`comm`), cleaned for the page.
+    pub comm: Option<String>,
+    pub uid: Option<u32>,
+    /// The user name for `uid`, where the system's user database knows it.
+    pub user: Option<String>,
+    /// The job from the cgroup: Slurm job and step, Kubernetes pod and container, systemd unit.
+    pub job: Option<String>,
+    /// The pid inside the process's own (innermost) pid namespace, when that is another one.
+    pub ns_pid: Option<u32>,
+}
+
+/// Whether a pid is a process in xidwatch's pid namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    #[default]
+    Running,
+    /// Exited, and not yet reaped by its parent (state `Z`).
+    Zombie,
+    /// No such pid here: it exited, or it lives in a pid namespace xidwatch cannot see.
+    Absent,
 }

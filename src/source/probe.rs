@@ -1,15 +1,20 @@
 //! The lost-GPU probe: compares the NVIDIA GPUs on the PCI bus (sysfs) with what NVML reaches.
 //!
 //! A GPU can vanish without a word in the kernel log we would recognise (the log overran, the
-//! driver wedged). Reading sysfs is cheap and needs no privileges. What NVML reaches is asked of
-//! the NVML worker by the caller (`daemon::nvml`), off the pipeline's task; this module only
-//! compares, and `classify::signals` rates what it finds.
+//! driver wedged). Reading sysfs is cheap and needs no privileges. [`probe_loop`] runs the probe
+//! on its own task and asks the NVML worker what it reaches (on a blocking thread, under the
+//! call deadline), so the pipeline only ever receives values: one [`ProbeRound`] per round that
+//! found something or that NVML answered. `classify::signals` rates what it finds.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
 
 use crate::classify::signals;
 use crate::model::{Finding, FindingKind, PciAddress};
+use crate::source::nvml::NvmlWorker;
 
 pub struct Probe {
     root: PathBuf,
@@ -108,6 +113,88 @@ fn missing(pci: PciAddress, title: String) -> Finding {
     let mut f = signals::finding(FindingKind::GpuMissing, None, title);
     f.pci = Some(pci);
     f
+}
+
+/// One probe round, as the pipeline receives it.
+#[derive(Debug)]
+pub struct ProbeRound {
+    /// GPUs missing from NVML's view or gone from the bus.
+    pub found: Vec<Finding>,
+    /// What the probe remembers after the round (saved with the daemon's checkpoint).
+    pub memory: Memory,
+    /// The round as evidence for ending lost-GPU incidents, when NVML answered it.
+    pub verified: Option<crate::incident::Verification>,
+}
+
+/// How often the worker is looked at for a call that overran its limit with nobody waiting for
+/// it (an event wait that never returns): the probe may run only every few minutes.
+const STUCK_CHECK: Duration = Duration::from_secs(1);
+
+/// The lost-GPU probe, on its own task: NVML's answer is awaited here (on a blocking thread that
+/// returns within the call deadline), never on the pipeline. Also looks at the worker every
+/// [`STUCK_CHECK`].
+pub async fn probe_loop(
+    mut probe: Probe,
+    worker: Option<NvmlWorker>,
+    every: Duration,
+    tx: mpsc::Sender<ProbeRound>,
+) {
+    let mut timer = tokio::time::interval(every);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = probe.memory();
+    let mut stuck_check = tokio::time::interval(STUCK_CHECK);
+    stuck_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = timer.tick() => {}
+            _ = stuck_check.tick(), if worker.is_some() => {
+                let w = worker.clone();
+                // A report scans procfs: not on the runtime thread.
+                let _ = tokio::task::spawn_blocking(move || w.map(|w| w.check())).await;
+                continue;
+            }
+        }
+        let w = worker.clone();
+        let round = tokio::task::spawn_blocking(move || {
+            // Taken before NVML is asked: a finding after this is not answered by this round.
+            let at_mono_ms = crate::clock::Now::read().mono_ms;
+            // A stuck or failing NVML says nothing about which GPUs are reachable: only the bus
+            // is compared then (the stuck driver is its own finding), and nothing is verified.
+            let reached = w.and_then(|w| w.reached_gpus().ok());
+            let reachable: Option<Vec<_>> =
+                reached.as_ref().map(|r| r.iter().map(|g| g.pci).collect());
+            let found = probe.check(reachable.as_deref());
+            let verified = reached.and_then(|reached| {
+                let on_bus = probe.gpus_on_bus().ok()?.into_iter().collect();
+                Some(crate::incident::Verification {
+                    at_mono_ms,
+                    on_bus,
+                    reached,
+                })
+            });
+            (probe, found, verified)
+        })
+        .await;
+        let Ok((back, found, verified)) = round else {
+            return;
+        };
+        probe = back;
+        let memory = probe.memory();
+        // Every round NVML answered goes to the pipeline: it is what ends a lost GPU's incident.
+        if (!found.is_empty() || memory != last || verified.is_some())
+            && tx
+                .send(ProbeRound {
+                    found,
+                    memory: memory.clone(),
+                    verified,
+                })
+                .await
+                .is_err()
+        {
+            return;
+        }
+        last = memory;
+    }
 }
 
 #[cfg(test)]

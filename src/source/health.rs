@@ -1,32 +1,55 @@
-//! The daemon's side of the health checks, the per-boot inventory and the history.
+//! The health loop and the per-boot inventory, on the source side: values in, values out.
 //!
 //! - [`take_inventory`]: at start, this boot's inventory through the NVML worker; on a new boot it
 //!   is stored and compared with the previous boot's ("changed since last boot" findings).
 //! - [`health_loop`]: on its own task, like the lost-GPU probe: polls the readings through the
 //!   worker (off the runtime thread, under the call deadline), judges them (`crate::health`) and
-//!   checks the GPU count against the expected one; findings reach the pipeline as
-//!   [`NvmlMsg::Health`](super::nvml::NvmlMsg).
-//! - [`verified`]: a check that passes again ends its incident in the pipeline (a state:
-//!   `incident::is_state`), with a resolved notice that says it was verified.
-//! - [`Pages`]: what every page gets beside its runbook's evidence: how often this happened on the
-//!   board before (the history, recorded here when an incident opens), the repeat-offender
-//!   escalation, and the inventory diff for that GPU.
+//!   checks the GPU count against the expected one; each round that says something reaches the
+//!   pipeline as one [`HealthRound`]. A check that passes again is a verified end there, which
+//!   ends its incident with a resolved notice.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::nvml::NvmlMsg;
-use super::probe::Probe;
-use super::telemetry::HealthGauges;
-use crate::health::config::HistoryConfig;
 use crate::health::{count_findings, Checks, HealthConfig};
-use crate::history::History;
-use crate::inventory::{Change, Stored};
-use crate::model::{Evidence, Finding, Incident, PciAddress, StepResult, StepStatus};
+use crate::inventory::Stored;
+use crate::model::{Finding, PciAddress};
 use crate::source::nvml::NvmlWorker;
+use crate::source::probe::Probe;
+
+/// One health round, as the pipeline receives it.
+#[derive(Debug)]
+pub struct HealthRound {
+    /// Checks that failed (for their window) and GPUs missing from the expected count.
+    pub found: Vec<Finding>,
+    /// Verified ends: checks that pass again, whose incidents end.
+    pub ended: Vec<Finding>,
+    pub gauges: HealthGauges,
+}
+
+/// The health values worth a gauge: the GPU count against the expected one, and which checks
+/// are failing now on which GPU. Readings themselves (temperatures, clocks) are left to the
+/// exporters built for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthGauges {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_gpus: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub present_gpus: Option<u64>,
+    /// `(check, pci)`: the finding kind whose condition holds now, and the GPU.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<(String, String)>,
+}
+
+impl HealthGauges {
+    pub fn is_empty(&self) -> bool {
+        *self == HealthGauges::default()
+    }
+}
 
 /// This boot's inventory through the worker; stored on a new boot. Returns what is stored now
 /// and the "changed since last boot" findings (only on a new boot, so a restart says nothing
@@ -163,7 +186,7 @@ pub async fn health_loop(
     expected: Expected,
     sysfs_root: PathBuf,
     keep: Keep,
-    tx: mpsc::Sender<NvmlMsg>,
+    tx: mpsc::Sender<HealthRound>,
 ) {
     let mut timer = tokio::time::interval(Duration::from_secs(cfg.interval_secs));
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -248,7 +271,11 @@ pub async fn health_loop(
         }
         last_gauges = gauges.clone();
         if tx
-            .send(NvmlMsg::Health(found, ended, gauges))
+            .send(HealthRound {
+                found,
+                ended,
+                gauges,
+            })
             .await
             .is_err()
         {
@@ -257,157 +284,6 @@ pub async fn health_loop(
     }
 }
 
-/// A health check's verified end into the pipeline: the check passed again (for its window), so
-/// its incident (same kind and GPU) ends now with a resolved notice, not after a quiet period.
-pub(super) fn verified(p: &mut super::Pipeline, f: &Finding) {
-    p.engine
-        .resolve_state(f, crate::clock::Now::read(), &mut p.out_buf);
-}
-
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-/// The history and the inventory diff, shared by the pipeline (which records) and nobody else;
-/// behind a lock only so the history file is written off the runtime thread.
-#[derive(Clone)]
-pub struct Pages {
-    inner: Arc<Mutex<PagesInner>>,
-    /// Serialises history writes and drops a stale one (generation order).
-    writer: Arc<Mutex<u64>>,
-}
-
-struct PagesInner {
-    state_dir: PathBuf,
-    cfg: HistoryConfig,
-    history: History,
-    generation: u64,
-    diff: Vec<Change>,
-}
-
-impl Pages {
-    /// Loads the history from the state directory (an unreadable one starts empty, and says so).
-    pub fn open(state_dir: PathBuf, cfg: HistoryConfig) -> Pages {
-        let history = match crate::history::load_owned(&state_dir) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!("{e:#}; the GPU history starts empty");
-                History::default()
-            }
-        };
-        Pages {
-            inner: Arc::new(Mutex::new(PagesInner {
-                state_dir,
-                cfg,
-                history,
-                generation: 0,
-                diff: Vec::new(),
-            })),
-            writer: Arc::new(Mutex::new(0)),
-        }
-    }
-
-    /// The changes since the previous boot, attached to incidents on the GPUs they name.
-    pub fn set_diff(&self, diff: Vec<Change>) {
-        self.lock().diff = diff;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, PagesInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records an incident that opens and returns what its page carries beside the runbook's
-    /// evidence: the history (how often before; the escalation for a repeat offender) and the
-    /// inventory diff for its GPU.
-    pub fn annotate(&self, inc: &Incident) -> Vec<Evidence> {
-        let now = now_ms();
-        let mut out = Vec::new();
-        let snapshot = {
-            let mut g = self.lock();
-            let cfg = g.cfg.clone();
-            let summary = g.history.record(inc, &cfg, now);
-            if let Some(s) = &summary {
-                tracing::info!("incident {}: {}", inc.id, s.line());
-                out.push(crate::history::evidence(s, &inc.host, now));
-            }
-            if inc.phase == crate::model::IncidentPhase::Opened && !inc.test {
-                let changes: Vec<&Change> = g
-                    .diff
-                    .iter()
-                    .filter(|c| c.pci.is_some() && c.pci == inc.pci)
-                    .collect();
-                if !changes.is_empty() {
-                    out.push(diff_evidence(&changes, &inc.host, now));
-                }
-            }
-            summary.map(|_| {
-                g.generation += 1;
-                g.generation
-            })
-        };
-        if let Some(generation) = snapshot {
-            let (writer, inner) = (self.writer.clone(), self.inner.clone());
-            // A slow disk must not hold the pipeline: serialised and written on a blocking
-            // thread, in generation order (a write overtaken by a newer one is skipped).
-            tokio::task::spawn_blocking(move || {
-                let mut last = writer.lock().unwrap_or_else(|p| p.into_inner());
-                if *last >= generation {
-                    return;
-                }
-                let (bytes, dir, now_gen) = {
-                    let g = inner.lock().unwrap_or_else(|p| p.into_inner());
-                    (
-                        serde_json::to_vec(&g.history),
-                        g.state_dir.clone(),
-                        g.generation,
-                    )
-                };
-                *last = now_gen;
-                let written = bytes
-                    .map_err(anyhow::Error::from)
-                    .and_then(|b| crate::history::save_bytes(&dir, &b));
-                if let Err(e) = written {
-                    crate::state::log_write_error("history", &format!("{e:#}"));
-                }
-            });
-        }
-        out
-    }
-}
-
-/// The page's evidence in reading order: a repeat offender's escalation first (its next steps are
-/// the page's), then the runbook's, then the history and the inventory diff.
-pub fn merge(pages: Vec<Evidence>, runbook: Option<Evidence>) -> Vec<Evidence> {
-    let (first, rest): (Vec<Evidence>, Vec<Evidence>) = pages
-        .into_iter()
-        .partition(|e| !e.next_steps.trim().is_empty());
-    first.into_iter().chain(runbook).chain(rest).collect()
-}
-
-fn diff_evidence(changes: &[&Change], host: &str, now: u64) -> Evidence {
-    let lines: Vec<String> = changes.iter().map(|c| c.describe()).collect();
-    Evidence {
-        runbook: "inventory-diff".into(),
-        meaning: String::new(),
-        next_steps: String::new(),
-        steps: vec![StepResult {
-            name: "changed since last boot".into(),
-            kind: "inventory".into(),
-            target: Vec::new(),
-            status: StepStatus::Done { exit_code: None },
-            output: lines.join("\n") + "\n",
-            bytes_dropped: 0,
-            duration_ms: 0,
-            notes: lines
-                .iter()
-                .map(|l| format!("changed since last boot: {l}"))
-                .collect(),
-        }],
-        started_ms: now,
-        duration_ms: 0,
-        host: host.to_string(),
-    }
+    crate::clock::wall_ms()
 }

@@ -1,0 +1,77 @@
+//! The alert stage as the daemon runs it: started once, for the whole run, and reconfigured in
+//! place on reload (through the alert module's public API).
+
+use std::time::Duration;
+
+use super::options::Output;
+use super::telemetry::Telemetry;
+use crate::config::Config;
+
+pub(super) fn set_alert_provider(tel: &Telemetry, alerts: &AlertStage) {
+    let s = alerts.sender();
+    tel.set_alert_status_provider(Some(std::sync::Arc::new(move || s.status())));
+}
+
+/// The `[alerts]` config as the daemon applies it: with `--json`, standard output belongs to the
+/// incident stream.
+pub(super) fn alert_config(cfg: &Config, output: Output) -> crate::alert::AlertConfig {
+    let mut alert_cfg = cfg.alerts.clone();
+    if output == Output::Json {
+        alert_cfg.stdout.enabled = Some(false);
+    }
+    alert_cfg
+}
+
+/// The channels built when the config was loaded, as the daemon uses them (see
+/// [`alert_config`]).
+pub(super) fn alert_channels(cfg: &Config, output: Output) -> crate::alert::channel::BuiltChannels {
+    if output == Output::Json {
+        cfg.alert_channels
+            .without(crate::alert::config::STDOUT_CHANNEL)
+    } else {
+        cfg.alert_channels.clone()
+    }
+}
+
+/// The alert stage as the daemon runs it: started once, for the whole run, and reconfigured in
+/// place on reload, so a runbook that outlives a reload still hands its evidence to the same
+/// stage and one outbox is ever open on the state directory.
+pub(super) struct AlertStage {
+    sender: crate::alert::AlertSender,
+    handle: tokio::task::JoinHandle<()>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl AlertStage {
+    pub(super) fn start(cfg: &Config, output: Output) -> anyhow::Result<AlertStage> {
+        let alert_cfg = alert_config(cfg, output);
+        for w in alert_cfg
+            .secret_warnings(cfg.source.as_deref())
+            .into_iter()
+            .chain(alert_cfg.cleartext_warnings())
+        {
+            tracing::warn!("{w}");
+        }
+        let (shutdown, rx) = tokio::sync::watch::channel(false);
+        let built = alert_channels(cfg, output);
+        let (sender, handle) =
+            crate::alert::Dispatcher::start_built(&alert_cfg, &built, &cfg.state_dir, rx)
+                .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;
+        Ok(AlertStage {
+            sender,
+            handle,
+            shutdown,
+        })
+    }
+
+    pub(super) fn sender(&self) -> crate::alert::AlertSender {
+        self.sender.clone()
+    }
+
+    pub(super) async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        drop(self.sender);
+        // The outbox keeps whatever is not delivered yet; give in-flight sends a moment.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.handle).await;
+    }
+}

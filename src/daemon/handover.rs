@@ -1,0 +1,451 @@
+//! The hand-over: where incidents leave the pipeline. JSON on standard output with `--json`;
+//! the alert stage, which makes each alert durable at once (its acknowledgement comes back to
+//! the checkpoint's [`Acks`]); and the runbooks. A new incident's alert is held in the outbox
+//! while its runbook runs (bounded concurrency, off the processing loop), and the evidence is
+//! attached when it is done; a digest goes straight out, so a storm never runs a runbook per
+//! line. [`Emitter::emit_all`] is the one place an incident is handed over.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::checkpoint::Acks;
+use super::options::Output;
+use super::pages::{self, Pages};
+use super::telemetry::Telemetry;
+use crate::config::Config;
+use crate::host::alert_host;
+use crate::model::{FindingKind, Incident};
+
+fn now_ms() -> u64 {
+    crate::clock::wall_ms()
+}
+
+/// Kernel log lines kept for runbook excerpts ("the kernel log around the incident").
+const LOG_RING: usize = 2000;
+
+/// Hands incidents on: JSON on standard output with `--json`; to the alert stage, which makes
+/// each alert durable at once (the acknowledgement comes back to [`Acks`]); and to the runbooks.
+/// A new incident's alert is held in the outbox while its runbook runs (bounded concurrency, off
+/// the processing loop), and the evidence is attached when it is done; a digest goes straight
+/// out, so a storm never runs a runbook per line.
+pub(super) struct Emitter {
+    pub(super) output: Output,
+    pub(super) stdout: std::io::Stdout,
+    pub(super) alerts: crate::alert::AlertSender,
+    pub(super) runbooks: Arc<crate::runbook::RunbookSet>,
+    pub(super) env: crate::runbook::RunbookEnv,
+    pub(super) limits: crate::runbook::RunLimits,
+    pub(super) permits: Arc<tokio::sync::Semaphore>,
+    pub(super) log: std::collections::VecDeque<crate::runbook::LogLine>,
+    pub(super) tel: Arc<Telemetry>,
+    /// Runbooks running (or waiting to run) for new incidents.
+    pub(super) tasks: tokio::task::JoinSet<()>,
+    /// Tells running runbooks to give up (shutdown).
+    pub(super) stop_runbooks: tokio::sync::watch::Sender<bool>,
+    /// The GPU's history and inventory diff, put on each page beside the runbook's evidence.
+    pub(super) pages: Option<Pages>,
+    /// `[kmsg] lookback_secs`, for the note.
+    pub(super) lookback_secs: u64,
+    /// Incidents opened before the look-back at start-up: recorded, not paged.
+    pub(super) before_lookback: u64,
+    /// Whether a page already carried the note about them: said once.
+    pub(super) told_before_lookback: bool,
+}
+
+/// "6 h", "90 min", "45 s": the look-back as people read it.
+fn lookback_words(secs: u64) -> String {
+    if secs >= 3600 && secs.is_multiple_of(3600) {
+        format!("{} h", secs / 3600)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
+    }
+}
+
+/// The note on the first page after start-up, as evidence of its own so every channel shows it.
+fn before_lookback_evidence(note: &str, host: &str) -> crate::model::Evidence {
+    use crate::model::{StepResult, StepStatus};
+    crate::model::Evidence {
+        runbook: "startup-lookback".into(),
+        meaning: String::new(),
+        next_steps: String::new(),
+        steps: vec![StepResult {
+            name: "older faults at start-up".into(),
+            kind: "note".into(),
+            target: Vec::new(),
+            status: StepStatus::Done { exit_code: None },
+            output: format!("{note}\n"),
+            bytes_dropped: 0,
+            duration_ms: 0,
+            notes: vec![note.to_string()],
+        }],
+        started_ms: now_ms(),
+        duration_ms: 0,
+        host: host.to_string(),
+    }
+}
+
+/// New incidents waiting for (or running) their runbook, at most; past this an incident's alert
+/// goes out at once without evidence (and says so) rather than queue excerpts without bound.
+const MAX_WAITING_RUNBOOKS: usize = 64;
+
+/// How long shutdown waits for runbook tasks to hand their evidence over.
+const RUNBOOK_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long past a runbook's budget its alert stays held, in case the task itself is lost.
+const HOLD_GRACE: Duration = Duration::from_secs(15);
+
+impl Emitter {
+    /// An emitter for the config: nothing handed over yet, the runbooks as [`Emitter::configure`]
+    /// builds them.
+    pub(super) fn new(
+        cfg: &Config,
+        output: Output,
+        alerts: crate::alert::AlertSender,
+        tel: Arc<Telemetry>,
+    ) -> Emitter {
+        let mut out = Emitter {
+            lookback_secs: cfg.kmsg.lookback_secs,
+            before_lookback: 0,
+            told_before_lookback: false,
+            output,
+            stdout: std::io::stdout(),
+            alerts,
+            runbooks: cfg.runbook_set.clone(),
+            env: runbook_env(cfg),
+            limits: cfg.runbook_limits,
+            permits: Arc::new(tokio::sync::Semaphore::new(1)),
+            log: std::collections::VecDeque::with_capacity(LOG_RING),
+            tel,
+            pages: None,
+            tasks: tokio::task::JoinSet::new(),
+            stop_runbooks: tokio::sync::watch::channel(false).0,
+        };
+        out.configure(cfg);
+        out
+    }
+
+    /// The runbook parts from a config: at start-up and, swapped in, on reload. Runbook `nvml`
+    /// steps keep the NVML handle they were given (NVML is not reloaded).
+    pub(super) fn configure(&mut self, cfg: &Config) {
+        self.runbooks = cfg.runbook_set.clone();
+        let nvml = self.env.nvml.take();
+        self.env = runbook_env(cfg);
+        self.env.nvml = nvml;
+        self.limits = cfg.runbook_limits;
+        self.permits = Arc::new(tokio::sync::Semaphore::new(
+            cfg.runbooks.max_parallel_runbooks(),
+        ));
+    }
+
+    /// What the first page after start-up says about the old faults it did not page, once.
+    fn before_lookback_note(&self) -> Option<String> {
+        if self.before_lookback == 0 || self.told_before_lookback {
+            return None;
+        }
+        let n = self.before_lookback;
+        Some(format!(
+            "{n} older fault{s} found at start-up (before the {} look-back) {were} recorded, not paged: see xidwatch history",
+            lookback_words(self.lookback_secs),
+            s = if n == 1 { "" } else { "s" },
+            were = if n == 1 { "was" } else { "were" },
+        ))
+    }
+
+    /// Stops waiting runbooks and lets every task hand its evidence (or its release) over.
+    pub(super) async fn finish(&mut self) {
+        let _ = self.stop_runbooks.send(true);
+        let drained = tokio::time::timeout(RUNBOOK_SHUTDOWN_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("runbook tasks did not finish in time; their alerts go out without evidence after the restart");
+            self.tasks.abort_all();
+        }
+    }
+
+    pub(super) fn remember(&mut self, seq: u64, ts_usec: u64, text: &str) {
+        if self.log.len() == LOG_RING {
+            self.log.pop_front();
+        }
+        self.log.push_back(crate::runbook::LogLine {
+            seq: Some(seq),
+            ts_usec: Some(ts_usec),
+            text: text.to_string(),
+        });
+    }
+
+    /// Hands every incident over. Waits while the alert stage's queue is full (back-pressure
+    /// reaches the kernel log reader); each alert's acknowledgement goes into `acks`.
+    pub(super) async fn emit_all(&mut self, incidents: &mut Vec<Incident>, acks: &mut Acks) {
+        if incidents.is_empty() {
+            return;
+        }
+        for inc in incidents.iter() {
+            self.tel.record_incident(inc);
+            // Counted before any page of the batch goes out: old and recent faults read at
+            // start-up are released together, and the page must count all the old ones.
+            if inc.before_lookback && inc.phase == crate::model::IncidentPhase::Opened && !inc.test
+            {
+                self.before_lookback += 1;
+            }
+        }
+        if self.output == Output::Json {
+            let mut lock = self.stdout.lock();
+            for inc in incidents.iter() {
+                let _ = serde_json::to_writer(&mut lock, inc)
+                    .map_err(std::io::Error::from)
+                    .and_then(|_| lock.write_all(b"\n"));
+            }
+            let _ = lock.flush();
+        }
+        while self.tasks.try_join_next().is_some() {}
+        let mut groups = host_groups(incidents, &self.env.sysfs_root);
+        for inc in incidents.drain(..) {
+            let opened = inc.phase == crate::model::IncidentPhase::Opened && !inc.test;
+            let host = match groups.remove(&inc.id) {
+                Some(HostRole::Lead(g)) => Some(g),
+                Some(HostRole::Folded(lead)) => {
+                    // Its own incident and history go on; its opening page is the host page.
+                    if let Some(p) = &self.pages {
+                        p.annotate(&inc);
+                    }
+                    tracing::info!(
+                        "incident {} ({}) opened with others on this host: paged in host page {lead}",
+                        inc.id,
+                        inc.title
+                    );
+                    continue;
+                }
+                None => None,
+            };
+            if inc.before_lookback {
+                // An old fault read at start-up: into the history (and status, above), no page.
+                if opened {
+                    if let Some(p) = &self.pages {
+                        p.annotate(&inc);
+                    }
+                    tracing::info!(
+                        "incident {} ({}) was logged before the {} look-back: recorded, not paged",
+                        inc.id,
+                        inc.title,
+                        lookback_words(self.lookback_secs)
+                    );
+                }
+                continue;
+            }
+            let catalog = Some(catalog_text(&inc));
+            let mut evidence = self
+                .pages
+                .as_ref()
+                .map(|p| p.annotate(&inc))
+                .unwrap_or_default();
+            if opened {
+                if let Some(note) = self.before_lookback_note() {
+                    self.told_before_lookback = true;
+                    evidence.push(before_lookback_evidence(&note, &inc.host));
+                }
+            }
+            let alert = crate::alert::Alert {
+                catalog,
+                evidence,
+                incident: inc,
+            };
+            if !opened {
+                acks.submitted(self.alerts.submit(alert, None, None).await);
+                continue;
+            }
+            if self.tasks.len() >= MAX_WAITING_RUNBOOKS {
+                tracing::warn!(
+                    "{} runbooks waiting: incident {} is alerted without evidence",
+                    self.tasks.len(),
+                    alert.incident.id
+                );
+                let note = format!(
+                    "no evidence: {} runbooks were already waiting when this incident opened",
+                    self.tasks.len()
+                );
+                acks.submitted(self.alerts.submit_host(alert, None, Some(note), host).await);
+                continue;
+            }
+            let hold = self.limits.max_budget.saturating_add(HOLD_GRACE);
+            acks.submitted(
+                self.alerts
+                    .submit_host(alert.clone(), Some(hold), None, host)
+                    .await,
+            );
+            self.spawn_runbook(alert);
+        }
+    }
+
+    /// Runs the incident's runbook off the loop and attaches its evidence to the held alert.
+    fn spawn_runbook(&mut self, mut alert: crate::alert::Alert) {
+        let lines: Vec<_> = self.log.iter().cloned().collect();
+        let first_seq = alert.incident.findings.first().and_then(|f| f.origin.seq);
+        let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
+        let subject = crate::runbook::Subject::from(&alert.incident).with_kernel_log(lines, anchor);
+        let (set, env, limits, permits, tel, sender) = (
+            self.runbooks.clone(),
+            self.env.clone(),
+            self.limits,
+            self.permits.clone(),
+            self.tel.clone(),
+            self.alerts.clone(),
+        );
+        let mut stop = self.stop_runbooks.subscribe();
+        self.tasks.spawn(async move {
+            let run = async {
+                match permits.acquire_owned().await {
+                    Ok(_permit) => set.run_for(&subject, &env, &limits).await,
+                    Err(_) => None,
+                }
+            };
+            let stopped = async {
+                let _ = stop.wait_for(|stop| *stop).await;
+            };
+            let evidence = tokio::select! {
+                ev = run => ev,
+                () = stopped => {
+                    tracing::warn!("shutting down: incident {} is alerted without its runbook's evidence", alert.incident.id);
+                    let note = "xidwatch stopped while this incident's runbook ran: the alert is sent without its evidence".to_string();
+                    if let Err(e) = sender.release(alert.incident.id.clone(), note).await {
+                        tracing::debug!("alert stage: {e}");
+                    }
+                    return;
+                }
+            };
+            if let Some(ev) = &evidence {
+                let ok = !ev.steps.iter().any(|s| {
+                    matches!(
+                        s.status,
+                        crate::model::StepStatus::Failed { .. }
+                            | crate::model::StepStatus::TimedOut { .. }
+                    )
+                });
+                tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
+            }
+            alert.evidence = pages::merge(std::mem::take(&mut alert.evidence), evidence);
+            if let Err(e) = sender.attach_evidence(alert).await {
+                tracing::error!("alert stage: {e}");
+            }
+        });
+    }
+}
+
+/// What an opening incident is in a host page.
+enum HostRole {
+    /// It carries the host page.
+    Lead(crate::alert::document::HostGroup),
+    /// Its opening page is folded into the host page with this incident id.
+    Folded(String),
+}
+
+/// Opening pages of the same critical (kind, Xid) on two or more GPUs released together (the
+/// engine releases them in one tick when their settle delays overlap): the first leads a host
+/// page, the others fold into it. Keyed by incident id. Faults recorded before the look-back
+/// and test incidents are left alone.
+fn host_groups(
+    incidents: &[Incident],
+    sysfs_root: &std::path::Path,
+) -> std::collections::HashMap<String, HostRole> {
+    use crate::model::IncidentPhase;
+    let mut by_key: std::collections::BTreeMap<_, Vec<&Incident>> = Default::default();
+    for inc in incidents {
+        if inc.phase == IncidentPhase::Opened
+            && !inc.test
+            && !inc.before_lookback
+            && inc.severity >= crate::model::Severity::Critical
+            && inc.pci.is_some()
+        {
+            let group = by_key
+                .entry((inc.host.clone(), inc.kind.as_str(), inc.xid))
+                .or_default();
+            if !group.iter().any(|g| g.pci == inc.pci) {
+                group.push(inc);
+            }
+        }
+    }
+    let mut out = std::collections::HashMap::new();
+    for group in by_key.into_values().filter(|g| g.len() >= 2) {
+        let (lead, others) = (group[0], &group[1..]);
+        for o in others {
+            out.insert(o.id.clone(), HostRole::Folded(lead.id.clone()));
+        }
+        let g = crate::alert::document::HostGroup::new(lead, others, sysfs_root);
+        out.insert(lead.id.clone(), HostRole::Lead(g));
+    }
+    out
+}
+
+/// The catalog's words (or, for findings without an Xid, xidwatch's guidance) for an incident.
+pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
+    use crate::classify::{catalog, guidance};
+    let first = inc.findings.first();
+    let g = first.map(guidance::for_finding);
+    match (inc.kind, inc.xid.and_then(catalog::lookup)) {
+        (FindingKind::Xid, Some(e)) => {
+            let meaning = |cell: &str| {
+                let m: Vec<String> = catalog::bucket_meanings(cell)
+                    .iter()
+                    .map(|b| b.meaning.to_string())
+                    .collect();
+                (!m.is_empty()).then(|| m.join(" / "))
+            };
+            crate::alert::CatalogText {
+                mnemonic: e.mnemonic.to_string(),
+                summary: e.summary.to_string(),
+                causes: e.causes.to_string(),
+                check: g.map(|g| g.action).unwrap_or_else(|| e.check.to_string()),
+                immediate_bucket: (!e.immediate.is_empty()).then(|| e.immediate.to_string()),
+                immediate_meaning: meaning(e.immediate),
+                investigatory_bucket: (!e.investigatory.is_empty())
+                    .then(|| e.investigatory.to_string()),
+                investigatory_meaning: meaning(e.investigatory),
+                applies_to: e.applies_to.iter().map(|s| s.to_string()).collect(),
+                source: catalog::SOURCE.to_string(),
+            }
+        }
+        _ => {
+            let g = g.unwrap_or_else(|| guidance::Guidance {
+                meaning: String::new(),
+                action: String::new(),
+                nvidia: Vec::new(),
+            });
+            crate::alert::CatalogText {
+                mnemonic: inc.kind.as_str().to_string(),
+                summary: g.meaning,
+                check: g.action,
+                ..Default::default()
+            }
+        }
+    }
+}
+
+/// Real evidence from this machine for `test-alert`: the checks of the runbook a real Xid 79 gets.
+pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
+    // The runbook a real Xid 79 gets (the one `xidwatch explain 79` names), run without a GPU
+    // address: the synthetic GPU does not exist, so steps about one GPU say so and are skipped.
+    let mut subject = crate::runbook::Subject::manual(None, Some(79), None);
+    if let Some(e) = crate::classify::catalog::lookup(79) {
+        subject.category = e.category;
+        subject.severity = e.severity;
+    }
+    let Some(rb) = config.runbook_set.select(&subject) else {
+        return Vec::new();
+    };
+    vec![
+        rb.run(&subject, &runbook_env(config), &config.runbook_limits)
+            .await,
+    ]
+}
+
+/// Where runbooks find programs, sysfs and procfs, as the config says.
+pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
+    let mut env = config.runbooks.env();
+    env.host = alert_host(config.incidents.host.as_deref());
+    env.secrets = crate::runbook::Redactor::new(config.alerts.secret_values());
+    env
+}

@@ -1,0 +1,564 @@
+//! The pipeline: classify, correlate, hand over, checkpoint. Everything the processing task
+//! owns: the classifier, the incident engine, the counters, the hand-over and the checkpoint.
+//! Sources send it values; nothing in here blocks on NVML, a child process or the network.
+//!
+//! Where incidents move: [`Pipeline::feed`] opens or joins them (through the engine),
+//! [`Pipeline::apply_nvml`] ends verified ones, and [`Pipeline::flush`] hands what the engine
+//! released to the [`Emitter`] and saves the checkpoint behind it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::checkpoint::{Acks, Checkpointer, SavedIncidents, CHECKPOINT};
+use super::control;
+use super::events::Waits;
+use super::handover::Emitter;
+use super::nvml::NvmlValue;
+use super::options::{engine_config, Output, RunOptions, SourceStats};
+use super::reload::Fingerprint;
+use super::telemetry::Telemetry;
+use crate::classify::{Classifier, LineOrigin};
+use crate::clock::Now;
+use crate::config::Config;
+use crate::incident::{Engine, Origin};
+use crate::model::{Detail, Finding, FindingKind, Incident};
+use crate::source::fabricmanager::{FmLogEvent, LogPosition, POSITION_FILE};
+use crate::source::kmsg::follow::{self, KmsgEvent};
+use crate::source::kmsg::KernelClock;
+use crate::source::probe;
+use crate::source::services::ServiceEvent;
+use crate::state::{self, StateDir};
+
+/// How long a multi-line message may wait for its next line before it is reported as it is.
+const FOLD_QUIET: Duration = Duration::from_millis(50);
+
+fn now_ms() -> u64 {
+    crate::clock::wall_ms()
+}
+
+/// Tells the classifier which PCIe port sits above which GPU (from sysfs), so an AER error the
+/// kernel reports on a root or switch port is tied to the GPU below it. A port with several GPUs
+/// below is left out: an error there cannot be pinned on one of them.
+pub(super) fn learn_topology(classifier: &mut Classifier, sysfs_root: &std::path::Path) {
+    let Ok(gpus) = crate::source::probe::Probe::new(sysfs_root.to_path_buf()).gpus_on_bus() else {
+        return;
+    };
+    let mut below: std::collections::BTreeMap<
+        crate::model::PciAddress,
+        Vec<crate::model::PciAddress>,
+    > = Default::default();
+    for gpu in &gpus {
+        for port in crate::runbook::sysfs::ports_above(sysfs_root, *gpu) {
+            below.entry(port).or_default().push(*gpu);
+        }
+    }
+    for (port, gpus) in below {
+        if let [gpu] = gpus[..] {
+            classifier.learn_port(port, gpu);
+        }
+    }
+}
+
+/// Classify, correlate, hand over, checkpoint: everything the processing task owns. Nothing in
+/// here blocks on NVML, a child process or the network.
+pub(super) struct Pipeline {
+    pub(super) tel: Arc<Telemetry>,
+    pub(super) classifier: Classifier,
+    pub(super) engine: Engine,
+    pub(super) stats: SourceStats,
+    pub(super) out: Emitter,
+    pub(super) acks: Acks,
+    pub(super) ckpt: Checkpointer,
+    /// Incidents the engine produced and not yet handed over.
+    pub(super) out_buf: Vec<Incident>,
+    pub(super) findings: Vec<Finding>,
+    /// The last kernel log record read.
+    pub(super) last_seq: Option<u64>,
+    pub(super) last_record: tokio::time::Instant,
+    pub(super) caught_up: bool,
+    /// The config in force (settings that need a restart keep their start-up values).
+    pub(super) current: Config,
+    pub(super) last_reload_error: Option<String>,
+    pub(super) fingerprint: Fingerprint,
+    /// Whether the log said that a program's kernel log line that looked like a GPU fault was
+    /// ignored: said once, so that whoever tests with `echo ... > /dev/kmsg` learns the key.
+    pub(super) said_userspace: bool,
+    /// Dates kernel log records on the wall clock (boot time plus the record's timestamp).
+    pub(super) kclock: KernelClock,
+    /// What the lost-GPU probe remembers, as of its last round (saved with the checkpoint): a
+    /// GPU that stays missing across a restart is not reported again.
+    pub(super) probe_memory: probe::Memory,
+    /// The Fabric Manager log position read up to, saved once what was read is durable.
+    pub(super) fm_position: Option<LogPosition>,
+    /// The position last saved.
+    pub(super) fm_saved: Option<LogPosition>,
+}
+
+impl Pipeline {
+    /// The pipeline as the last checkpoint of this boot left it (or new), and the probe's
+    /// memory from that checkpoint.
+    pub(super) fn restore(
+        opts: &RunOptions,
+        state: &StateDir,
+        boot: [u8; 16],
+        tel: Arc<Telemetry>,
+        alerts: crate::alert::AlertSender,
+    ) -> (Pipeline, Option<probe::Memory>) {
+        let cfg = &opts.config;
+        let boot_hex = state::hex(&boot);
+        let position = match state.load_position() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("{e:#}; reading the whole kernel log again");
+                None
+            }
+        };
+        let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
+        let mut engine = Engine::new(engine_config(cfg, boot_hex.clone()));
+        let mut probe_memory = None;
+        match state.load_json::<SavedIncidents>(CHECKPOINT) {
+            Ok(Some(saved)) if saved.boot_id == boot_hex => {
+                engine.restore(saved.open);
+                probe_memory = saved.probe;
+                // The snapshot accounts for every record up to its own position: go on from
+                // there, so nothing is counted twice (the position file is only a fallback).
+                if saved.last_seq.is_some() {
+                    resume_after = saved.last_seq;
+                }
+            }
+            Ok(_) => {}
+            // Say so, and go on: the kernel log position still prevents duplicates; only the
+            // counts of incidents open before the restart start again.
+            Err(e) => {
+                tracing::warn!("{e:#}; open incidents of the previous run are not restored")
+            }
+        }
+        // The first start of a boot reads the whole ring buffer: what the kernel logged before
+        // the look-back is recorded, not paged. A restart within the boot reads only what came
+        // after its saved position: all of it is new.
+        let lookback_ms = cfg.kmsg.lookback_secs.saturating_mul(1000);
+        let lookback_from = (resume_after.is_none() && lookback_ms > 0)
+            .then(|| now_ms().saturating_sub(lookback_ms));
+        engine.set_lookback(lookback_from);
+        let mut out = Emitter::new(cfg, opts.output, alerts, tel.clone());
+        out.lookback_secs = cfg.kmsg.lookback_secs;
+        let ckpt = Checkpointer {
+            state: state.clone(),
+            boot,
+            boot_hex,
+            saved_seq: resume_after,
+            saved_changes: engine.changes(),
+            saved_probe: probe::Memory::default(),
+            shown_changes: u64::MAX,
+            last_save: tokio::time::Instant::now(),
+            errors: 0,
+        };
+        let p = Pipeline {
+            tel,
+            classifier: Classifier::new(),
+            engine,
+            stats: SourceStats::default(),
+            out,
+            acks: Acks::default(),
+            ckpt,
+            out_buf: Vec::new(),
+            findings: Vec::new(),
+            last_seq: resume_after,
+            last_record: tokio::time::Instant::now(),
+            caught_up: false,
+            current: cfg.clone(),
+            last_reload_error: None,
+            fingerprint: Fingerprint::of(cfg),
+            said_userspace: false,
+            kclock: KernelClock::read(&opts.boot_time_path),
+            probe_memory: probe_memory.clone().unwrap_or_default(),
+            fm_position: None,
+            fm_saved: None,
+        };
+        (p, probe_memory)
+    }
+
+    /// One value from the NVML side: its findings to the engine, its inventory to the
+    /// classifier, its state to the counters, its verified ends to their incidents.
+    pub(super) fn apply_nvml(&mut self, v: NvmlValue, at_startup: bool) {
+        match v {
+            NvmlValue::Finding(f, origin) => self.feed(f, origin, Now::read(), at_startup),
+            NvmlValue::Learned {
+                gpus,
+                driver_version,
+            } => {
+                for (pci, identity) in &gpus {
+                    self.classifier.learn_gpu(*pci, identity.clone());
+                }
+                if let Some(v) = &driver_version {
+                    self.classifier.set_driver_version(v);
+                }
+                self.stats.gpus_seen = gpus.len();
+            }
+            NvmlValue::Up(up) => self.stats.nvml_up = up,
+            // A health check passed again (for its window): its incident (same kind and GPU)
+            // ends now with a resolved notice, not after a quiet period.
+            NvmlValue::Verified(f) => self
+                .engine
+                .resolve_state(&f, Now::read(), &mut self.out_buf),
+            NvmlValue::LostCheck(v) => self.engine.verify_lost(&v, Now::read(), &mut self.out_buf),
+            NvmlValue::ProbeMemory(m) => self.probe_memory = m,
+            NvmlValue::CanVerify(can) => self.engine.set_can_verify(can),
+        }
+    }
+
+    /// One event from the service watch: a down unit is a finding pushed to the engine (paged
+    /// once; repeats fold in), and "verified active" ends that incident with a resolved notice.
+    pub(super) fn apply_service(&mut self, ev: ServiceEvent) {
+        match ev {
+            ServiceEvent::Down(f) => {
+                tracing::warn!("service watch: {}", f.title);
+                self.feed(f, Origin::Probe, Now::read(), false);
+            }
+            ServiceEvent::Active(f) => {
+                tracing::info!("service watch: {} (verified active)", f.title);
+                self.engine
+                    .resolve_state(&f, Now::read(), &mut self.out_buf);
+            }
+            ServiceEvent::Note { warn: true, text } => tracing::warn!("{text}"),
+            ServiceEvent::Note { warn: false, text } => tracing::info!("{text}"),
+        }
+    }
+
+    /// One event from the Fabric Manager log. The position it read up to is saved by the
+    /// flush, once the findings are handed over and durable.
+    pub(super) fn apply_fabric_log(&mut self, ev: FmLogEvent) {
+        match ev {
+            FmLogEvent::Read { findings, pos } => {
+                let now = Now::read();
+                for f in findings {
+                    self.feed(f, Origin::Kmsg, now, false);
+                }
+                self.fm_position = Some(pos);
+            }
+            FmLogEvent::Note { warn: true, text } => tracing::warn!("{text}"),
+            FmLogEvent::Note { warn: false, text } => tracing::info!("{text}"),
+        }
+    }
+
+    /// What the loop waits for besides the sources: the engine's next deadline, the
+    /// checkpoint, a multi-line message waiting for its next line.
+    pub(super) fn waits(&self) -> Waits {
+        let deadline = self
+            .engine
+            .next_deadline()
+            .map(|d| d.saturating_sub(crate::clock::mono_ms()))
+            .unwrap_or(3_600_000);
+        Waits {
+            deadline: Duration::from_millis(deadline),
+            save_at: self.ckpt.due_at(&self.acks, self.last_seq, &self.engine),
+            fold: self
+                .classifier
+                .has_pending()
+                .then(|| FOLD_QUIET.saturating_sub(self.last_record.elapsed())),
+        }
+    }
+
+    /// The engine's deadlines: settle delays, quiet periods, reminders.
+    pub(super) fn tick(&mut self) {
+        self.engine.tick(Now::read(), &mut self.out_buf);
+    }
+
+    /// The pipeline's part of the stop, once the sources are stopped: what is in flight is
+    /// reported, runbooks still running give up (their alerts go out without evidence rather
+    /// than not at all), and the checkpoint is saved behind the last hand-over.
+    pub(super) async fn shut_down(&mut self) {
+        self.fold_quiet();
+        self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
+        self.out.finish().await;
+        if !self.flush(true).await {
+            tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
+        }
+    }
+
+    /// Counts a finding and hands it to the incident engine.
+    pub(super) fn feed(&mut self, f: Finding, origin: Origin, now: Now, at_startup: bool) {
+        push(
+            &self.tel,
+            &mut self.engine,
+            f,
+            origin,
+            now,
+            at_startup,
+            &mut self.out_buf,
+        );
+    }
+
+    /// One batch from the kernel log reader.
+    pub(super) fn kmsg(&mut self, batch: Vec<KmsgEvent>) -> anyhow::Result<()> {
+        let now = Now::read();
+        for ev in batch {
+            match ev {
+                KmsgEvent::Record { rec, at_startup } => self.record(&rec, at_startup, now),
+                KmsgEvent::Overrun {
+                    lost,
+                    next_seq,
+                    at_startup,
+                } => {
+                    self.stats.kmsg_lost += lost;
+                    self.tel.kmsg_lost(lost);
+                    tracing::warn!(
+                        "kernel log overrun: {lost} records lost before record {next_seq}"
+                    );
+                    self.feed(
+                        overrun_finding(lost, next_seq),
+                        Origin::Kmsg,
+                        now,
+                        at_startup,
+                    );
+                }
+                KmsgEvent::SequenceAnomaly {
+                    anomaly,
+                    at_startup,
+                } => {
+                    // Counted; reported once as a finding, later ones sparingly in the log.
+                    self.tel.kmsg_out_of_sequence(1);
+                    if anomaly.count == 1 {
+                        tracing::warn!("kernel log: {anomaly}; later records are still read");
+                        self.feed(sequence_finding(&anomaly), Origin::Kmsg, now, at_startup);
+                    } else if anomaly.count <= 10 || anomaly.count.is_power_of_two() {
+                        tracing::warn!(
+                            "kernel log: {anomaly}; {} records out of sequence so far",
+                            anomaly.count
+                        );
+                    }
+                }
+                KmsgEvent::Malformed(why) => {
+                    self.stats.kmsg_malformed += 1;
+                    self.tel.kmsg_malformed(1);
+                    let n = self.stats.kmsg_malformed;
+                    if n <= 10 || n.is_power_of_two() {
+                        tracing::warn!(
+                            "kernel log: skipped a malformed record ({why}); {n} so far"
+                        );
+                    }
+                }
+                KmsgEvent::CaughtUp => {
+                    if !self.caught_up {
+                        self.caught_up = true;
+                        tracing::info!(
+                            "kernel log: caught up ({} records read at start-up)",
+                            self.stats.kmsg_records
+                        );
+                    }
+                }
+                KmsgEvent::Failed(why) => {
+                    anyhow::bail!("kernel log reader stopped: {why}");
+                }
+            }
+        }
+        self.last_record = tokio::time::Instant::now();
+        Ok(())
+    }
+
+    /// One kernel log record: counted, its lines kept for runbook excerpts, and classified;
+    /// each finding dated and fed to the engine. The per-record path.
+    fn record(
+        &mut self,
+        rec: &crate::source::kmsg::record::KmsgRecord,
+        at_startup: bool,
+        now: Now,
+    ) {
+        self.stats.kmsg_records += 1;
+        self.tel.kmsg_records(1);
+        self.last_seq = Some(rec.seq);
+        if !rec.is_kernel() && !self.current.kmsg.accept_userspace {
+            self.stats.kmsg_userspace_ignored += 1;
+            self.tel.kmsg_userspace_ignored(1);
+            // Only a line that looks like a GPU fault: programs (systemd among them)
+            // write other lines to the kernel log at every boot.
+            if !self.said_userspace
+                && crate::classify::prefilter::Prefilter::shared()
+                    .is_candidate(rec.message.as_bytes())
+            {
+                self.said_userspace = true;
+                tracing::info!(
+                    "a kernel log line written by a program, not the kernel, is ignored (kmsg record {}): set [kmsg] accept_userspace = true to accept such lines (fire drills); said once, the rest are counted in `xidwatch status`",
+                    rec.seq
+                );
+            }
+            return;
+        }
+        let at = LineOrigin {
+            line: 0,
+            seq: Some(rec.seq),
+            ts_usec: Some(rec.ts_usec),
+            timestamp: Some(format!(
+                "[{:>5}.{:06}]",
+                rec.ts_usec / 1_000_000,
+                rec.ts_usec % 1_000_000
+            )),
+        };
+        for line in rec.lines() {
+            self.out.remember(rec.seq, rec.ts_usec, line);
+            if crate::classify::prefix::message_start(line) == Some(0) {
+                self.classifier.push(line, &at, &mut self.findings);
+            }
+        }
+        for mut f in std::mem::take(&mut self.findings) {
+            self.date(&mut f, now);
+            self.feed(f, Origin::Kmsg, now, at_startup);
+        }
+    }
+
+    /// A multi-line message got no next line in time: report it as it is.
+    pub(super) fn fold_quiet(&mut self) {
+        self.classifier.flush(&mut self.findings);
+        let now = Now::read();
+        // Lines read before the reader caught up were in the buffer at start-up.
+        let at_startup = !self.caught_up;
+        for mut f in std::mem::take(&mut self.findings) {
+            self.date(&mut f, now);
+            self.feed(f, Origin::Kmsg, now, at_startup);
+        }
+    }
+
+    /// Dates a kernel log finding when the kernel logged it, not when it was read: at start-up
+    /// that may be hours earlier.
+    fn date(&self, f: &mut Finding, now: Now) {
+        if let Some(ts) = f.origin.ts_usec {
+            f.logged_ms = Some(self.kclock.wall_ms(ts, now));
+        }
+    }
+
+    /// Hands what the engine produced over, then writes the checkpoint if it is due and every
+    /// alert is durable. False when an alert is still not durable.
+    pub(super) async fn flush(&mut self, force: bool) -> bool {
+        self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
+        // The probe's memory is part of the checkpoint: saved promptly when it moved.
+        let force = force || self.probe_memory != self.ckpt.saved_probe;
+        let durable = self
+            .ckpt
+            .save(
+                &mut self.acks,
+                self.last_seq,
+                &self.engine,
+                &self.probe_memory,
+                &self.tel,
+                force,
+            )
+            .await;
+        // The Fabric Manager position moves only once what was read is handed over and durable.
+        if durable {
+            if let Some(pos) = self.fm_position.take() {
+                save_fm_position(&self.ckpt.state, &mut self.fm_saved, pos);
+            }
+        }
+        durable
+    }
+
+    /// Reloads on SIGHUP (`explicit`), or on a file change when what is in force really
+    /// changed. True when it reloaded.
+    pub(super) async fn reload(&mut self, output: Output, explicit: bool) -> bool {
+        // Only a real change of what is in force reloads: not a stray file, not a save without
+        // edits.
+        if !explicit && Fingerprint::of(&self.current) == self.fingerprint {
+            return false;
+        }
+        super::reload::reload(
+            output,
+            &mut self.current,
+            &mut self.engine,
+            &mut self.out,
+            &mut self.last_reload_error,
+            &mut self.out_buf,
+        )
+        .await;
+        self.fingerprint = Fingerprint::of(&self.current);
+        true
+    }
+
+    pub(super) fn write_status_file(&self) {
+        self.tel
+            .set_open_incidents_from(self.engine.open_incidents());
+        let (dir, snap) = (self.current.state_dir.clone(), self.tel.snapshot());
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = control::write_status_file(&dir, &snap) {
+                state::log_write_error("status", &format!("{e:#}"));
+            }
+        });
+    }
+
+    /// The last status file, and the last log line.
+    pub(super) fn stopped(&self) {
+        self.tel
+            .set_open_incidents_from(self.engine.open_incidents());
+        let mut last = self.tel.snapshot();
+        last.stopped_ms = Some(now_ms());
+        if let Err(e) = control::write_status_file(&self.current.state_dir, &last) {
+            tracing::warn!("{e:#}");
+        }
+        let st = &self.stats;
+        tracing::info!(
+            "stopped: {} records read, {} lost, {} userspace ignored, {} malformed; {} incidents open",
+            st.kmsg_records,
+            st.kmsg_lost,
+            st.kmsg_userspace_ignored,
+            st.kmsg_malformed,
+            self.engine.open_count()
+        );
+    }
+}
+
+/// Counts a finding for metrics and status, then hands it to the incident engine.
+fn push(
+    tel: &Telemetry,
+    engine: &mut Engine,
+    f: Finding,
+    origin: Origin,
+    now: impl Into<Now>,
+    at_startup: bool,
+    out: &mut Vec<Incident>,
+) {
+    tel.record_finding(&f);
+    engine.push(f, origin, now, at_startup, out);
+}
+
+fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
+    let mut f = crate::classify::signals::finding(
+        FindingKind::KmsgOverrun,
+        None,
+        format!("kernel log overrun: {lost} records lost"),
+    );
+    f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
+    f.detail = Some(Detail::Overrun { lost });
+    f.origin.seq = Some(next_seq);
+    f
+}
+
+fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
+    let mut f = crate::classify::signals::finding(
+        FindingKind::KmsgSequence,
+        None,
+        format!("kernel log: {a}"),
+    );
+    f.message = format!(
+        "{a}. The kernel numbers its records one by one, so the log being read is not what it \
+         seems (a rewritten or concatenated file, or a bug); records after it are still read. \
+         Later ones are counted in the daemon's log, not reported again."
+    );
+    f.origin.seq = Some(a.seq);
+    f
+}
+
+/// Saves the Fabric Manager log position (atomically, through the state directory's checked
+/// helpers) when it moved.
+fn save_fm_position(state: &StateDir, last: &mut Option<LogPosition>, pos: LogPosition) {
+    if *last == Some(pos) {
+        return;
+    }
+    match state.save_json(POSITION_FILE, &pos) {
+        Ok(()) => *last = Some(pos),
+        Err(e) => {
+            crate::state::log_write_error(
+                "fabricmanager position",
+                &format!("saving the Fabric Manager log position: {e:#}"),
+            );
+        }
+    }
+}
