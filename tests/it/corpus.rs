@@ -33,7 +33,9 @@ struct Block {
 
 /// The blocks of every `*.log` file under `fixtures/<sub>`, each tagged with its file name.
 fn load(sub: &str) -> Vec<(String, Block)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(sub);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(sub);
     let mut names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("fixtures/{sub}: {e}"))
         .filter_map(|e| e.ok().map(|e| e.path()))
