@@ -8,7 +8,8 @@
 //! ends only when verified, a lost GPU or a failing check, is kept firing until its resolved
 //! notice instead); the incident's
 //! resolved notice (after its quiet period) posts the same labels with `endsAt` = now, which
-//! resolves the alert at once.
+//! resolves the alert at once. A host page posts one alert per GPU, and a resolved notice also
+//! ends the alerts of the incidents it superseded ([`postables`]).
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -141,6 +142,13 @@ pub fn postable(
     if let Some(p) = &doc.report_path {
         ann.insert("report_path".into(), p.clone());
     }
+    if let Some(st) = &doc.gpu_state {
+        // An annotation, not a label: a label that changes would start another alert.
+        ann.insert("gpu_state".into(), cut(&st.words(), ANNOTATION_MAX));
+    }
+    if let Some(h) = &doc.host_page {
+        ann.insert("host_page".into(), h.clone());
+    }
     if let Some(h) = doc.handoff.as_ref().filter(|h| !h.commands.is_empty()) {
         ann.insert(
             "handoff".into(),
@@ -188,6 +196,74 @@ pub fn postable(
         ends_at: rfc3339(ends_ms),
         generator_url: generator_url.map(str::to_string),
     }
+}
+
+/// Every alert `doc` stands for in Alertmanager, which keeps one alert per problem:
+/// - the incident's own ([`postable`]);
+/// - on a host page, one per other GPU of the group, under that GPU's labels and its own
+///   incident id: each GPU's later notices (digest, resolved) then update and end its own
+///   alert, so the host page's alert does not clear while another GPU of it is still down;
+/// - on a resolved notice, the alerts of the incidents it superseded after they were paged (an
+///   NVML `gpu_missing` explained by the later Xid 79): they got no resolved notice of their own,
+///   as the GPU was no better, and end now, with it.
+pub fn postables(
+    doc: &AlertDocument,
+    extra_labels: &BTreeMap<String, String>,
+    resolve_after_secs: u64,
+    generator_url: Option<&str>,
+    now_ms: u64,
+) -> Vec<PostableAlert> {
+    let own = postable(doc, extra_labels, resolve_after_secs, generator_url, now_ms);
+    let mut out = Vec::new();
+    let set_gpu = |a: &mut PostableAlert, g: Option<&super::document::GpuDoc>| {
+        for k in ["gpu", "pci", "uuid"] {
+            a.labels.remove(k);
+        }
+        if let Some(g) = g {
+            if let Some(i) = g.index {
+                a.labels.insert("gpu".into(), i.to_string());
+            }
+            if let Some(p) = &g.pci {
+                a.labels.insert("pci".into(), p.clone());
+            }
+            if let Some(u) = &g.uuid {
+                a.labels.insert("uuid".into(), u.clone());
+            }
+        }
+    };
+    if let Some(group) = doc
+        .host_group
+        .as_ref()
+        .filter(|_| doc.phase != super::document::Phase::Resolved)
+    {
+        for g in group.gpus.iter().filter(|g| g.incident_id != doc.id) {
+            let mut a = own.clone();
+            set_gpu(&mut a, Some(&g.gpu));
+            a.annotations
+                .insert("incident_id".into(), g.incident_id.clone());
+            a.annotations.insert("host_page".into(), doc.id.clone());
+            out.push(a);
+        }
+    }
+    if doc.phase == super::document::Phase::Resolved {
+        for s in &doc.supersedes {
+            let mut a = own.clone();
+            a.labels.insert("alertname".into(), alertname(&s.kind));
+            a.labels.insert("kind".into(), s.kind.clone());
+            a.labels.insert("severity".into(), s.severity.as_str().into());
+            a.labels.insert("category".into(), s.category.as_str().into());
+            match s.xid {
+                Some(x) => a.labels.insert("xid".into(), x.to_string()),
+                None => a.labels.remove("xid"),
+            };
+            set_gpu(&mut a, s.gpu.as_ref());
+            a.annotations.insert("incident_id".into(), s.id.clone());
+            a.annotations.insert("superseded_by".into(), doc.id.clone());
+            out.push(a);
+        }
+    }
+    out.insert(0, own);
+    out
 }
 
 /// A configured Alertmanager channel.
@@ -240,14 +316,14 @@ impl AlertmanagerChannel {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let alert = postable(
+        let alerts = postables(
             doc,
             &self.labels,
             self.resolve_after_secs,
             self.generator_url.as_deref(),
             now_ms,
         );
-        let body = serde_json::to_vec(&[alert]).unwrap_or_default();
+        let body = serde_json::to_vec(&alerts).unwrap_or_default();
         let mut headers = self.headers.clone();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let sends = self.endpoints.iter().map(|url| {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod dispatch;
 pub mod document;
 pub mod email;
+pub mod gpu_state;
 pub mod handoff;
 pub mod outbox;
 pub mod report;
@@ -47,6 +48,9 @@ pub struct Alert {
     pub evidence: Vec<Evidence>,
     /// The catalog's words for this fault, when the classifier knows it.
     pub catalog: Option<CatalogText>,
+    /// The GPU's (or host's) state when the daemon handed the alert over; `None` where no
+    /// daemon judged it (`scan`, `test-alert`).
+    pub gpu_state: Option<gpu_state::GpuStateDoc>,
 }
 
 /// The catalog's text for one fault, filled by the classify stage from NVIDIA's catalog. Plain
@@ -158,6 +162,8 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
         dropped_alerts_before: 0,
         test: true,
         note: None,
+        supersedes: Vec::new(),
+        host_page: None,
     };
     Alert {
         incident,
@@ -170,6 +176,7 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
             source: "xidwatch test-alert".to_string(),
             ..CatalogText::default()
         }),
+        gpu_state: None,
     }
 }
 

@@ -25,7 +25,7 @@ use crate::classify::XidOverrides;
 use crate::clock::Now;
 use crate::model::{
     Category, EchoCount, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, PciAddress,
-    Severity,
+    Severity, Superseded,
 };
 
 /// Where a finding came from, for the rules that treat sources differently.
@@ -706,6 +706,8 @@ impl Engine {
             runbook_override: runbook,
             dropped_alerts_before: 0,
             test: false,
+            supersedes: Vec::new(),
+            host_page: None,
         };
         // Host-level findings (no GPU) have nothing to wait for; GPU findings settle first.
         let settle = if f_has_gpu(&inc) {
@@ -777,6 +779,38 @@ impl Engine {
         }
     }
 
+    /// First alerts of the same critical (kind, Xid) on two or more GPUs released together
+    /// ([`Engine::align_host_settle`]) are one host page: the first leads, and each other one
+    /// records the lead's id ([`Incident::host_page`]) in the alert and in its open incident, so
+    /// its later digests and resolved notice name the page it was shown in, across restarts.
+    fn mark_host_pages(&mut self, released: &mut [Incident]) {
+        let mut lead_of: BTreeMap<(FindingKind, Option<u32>), (String, Vec<PciAddress>)> =
+            BTreeMap::new();
+        for inc in released.iter_mut() {
+            if inc.phase != IncidentPhase::Opened
+                || inc.test
+                || inc.before_lookback
+                || inc.severity < Severity::Critical
+            {
+                continue;
+            }
+            let Some(pci) = inc.pci else { continue };
+            match lead_of.get_mut(&(inc.kind, inc.xid)) {
+                None => {
+                    lead_of.insert((inc.kind, inc.xid), (inc.id.clone(), vec![pci]));
+                }
+                Some((lead, seen)) if !seen.contains(&pci) => {
+                    seen.push(pci);
+                    inc.host_page = Some(lead.clone());
+                    if let Some(o) = self.open.values_mut().find(|o| o.inc.id == inc.id) {
+                        o.inc.host_page = Some(lead.clone());
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
     /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
     /// the kernel log.
     pub fn tick(&mut self, now: impl Into<Now>, out: &mut Vec<Incident>) {
@@ -802,11 +836,13 @@ impl Engine {
             .map(|o| (o.opened_mono_ms, o.key))
             .collect();
         settled.sort();
+        let released_from = out.len();
         for (_, k) in settled {
             if let Some(o) = self.open.get_mut(&k) {
                 release(o, &mut self.stats, out);
             }
         }
+        self.mark_host_pages(&mut out[released_from..]);
         if self.cfg.remind_ms > 0 {
             let remind: Vec<Key> = self
                 .open
@@ -1088,6 +1124,8 @@ impl Engine {
                 found_at_startup: o.inc.found_at_startup,
                 before_lookback: o.inc.before_lookback,
                 quiet_until_ms: None,
+                supersedes: o.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
+                host_page: o.inc.host_page.clone(),
             })
             .chain(self.quiet_snapshot())
             .collect()
@@ -1139,6 +1177,8 @@ impl Engine {
                 found_at_startup: q.inc.found_at_startup,
                 before_lookback: q.inc.before_lookback,
                 quiet_until_ms: Some(q.until_ms),
+                supersedes: q.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
+                host_page: q.inc.host_page.clone(),
             })
             .collect()
     }
@@ -1199,6 +1239,12 @@ impl Engine {
                     dropped_alerts_before: 0,
                     test: false,
                     note: None,
+                    supersedes: p
+                        .supersedes
+                        .into_iter()
+                        .filter_map(|s| s.restore())
+                        .collect(),
+                    host_page: p.host_page,
                 },
                 key,
                 family: p.family,
@@ -1276,6 +1322,60 @@ pub struct Persisted {
     /// its resolved notice still goes out after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     quiet_until_ms: Option<u64>,
+    /// See [`Incident::supersedes`]; absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    supersedes: Vec<SavedSuperseded>,
+    /// See [`Incident::host_page`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host_page: Option<String>,
+}
+
+/// A [`Superseded`] as saved: kinds as their names, so a file from a version that knew a kind
+/// this one does not is read without it rather than refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SavedSuperseded {
+    id: String,
+    kind: String,
+    xid: Option<u32>,
+    severity: Severity,
+    category: Category,
+    #[serde(default)]
+    gpu_uuid: Option<String>,
+    #[serde(default)]
+    gpu_serial: Option<String>,
+    #[serde(default)]
+    gpu_index: Option<u32>,
+}
+
+impl SavedSuperseded {
+    fn of(s: &Superseded) -> SavedSuperseded {
+        SavedSuperseded {
+            id: s.id.clone(),
+            kind: s.kind.as_str().to_string(),
+            xid: s.xid,
+            severity: s.severity,
+            category: s.category,
+            gpu_uuid: s.gpu.uuid.clone(),
+            gpu_serial: s.gpu.serial.clone(),
+            gpu_index: s.gpu.index,
+        }
+    }
+
+    fn restore(self) -> Option<Superseded> {
+        Some(Superseded {
+            id: self.id,
+            kind: FindingKind::parse(&self.kind)?,
+            xid: self.xid,
+            severity: self.severity,
+            category: self.category,
+            gpu: GpuIdentity {
+                uuid: self.gpu_uuid,
+                serial: self.gpu_serial,
+                index: self.gpu_index,
+                ..GpuIdentity::default()
+            },
+        })
+    }
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -1324,8 +1424,21 @@ fn bump_echo(inc: &mut Incident, f: &Finding) {
     }
 }
 
-/// Folds a superseded incident into its successor: its cause and counts become echoes.
-fn absorb(n: &mut Open, old: Open) {
+/// Folds a superseded incident into its successor: its cause and counts become echoes. One
+/// that was already paged is remembered by the successor ([`Incident::supersedes`]), which
+/// ends it: it gets no resolved notice of its own, as the GPU is no better for the new cause.
+fn absorb(n: &mut Open, mut old: Open) {
+    if old.emitted {
+        n.inc.supersedes.push(Superseded {
+            id: old.inc.id.clone(),
+            kind: old.inc.kind,
+            xid: old.inc.xid,
+            severity: old.inc.severity,
+            category: old.inc.category,
+            gpu: old.inc.gpu.clone(),
+        });
+    }
+    n.inc.supersedes.append(&mut old.inc.supersedes);
     let mut merged: BTreeMap<(FindingKind, Option<u32>), u64> = BTreeMap::new();
     for e in n.inc.echoes.drain(..) {
         *merged.entry((e.kind, e.xid)).or_default() += e.count;

@@ -99,6 +99,8 @@ fn xid79_incident() -> Incident {
         dropped_alerts_before: 0,
         test: false,
         note: None,
+        supersedes: Vec::new(),
+        host_page: None,
     }
 }
 
