@@ -366,6 +366,114 @@ impl AlertmanagerChannel {
 mod tests {
     use super::*;
 
+    use crate::alert::document::{HostGpu, HostGroup, Phase};
+    use crate::model::{FindingKind, PciAddress, Severity, Superseded};
+
+    fn labels_of(a: &PostableAlert) -> (String, Option<String>, Option<String>) {
+        (
+            a.labels["kind"].clone(),
+            a.labels.get("xid").cloned(),
+            a.labels.get("pci").cloned(),
+        )
+    }
+
+    /// A host page is one alert per GPU, each under its GPU's labels and incident id; the
+    /// resolved notice of one GPU's incident ends only that GPU's alert.
+    #[test]
+    fn a_host_page_posts_one_alert_per_gpu() {
+        let mut alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        alert.incident.test = false;
+        alert.incident.pci = PciAddress::parse("0000:19:00.0").ok();
+        let lead = alert.incident.id.clone();
+        let mut doc = AlertDocument::build(&alert);
+        let gpu = |pci: &str, i| crate::alert::document::GpuDoc {
+            index: Some(i),
+            pci: Some(pci.to_string()),
+            ..Default::default()
+        };
+        doc.apply_host_group(HostGroup {
+            gpus: vec![
+                HostGpu {
+                    incident_id: lead.clone(),
+                    gpu: gpu("0000:19:00.0", 0),
+                    title: "a".into(),
+                },
+                HostGpu {
+                    incident_id: "b".into(),
+                    gpu: gpu("0000:1a:00.0", 1),
+                    title: "b".into(),
+                },
+            ],
+            shared_ports: Vec::new(),
+            shared: "the host".into(),
+        });
+        let all = postables(&doc, &BTreeMap::new(), 300, None, 1_764_404_050_000);
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert_eq!(all[0].annotations["incident_id"], lead);
+        assert_eq!(all[1].annotations["incident_id"], "b");
+        assert_eq!(all[1].annotations["host_page"], lead);
+        assert_eq!(all[1].labels["pci"], "0000:1a:00.0");
+        assert_eq!(all[1].labels["gpu"], "1");
+        assert_eq!(all[0].labels["xid"], all[1].labels["xid"]);
+        assert_ne!(all[0].labels, all[1].labels, "two alerts, not one twice");
+        // The lead's own resolved notice carries no group: it ends only its own alert.
+        let mut resolved = alert.clone();
+        resolved.incident.phase = crate::model::IncidentPhase::Resolved;
+        let one = postables(
+            &AlertDocument::build(&resolved),
+            &BTreeMap::new(),
+            300,
+            None,
+            1_764_404_060_000,
+        );
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].labels, all[0].labels);
+    }
+
+    /// The alerts of incidents superseded after they were paged stay firing while the
+    /// successor holds (its opening and digests do not end them) and end with its resolved
+    /// notice, under the labels they were sent with.
+    #[test]
+    fn a_resolved_notice_ends_the_alerts_it_superseded() {
+        let mut alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        alert.incident.test = false;
+        let pci = PciAddress::parse("0000:17:00.0").ok();
+        alert.incident.pci = pci;
+        alert.incident.supersedes = vec![Superseded {
+            id: "missing-1".into(),
+            kind: FindingKind::GpuMissing,
+            xid: None,
+            severity: Severity::Critical,
+            category: crate::model::Category::Pcie,
+            gpu: crate::model::GpuIdentity {
+                index: Some(0),
+                uuid: Some("GPU-a".into()),
+                ..Default::default()
+            },
+        }];
+        let now = 1_764_404_050_000;
+        let open = postables(&AlertDocument::build(&alert), &BTreeMap::new(), 300, None, now);
+        assert_eq!(open.len(), 1, "the opening does not end it: {open:#?}");
+        alert.incident.phase = crate::model::IncidentPhase::Resolved;
+        let doc = AlertDocument::build(&alert);
+        assert_eq!(doc.phase, Phase::Resolved);
+        let all = postables(&doc, &BTreeMap::new(), 300, None, now);
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert_eq!(
+            labels_of(&all[0]),
+            ("xid".into(), Some("79".into()), Some("0000:17:00.0".into()))
+        );
+        assert_eq!(
+            labels_of(&all[1]),
+            ("gpu_missing".into(), None, Some("0000:17:00.0".into()))
+        );
+        assert_eq!(all[1].labels["alertname"], "XidwatchGpuMissing");
+        assert_eq!(all[1].labels["uuid"], "GPU-a");
+        assert_eq!(all[1].labels["gpu"], "0");
+        assert_eq!(all[1].ends_at, rfc3339(now), "ended now");
+        assert_eq!(all[1].annotations["superseded_by"], doc.id);
+    }
+
     #[test]
     fn alertnames() {
         assert_eq!(alertname("xid"), "XidwatchXid");

@@ -2156,6 +2156,155 @@ mod tests {
         assert_eq!(e.open_count(), 0);
     }
 
+    /// NVML's `gpu_missing`, paged before the kernel's Xid 79 on the same GPU: the Xid 79
+    /// supersedes it and remembers it (so a receiver ends its alert), it gets no resolved notice
+    /// of its own while the GPU is still lost, and the memory survives a restart. One that was
+    /// never paged (still settling) is not remembered: nothing went out to end.
+    #[test]
+    fn a_paged_incident_superseded_by_a_stronger_cause_ends_with_it() {
+        let mut e = settling(500, 1_000);
+        let mut out = Vec::new();
+        let mut missing = Finding::new(
+            FindingKind::GpuMissing,
+            Severity::Critical,
+            Category::Pcie,
+            "GPU missing".to_string(),
+        );
+        missing.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
+        missing.gpu.uuid = Some("GPU-a".into());
+        missing.gpu.index = Some(0);
+        e.push(missing, Origin::Probe, 0, false, &mut out);
+        e.tick(600, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let missing_id = out[0].id.clone();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 7),
+            1_000,
+            &mut out,
+        );
+        e.tick(1_600, &mut out);
+        assert_eq!(out.len(), 2, "{out:#?}");
+        let sup = &out[1].supersedes;
+        assert_eq!(sup.len(), 1, "{:#?}", out[1]);
+        assert_eq!(sup[0].id, missing_id);
+        assert_eq!(sup[0].kind, FindingKind::GpuMissing);
+        assert_eq!(sup[0].gpu.index, Some(0));
+        assert_eq!(e.open_count(), 1);
+
+        // A restart: the successor still knows what it superseded.
+        let mut e2 = settling(0, 1_000);
+        e2.restore(e.snapshot());
+        let pci = PciAddress::parse("0000:17:00.0").unwrap();
+        e2.tick(10_000_000, &mut out);
+        assert!(
+            out[2..]
+                .iter()
+                .all(|i| i.phase != IncidentPhase::Resolved && i.id != missing_id),
+            "{out:#?}"
+        );
+        let back = Verification {
+            at_mono_ms: 10_000_001,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some("GPU-a".into()),
+                serial: None,
+            }],
+        };
+        e2.verify_lost(&back, 10_000_001, &mut out);
+        let resolved: Vec<&Incident> = out
+            .iter()
+            .filter(|i| i.phase == IncidentPhase::Resolved)
+            .collect();
+        assert_eq!(resolved.len(), 1, "{out:#?}");
+        assert_eq!(resolved[0].xid, Some(79));
+        assert_eq!(resolved[0].supersedes.len(), 1);
+        assert_eq!(resolved[0].supersedes[0].id, missing_id);
+
+        // Superseded while still settling: never paged, nothing to end.
+        let mut e = settling(500, 1_000);
+        let mut out = Vec::new();
+        let mut missing = Finding::new(
+            FindingKind::GpuMissing,
+            Severity::Critical,
+            Category::Pcie,
+            "GPU missing".to_string(),
+        );
+        missing.pci = Some(pci);
+        e.push(missing, Origin::Probe, 0, false, &mut out);
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 7),
+            100,
+            &mut out,
+        );
+        e.tick(600, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert!(out[0].supersedes.is_empty(), "{:#?}", out[0]);
+    }
+
+    /// Two GPUs' Xid 79 released together: the second names the first as its host page, in
+    /// its opening alert and in every later notice, across a restart; a fault of another kind
+    /// released in the same tick is no member.
+    #[test]
+    fn members_of_a_host_page_name_it_in_every_notice() {
+        let mut e = settling(500, 1_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:19:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        let mut b = xid("0000:1a:00.0", 79, Severity::Critical, 2);
+        b.gpu.uuid = Some("GPU-b".into());
+        feed(&mut e, b, 20, &mut out);
+        feed(
+            &mut e,
+            xid("0000:3b:00.0", 48, Severity::Critical, 3),
+            0,
+            &mut out,
+        );
+        e.tick(500, &mut out);
+        assert_eq!(out.len(), 3, "{out:#?}");
+        let at = |pci: &str| {
+            out.iter()
+                .find(|i| i.pci.map(|p| p.to_string()).as_deref() == Some(pci))
+                .expect(pci)
+        };
+        let lead = at("0000:19:00.0").id.clone();
+        assert_eq!(at("0000:19:00.0").host_page, None);
+        assert_eq!(
+            at("0000:1a:00.0").host_page.as_deref(),
+            Some(lead.as_str())
+        );
+        assert_eq!(
+            at("0000:3b:00.0").host_page,
+            None,
+            "another fault is not in the group"
+        );
+        let member = at("0000:1a:00.0").id.clone();
+        let mut e2 = settling(500, 1_000);
+        e2.restore(e.snapshot());
+        let pci = PciAddress::parse("0000:1a:00.0").unwrap();
+        let back = Verification {
+            at_mono_ms: 10_000_001,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some("GPU-b".into()),
+                serial: None,
+            }],
+        };
+        e2.verify_lost(&back, 10_000_001, &mut out);
+        let r = out
+            .iter()
+            .find(|i| i.id == member && i.phase == IncidentPhase::Resolved)
+            .expect("the member's resolved notice");
+        assert_eq!(r.host_page.as_deref(), Some(lead.as_str()));
+    }
+
     /// A restart during the quiet period keeps the resolved notice.
     #[test]
     fn the_quiet_period_survives_a_restart() {
