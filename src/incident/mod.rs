@@ -407,6 +407,14 @@ impl Engine {
 
     /// The earliest time `tick` has work to do.
     pub fn next_deadline(&self) -> Option<u64> {
+        // A reminder is a deadline too: without it a quiet host (no log line, no probe round)
+        // would never wake the loop to say a dead GPU is still dead.
+        let remind = self.cfg.remind_ms;
+        let reminders = self
+            .open
+            .values()
+            .filter(move |o| remind > 0 && o.emitted && ends_verified(o.key.kind, o.key.xid))
+            .map(move |o| o.told_mono_ms.saturating_add(remind));
         self.open
             .values()
             .map(|o| {
@@ -417,6 +425,7 @@ impl Engine {
                 }
             })
             .filter(|d| *d != NO_DEADLINE)
+            .chain(reminders)
             .chain(self.waiting.iter().map(|w| w.deadline_ms))
             .chain(self.quiet.values().map(|q| q.until_ms))
             .min()
@@ -2303,6 +2312,28 @@ mod tests {
             .find(|i| i.id == member && i.phase == IncidentPhase::Resolved)
             .expect("the member's resolved notice");
         assert_eq!(r.host_page.as_deref(), Some(lead.as_str()));
+    }
+
+    /// A lost GPU's reminder is a deadline of its own, so a host with nothing else to wake the
+    /// loop still says, on time, that the GPU is still lost.
+    #[test]
+    fn a_reminder_is_a_deadline() {
+        let mut e = settling(0, 1_000);
+        e.set_remind_ms(5_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        e.tick(60_000, &mut out); // the window's end: a lost GPU stays open without deadline
+        let next = e.next_deadline().expect("the reminder's deadline");
+        assert!(next <= 65_000, "{next}");
+        let before = out.len();
+        e.tick(next, &mut out);
+        assert_eq!(out.len(), before + 1, "{out:#?}");
+        assert_eq!(out[before].note.as_deref(), Some("still failing"));
     }
 
     /// A restart during the quiet period keeps the resolved notice.
