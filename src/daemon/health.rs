@@ -114,9 +114,9 @@ pub struct Keep {
 }
 
 impl Keep {
-    /// What an earlier run of this boot told; nothing from another boot (or an unreadable file,
-    /// which is said).
-    fn load(&self) -> Option<crate::health::Memory> {
+    /// What an earlier run told, and whether it was of this boot (an unreadable file is said,
+    /// and is nothing).
+    fn load(&self) -> Option<(crate::health::Memory, bool)> {
         let path = self.state_dir.join(MEMORY_FILE);
         let text = match crate::state::file::read_bounded(
             &path,
@@ -131,8 +131,10 @@ impl Keep {
             }
         };
         match serde_json::from_slice::<crate::health::Memory>(&text) {
-            Ok(m) if m.boot_id == self.boot_hex => Some(m),
-            Ok(_) => None,
+            Ok(m) => {
+                let same = m.boot_id == self.boot_hex;
+                Some((m, same))
+            }
             Err(e) => {
                 tracing::warn!("{}: {e}; health checks start afresh", path.display());
                 None
@@ -172,11 +174,15 @@ pub async fn health_loop(
     let mut checks = Checks::new(cfg);
     let mut told_missing: Vec<Option<PciAddress>> = Vec::new();
     let k = keep.clone();
-    let mut saved = tokio::task::spawn_blocking(move || k.load())
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let mut saved = match tokio::task::spawn_blocking(move || k.load()).await.ok().flatten() {
+        Some((m, true)) => m,
+        Some((m, false)) => {
+            // A new boot: what the previous one reported goes on until it passes.
+            checks.carry_over(&m);
+            crate::health::Memory::default()
+        }
+        None => crate::health::Memory::default(),
+    };
     checks.restore(&saved);
     told_missing.clone_from(&saved.missing);
     let mut last_gauges = HealthGauges::default();

@@ -407,8 +407,20 @@ impl Pipeline {
             remind_ms: cfg.incidents.remind_secs.saturating_mul(1000),
         });
         let mut probe_memory = None;
+        // The previous boot's open incidents and their notices ([`Engine::carry_over`]).
+        let mut carried = Vec::new();
         match state.load_json::<SavedIncidents>(CHECKPOINT) {
-            Ok(Some(saved)) if saved.boot_id == boot_hex => {
+            Ok(Some(saved)) if saved.boot_id != boot_hex => {
+                engine.carry_over(saved.open, &saved.boot_id, Now::read(), &mut carried);
+                let open = engine.open_count();
+                if open > 0 || !carried.is_empty() {
+                    tracing::info!(
+                        "new boot: {open} incident(s) of the previous boot still open until verified; {} ended by the reboot",
+                        carried.len()
+                    );
+                }
+            }
+            Ok(Some(saved)) => {
                 engine.restore(saved.open);
                 probe_memory = saved.probe;
                 // The snapshot accounts for every record up to its own position: go on from
@@ -456,7 +468,13 @@ impl Pipeline {
             boot,
             boot_hex,
             saved_seq: resume_after,
-            saved_changes: engine.changes(),
+            // What was carried over from the previous boot is saved under this boot at the
+            // first save (after the notices it sent are durable).
+            saved_changes: if engine.open_count() > 0 || !carried.is_empty() {
+                engine.changes().wrapping_add(1)
+            } else {
+                engine.changes()
+            },
             saved_probe: probe::Memory::default(),
             shown_changes: u64::MAX,
             last_save: tokio::time::Instant::now(),
@@ -470,7 +488,7 @@ impl Pipeline {
             out,
             acks: Acks::default(),
             ckpt,
-            out_buf: Vec::new(),
+            out_buf: carried,
             findings: Vec::new(),
             last_seq: resume_after,
             last_record: tokio::time::Instant::now(),

@@ -94,6 +94,21 @@ impl Clearing {
 }
 
 impl GpuState {
+    /// Takes the reported checks of `g` (an earlier run's memory of this GPU).
+    fn take_told(&mut self, g: &GpuMemory) {
+        let told = |k: FindingKind| g.told.iter().any(|t| t == k.as_str());
+        self.hot_told = told(FindingKind::GpuTemperature);
+        self.throttle_told = told(FindingKind::GpuThrottling);
+        self.link_told = told(FindingKind::PcieLinkDegraded);
+        self.power_told = told(FindingKind::PowerOverLimit);
+        self.persistence_told = told(FindingKind::PersistenceModeOff);
+        for (kind, e) in self.episodes() {
+            e.told = told(kind);
+        }
+        self.repair_told = g.repair;
+        self.recovery_told = g.recovery;
+    }
+
     /// The episodes of the holder and fabric checks, by their finding kind.
     fn episodes(&mut self) -> [(FindingKind, &mut Episode); 4] {
         [
@@ -142,6 +157,9 @@ pub struct Checks {
     /// Verified ends since the last [`Checks::take_ended`]: a check that passes again ends its
     /// incident (a state, `incident::is_state`) only on this word, never on silence.
     ended: Vec<Finding>,
+    /// The previous boot's reported checks, waiting for their GPU's first reading
+    /// ([`Checks::carry_over`]).
+    carried: Vec<GpuMemory>,
 }
 
 impl Checks {
@@ -150,6 +168,7 @@ impl Checks {
             cfg,
             gpus: BTreeMap::new(),
             ended: Vec::new(),
+            carried: Vec::new(),
         }
     }
 
@@ -195,19 +214,23 @@ impl Checks {
                 continue;
             }
             st.pci = g.pci;
-            let told = |k: FindingKind| g.told.iter().any(|t| t == k.as_str());
-            st.hot_told = told(FindingKind::GpuTemperature);
-            st.throttle_told = told(FindingKind::GpuThrottling);
-            st.link_told = told(FindingKind::PcieLinkDegraded);
-            st.power_told = told(FindingKind::PowerOverLimit);
-            st.persistence_told = told(FindingKind::PersistenceModeOff);
-            for (kind, e) in st.episodes() {
-                e.told = told(kind);
-            }
-            st.repair_told = g.repair;
-            st.recovery_told = g.recovery;
+            st.take_told(g);
             st.dbe_last = g.dbe_last;
         }
+    }
+
+    /// What the previous boot's run had reported and not seen clear: a reboot verifies nothing,
+    /// so each such check goes on as reported on the same GPU (matched by PCI address at its
+    /// first reading: indices can change with a boot), and its incident (carried over by the
+    /// pipeline) ends when the check passes for its window. Counters of that boot (the DBE
+    /// count) are not taken: they start again with the boot.
+    pub fn carry_over(&mut self, m: &Memory) {
+        self.carried = m
+            .gpus
+            .iter()
+            .filter(|g| g.pci.is_some() && (!g.told.is_empty() || g.repair.is_some() || g.recovery.is_some()))
+            .cloned()
+            .collect();
     }
 
     /// The checks in force.
@@ -256,8 +279,14 @@ impl Checks {
                 // mean nothing.
                 continue;
             }
+            let fresh = !self.gpus.contains_key(&r.index);
             let st = self.gpus.entry(r.index).or_default();
             st.pci = r.pci;
+            if fresh && r.pci.is_some() {
+                if let Some(i) = self.carried.iter().position(|g| g.pci == r.pci) {
+                    st.take_told(&self.carried.swap_remove(i));
+                }
+            }
             let cfg = &self.cfg;
             let ends = &mut self.ended;
             if cfg.temperature.enabled {
@@ -1158,6 +1187,50 @@ mod tests {
         c.observe(&[rep(false)], z);
         assert_eq!(c.take_ended().len(), 1);
         assert!(c.failing().is_empty());
+    }
+
+    /// A new boot carries over what the previous boot reported, by PCI address (the index
+    /// changed): the check does not page again while the condition holds, and ends (a verified
+    /// end for the carried incident) once it passes for its window. The DBE count of the old
+    /// boot is not taken.
+    #[test]
+    fn a_new_boot_goes_on_with_what_the_previous_one_reported() {
+        let s = Duration::from_secs;
+        let mut old = Checks::new(HealthConfig::default());
+        let window = old.config().temperature.sustain_secs;
+        old.observe(&[hot(90)], s(0));
+        assert_eq!(old.observe(&[hot(90)], s(window)).len(), 1);
+        let mut m = old.memory("previous");
+        m.gpus[0].dbe_last = Some(7);
+        let mut new = Checks::new(HealthConfig::default());
+        new.carry_over(&m);
+        let moved = |t| GpuReading {
+            index: 5,
+            dbe_volatile: Some(0),
+            ..hot(t)
+        };
+        assert!(new.observe(&[moved(90)], s(0)).is_empty(), "not paged again");
+        assert!(
+            new.observe(&[moved(90)], s(2 * window)).is_empty(),
+            "still reported, still not paged again"
+        );
+        assert_eq!(new.failing().len(), 1, "{:?}", new.failing());
+        assert!(new.observe(&[moved(60)], s(2 * window + 1)).is_empty());
+        assert!(new.observe(&[moved(60)], s(3 * window + 1)).is_empty());
+        let ended = new.take_ended();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0].pci, hot(0).pci);
+        // The old boot's DBE count is no baseline: 0 after the reboot is no decrease, and
+        // 1 is an increase of 1 over this boot's first reading.
+        let f = new.observe(
+            &[GpuReading {
+                dbe_volatile: Some(1),
+                ..moved(60)
+            }],
+            s(3 * window + 2),
+        );
+        assert_eq!(f.len(), 1);
+        assert!(f[0].title.contains("went up by 1"), "{}", f[0].title);
     }
 
     #[test]

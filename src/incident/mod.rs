@@ -112,6 +112,9 @@ struct Open {
     told_mono_ms: u64,
     told_echoes: u64,
     echo_total: u64,
+    /// Carried over from the previous boot ([`Engine::carry_over`]): a reboot ended nothing by
+    /// itself, and the resolved notice says it was verified after the reboot.
+    carried: bool,
 }
 
 /// What makes two findings the same problem: the GPU, the kind and the Xid, and for a driver
@@ -229,10 +232,18 @@ pub fn is_lost(kind: FindingKind, xid: Option<u32>) -> bool {
     )
 }
 
-/// Incidents that end only by a verified end (a state: [`is_state`], a lost GPU: [`is_lost`]),
-/// never by time: receivers must keep them firing until the resolved notice comes.
+/// Incidents the lost-GPU probe's rounds end ([`Engine::verify_lost`]): a lost GPU, and the
+/// driver failing to initialise (a GPU, or the whole driver), which is over only when NVML
+/// reaches that GPU (or, naming none, any GPU) again, however quiet the log is meanwhile.
+pub fn probe_verified(kind: FindingKind, xid: Option<u32>) -> bool {
+    is_lost(kind, xid) || kind == FindingKind::DriverInitFailure
+}
+
+/// Incidents that end only by a verified end (a state: [`is_state`], a lost GPU or a driver
+/// that did not initialise: [`probe_verified`]), never by time: receivers must keep them firing
+/// until the resolved notice comes.
 pub fn ends_verified(kind: FindingKind, xid: Option<u32>) -> bool {
-    is_state(kind) || is_lost(kind, xid)
+    is_state(kind) || probe_verified(kind, xid)
 }
 
 /// What NVML sees on one PCI address in a probe round: who answers there.
@@ -704,7 +715,8 @@ impl Engine {
             severity: f.severity,
             category: f.category,
             title: title(&f),
-            note: (is_lost(f.kind, f.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string()),
+            note: (probe_verified(f.kind, f.xid) && !self.can_verify)
+                .then(|| NO_NVML_NOTE.to_string()),
             first_seen_ms: seen_ms,
             last_seen_ms: seen_ms,
             count: 1,
@@ -751,6 +763,7 @@ impl Engine {
                 echo_total: 0,
                 told_other: None,
                 told_mono_ms: now.mono_ms,
+                carried: false,
             },
         );
         self.align_host_settle(key);
@@ -883,7 +896,7 @@ impl Engine {
         // Digests in a stable order: the earliest window first.
         due.sort();
         for (_, _, k) in due {
-            if is_lost(k.kind, k.xid) {
+            if probe_verified(k.kind, k.xid) {
                 // A lost GPU's window ends with its digest, but not the incident: it stays open
                 // until a probe verifies the board back ([`Engine::verify_lost`]).
                 if let Some(o) = self.open.get_mut(&k) {
@@ -955,7 +968,20 @@ impl Engine {
     pub fn verify_lost(&mut self, v: &Verification, now: impl Into<Now>, out: &mut Vec<Incident>) {
         let now = now.into();
         let mut ended = Vec::new();
+        let mut driver_ok = Vec::new();
         for o in self.open.values_mut() {
+            if o.key.kind == FindingKind::DriverInitFailure && v.at_mono_ms >= o.last_mono_ms {
+                // The driver initialised: NVML reaches the GPU the failure named, or any GPU
+                // for a failure that named none.
+                let ok = match o.key.pci {
+                    Some(pci) => v.reached.iter().any(|r| r.pci == pci),
+                    None => !v.reached.is_empty(),
+                };
+                if ok {
+                    driver_ok.push(o.key);
+                }
+                continue;
+            }
             let (Some(pci), true) = (o.key.pci, is_lost(o.key.kind, o.key.xid)) else {
                 continue;
             };
@@ -1010,7 +1036,33 @@ impl Engine {
                 .clone()
                 .or_else(|| inc.gpu.serial.as_ref().map(|s| format!("serial {s}")))
                 .unwrap_or_default();
-            inc.note = Some(format!("recovered: {who} reachable again (same board)"));
+            inc.note = Some(format!(
+                "recovered{}: {who} reachable again (same board)",
+                if o.carried { " after the reboot" } else { "" }
+            ));
+            self.stats.resolved += 1;
+            out.push(inc);
+        }
+        driver_ok.sort();
+        for k in driver_ok {
+            let Some(o) = self.open.remove(&k) else {
+                continue;
+            };
+            self.changes += 1;
+            if !o.emitted {
+                continue;
+            }
+            let mut inc = o.inc;
+            inc.phase = IncidentPhase::Resolved;
+            inc.last_seen_ms = now.wall_ms;
+            let what = match k.pci {
+                Some(pci) => format!("NVML reaches {pci}"),
+                None => format!("NVML reaches {} GPU(s)", v.reached.len()),
+            };
+            inc.note = Some(format!(
+                "verified{}: the driver is loaded and {what}",
+                if o.carried { " after the reboot" } else { "" }
+            ));
             self.stats.resolved += 1;
             out.push(inc);
         }
@@ -1050,7 +1102,7 @@ impl Engine {
         }
         // A lost GPU closed early (a full table, `scan`) is not quiet: it is gone, and a resolved
         // notice would declare it back.
-        if self.cfg.quiet_ms > 0 && !is_lost(key.kind, key.xid) {
+        if self.cfg.quiet_ms > 0 && !probe_verified(key.kind, key.xid) {
             if self.quiet.len() >= self.cfg.max_open {
                 // Bounded like the open table: the one closest to resolving goes without notice.
                 if let Some(k) = self
@@ -1135,6 +1187,7 @@ impl Engine {
                 quiet_until_ms: None,
                 supersedes: o.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
                 host_page: o.inc.host_page.clone(),
+                carried: o.carried,
             })
             .chain(self.quiet_snapshot())
             .collect()
@@ -1188,6 +1241,7 @@ impl Engine {
                 quiet_until_ms: Some(q.until_ms),
                 supersedes: q.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
                 host_page: q.inc.host_page.clone(),
+                carried: false,
             })
             .collect()
     }
@@ -1269,6 +1323,7 @@ impl Engine {
                 echo_total: p.echo_total,
                 told_other: None,
                 told_mono_ms: p.opened_mono_ms,
+                carried: p.carried,
             };
 
             match p.quiet_until_ms {
@@ -1285,6 +1340,61 @@ impl Engine {
                     self.open.insert(key, open);
                 }
             }
+        }
+    }
+}
+
+impl Engine {
+    /// The previous boot's open incidents, at the first start of a new boot. A reboot ends no
+    /// state by itself: a lost GPU, a driver that did not initialise, a failing check or a
+    /// service down stays open, and ends only through the same checks as within a boot (the
+    /// notice then says "after the reboot"). Their monotonic times start again (that clock
+    /// restarts with the boot) and they have no window. An event of the previous boot (an
+    /// application's Xid 13, a corrected AER) was about what the reboot ended: its resolved
+    /// notice goes out now and says so, instead of never. Incidents never paged are dropped.
+    pub fn carry_over(
+        &mut self,
+        saved: Vec<Persisted>,
+        old_boot: &str,
+        now: impl Into<Now>,
+        out: &mut Vec<Incident>,
+    ) {
+        let now = now.into();
+        let mut prev = Engine::new(self.cfg.clone());
+        prev.restore(saved);
+        self.changes += 1;
+        let old_boot = (!old_boot.is_empty()).then(|| old_boot.to_string());
+        let mut open: Vec<Open> = prev.open.into_values().filter(|o| o.emitted).collect();
+        open.sort_by(|a, b| (a.inc.first_seen_ms, &a.inc.id).cmp(&(b.inc.first_seen_ms, &b.inc.id)));
+        for mut o in open {
+            o.inc.boot_id = old_boot.clone();
+            if ends_verified(o.key.kind, o.key.xid) && self.open.len() < self.cfg.max_open {
+                o.carried = true;
+                o.deadline_ms = NO_DEADLINE;
+                o.opened_mono_ms = now.mono_ms;
+                o.last_mono_ms = now.mono_ms;
+                o.told_mono_ms = now.mono_ms;
+                o.settle_until_ms = 0;
+                o.inc.note =
+                    (probe_verified(o.key.kind, o.key.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string());
+                self.open.insert(o.key, o);
+                continue;
+            }
+            let mut inc = o.inc;
+            inc.phase = IncidentPhase::Resolved;
+            inc.note = Some("ended by the reboot: not seen since".to_string());
+            self.stats.resolved += 1;
+            out.push(inc);
+        }
+        let mut quiet: Vec<Quiet> = prev.quiet.into_values().collect();
+        quiet.sort_by(|a, b| (a.until_ms, &a.inc.id).cmp(&(b.until_ms, &b.inc.id)));
+        for q in quiet {
+            let mut inc = q.inc;
+            inc.boot_id = old_boot.clone();
+            inc.phase = IncidentPhase::Resolved;
+            inc.note = Some("ended by the reboot: not seen since".to_string());
+            self.stats.resolved += 1;
+            out.push(inc);
         }
     }
 }
@@ -1337,6 +1447,9 @@ pub struct Persisted {
     /// See [`Incident::host_page`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     host_page: Option<String>,
+    /// Carried over from an earlier boot ([`Engine::carry_over`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    carried: bool,
 }
 
 /// A [`Superseded`] as saved: kinds as their names, so a file from a version that knew a kind
@@ -2334,6 +2447,115 @@ mod tests {
         e.tick(next, &mut out);
         assert_eq!(out.len(), before + 1, "{out:#?}");
         assert_eq!(out[before].note.as_deref(), Some("still failing"));
+    }
+
+    /// The first start of a new boot: a lost GPU of the previous boot stays open, without
+    /// window, until the probe verifies the same board ("after the reboot"); an event of that
+    /// boot (open, or waiting out its quiet period) gets its resolved notice at once, saying
+    /// the reboot ended it; one never paged is dropped.
+    #[test]
+    fn a_new_boot_carries_states_over_and_ends_events() {
+        let mut e = settling(0, 600_000);
+        let mut out = Vec::new();
+        let mut lost = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        lost.gpu.uuid = Some("GPU-a".into());
+        feed(&mut e, lost, 0, &mut out);
+        feed(&mut e, xid("0000:3b:00.0", 13, Severity::Warning, 2), 0, &mut out);
+        feed(&mut e, xid("0000:3c:00.0", 31, Severity::Warning, 3), 0, &mut out);
+        e.tick(70_000, &mut out); // Xid 13 and 31 closed, waiting out their quiet period
+        feed(&mut e, xid("0000:3b:00.0", 43, Severity::Warning, 4), 80_000, &mut out);
+        let saved = e.snapshot();
+        let ids: Vec<String> = out.iter().map(|i| i.id.clone()).collect();
+
+        // The new boot: its monotonic clock starts again near 0.
+        let mut n = settling(0, 600_000);
+        let mut out = Vec::new();
+        n.carry_over(saved, "oldboot", 5_000, &mut out);
+        assert_eq!(n.open_count(), 1, "only the lost GPU goes on");
+        assert_eq!(out.len(), 3, "{out:#?}");
+        for r in &out {
+            assert_eq!(r.phase, IncidentPhase::Resolved);
+            assert_eq!(r.note.as_deref(), Some("ended by the reboot: not seen since"));
+            assert!(ids.contains(&r.id), "the same incident ids");
+            assert_eq!(r.boot_id.as_deref(), Some("oldboot"));
+        }
+        assert_eq!(n.next_deadline(), None, "no window: it ends only when verified");
+        let pci = PciAddress::parse("0000:17:00.0").unwrap();
+        let back = Verification {
+            at_mono_ms: 6_000,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some("GPU-a".into()),
+                serial: None,
+            }],
+        };
+        n.verify_lost(&back, 6_000, &mut out);
+        let r = out.last().unwrap();
+        assert_eq!(r.phase, IncidentPhase::Resolved);
+        assert_eq!(
+            r.note.as_deref(),
+            Some("recovered after the reboot: GPU-a reachable again (same board)")
+        );
+        assert!(ids.contains(&r.id));
+    }
+
+    /// A driver that did not initialise is a state: no quiet period ends it, only a probe
+    /// round in which NVML reaches the GPU it named (or, naming none, any GPU).
+    #[test]
+    fn a_driver_init_failure_ends_only_when_nvml_reaches_the_gpu() {
+        let mut e = settling(0, 1_000);
+        let mut out = Vec::new();
+        let mut host = Finding::new(
+            FindingKind::DriverInitFailure,
+            Severity::Critical,
+            Category::Driver,
+            "the NVIDIA kernel module failed to load".to_string(),
+        );
+        host.origin.seq = Some(1);
+        let mut gpu = host.clone();
+        gpu.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
+        gpu.title = "RmInitAdapter failed".into();
+        gpu.origin.seq = Some(2);
+        feed(&mut e, host, 0, &mut out);
+        feed(&mut e, gpu, 0, &mut out);
+        assert_eq!(out.len(), 2);
+        e.tick(10_000_000, &mut out);
+        assert!(
+            out.iter().all(|i| i.phase != IncidentPhase::Resolved),
+            "no end on silence: {out:#?}"
+        );
+        assert_eq!(e.open_count(), 2);
+        let other = PciAddress::parse("0000:3b:00.0").unwrap();
+        let round = |pcis: Vec<PciAddress>, at| Verification {
+            at_mono_ms: at,
+            on_bus: pcis.clone(),
+            reached: pcis
+                .into_iter()
+                .map(|pci| Reached {
+                    pci,
+                    uuid: None,
+                    serial: None,
+                })
+                .collect(),
+        };
+        e.verify_lost(&round(Vec::new(), 10_000_001), 10_000_001, &mut out);
+        assert_eq!(e.open_count(), 2, "NVML reaches nothing");
+        e.verify_lost(&round(vec![other], 10_000_002), 10_000_002, &mut out);
+        assert_eq!(e.open_count(), 1, "the driver is up; the failed GPU is not reached");
+        let r = out.last().unwrap();
+        assert_eq!(r.phase, IncidentPhase::Resolved);
+        assert_eq!(
+            r.note.as_deref(),
+            Some("verified: the driver is loaded and NVML reaches 1 GPU(s)")
+        );
+        let failed = PciAddress::parse("0000:17:00.0").unwrap();
+        e.verify_lost(&round(vec![other, failed], 10_000_003), 10_000_003, &mut out);
+        assert_eq!(e.open_count(), 0);
+        assert_eq!(
+            out.last().unwrap().note.as_deref(),
+            Some("verified: the driver is loaded and NVML reaches 0000:17:00.0")
+        );
     }
 
     /// A restart during the quiet period keeps the resolved notice.
