@@ -577,10 +577,12 @@ fn ecc(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
     }
 }
 
-/// NVML's recovery action values (`nvmlDeviceGpuRecoveryAction_t`). 5 is the newer bus reset
-/// (`NVML_GPU_RECOVERY_ACTION_GPU_RESET_BUS` in NVIDIA's Python bindings); a value this version
-/// does not know (the system reboot value among them, whose number no public header we hold
-/// gives) is kept and shown as its number, never taken for "none".
+/// NVML's recovery action values (`nvmlDeviceGpuRecoveryAction_t`, in `nvml.h`'s order): 0 to 4
+/// since the field appeared, then `NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN` (5), then
+/// `NVML_GPU_RECOVERY_ACTION_BUS_RESET` (6) and `NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT` (7), added
+/// in NVML v615 (NVML API change log; the numbers as NVIDIA's own generated bindings,
+/// `cuda.bindings.nvml.DeviceGpuRecoveryAction`, give them). A value this version does not know
+/// is kept and shown as its number, never taken for "none".
 fn recovery_of(v: u32) -> RecoveryAction {
     match v {
         0 => RecoveryAction::None,
@@ -588,7 +590,9 @@ fn recovery_of(v: u32) -> RecoveryAction {
         2 => RecoveryAction::NodeReboot,
         3 => RecoveryAction::DrainP2p,
         4 => RecoveryAction::DrainAndReset,
-        5 => RecoveryAction::BusReset,
+        5 => RecoveryAction::RecoverImexDomain,
+        6 => RecoveryAction::BusReset,
+        7 => RecoveryAction::SystemReboot,
         other => RecoveryAction::Other(format!("recovery action {other}")),
     }
 }
@@ -1028,7 +1032,9 @@ mod tests {
     #[test]
     fn nvml_recovery_numbers_are_named_and_unknown_ones_kept() {
         assert_eq!(recovery_of(4), RecoveryAction::DrainAndReset);
-        assert_eq!(recovery_of(5), RecoveryAction::BusReset);
+        assert_eq!(recovery_of(5), RecoveryAction::RecoverImexDomain);
+        assert_eq!(recovery_of(6), RecoveryAction::BusReset);
+        assert_eq!(recovery_of(7), RecoveryAction::SystemReboot);
         assert_eq!(
             recovery_of(9),
             RecoveryAction::Other("recovery action 9".into())
