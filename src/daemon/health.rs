@@ -103,6 +103,19 @@ impl Expected {
     }
 }
 
+/// The verified end of a host-wide GPU shortfall (a `gpu_missing` naming no address): the
+/// count check sees the expected number again.
+fn count_back(present: usize) -> crate::model::Finding {
+    let mut f = crate::model::Finding::new(
+        crate::model::FindingKind::GpuMissing,
+        crate::model::Severity::Info,
+        crate::model::Category::Pcie,
+        format!("{present} GPUs present again"),
+    );
+    f.message = format!("GPU count back: {present} present");
+    f
+}
+
 /// The state file of the health task: what it told, for a restart in the same boot.
 pub const MEMORY_FILE: &str = "health.json";
 
@@ -179,7 +192,10 @@ pub async fn health_loop(
         Some((m, false)) => {
             // A new boot: what the previous one reported goes on until it passes.
             checks.carry_over(&m);
-            crate::health::Memory::default()
+            crate::health::Memory {
+                missing: m.missing,
+                ..crate::health::Memory::default()
+            }
         }
         None => crate::health::Memory::default(),
     };
@@ -215,7 +231,7 @@ pub async fn health_loop(
             Some(r) => checks.observe(&r, start.elapsed()),
             None => Vec::new(),
         };
-        let ended = checks.take_ended();
+        let mut ended = checks.take_ended();
         let gauges = HealthGauges {
             expected_gpus: expected.count.map(|c| c as u64),
             present_gpus: present.as_ref().map(|p| p.len() as u64),
@@ -237,6 +253,11 @@ pub async fn health_loop(
                 if !told_missing.contains(&f.pci) {
                     found.push(f);
                 }
+            }
+            // The count is back for a host-wide shortfall: its verified end (a lost GPU named
+            // by address ends only when the probe sees the same board back).
+            if told_missing.contains(&None) && !now.contains(&None) {
+                ended.push(count_back(present.len()));
             }
             // A GPU that came back may be reported again if it goes.
             told_missing = now;

@@ -532,6 +532,40 @@ impl Engine {
                 }
             }
         }
+        // A fault of this boot on the key of one carried over from the previous boot: the GPU
+        // came back with the boot (a driver logs an Xid only from a GPU it initialised) and
+        // failed again. That is news, and its own incident and page (the repeat-offender count
+        // sees it); the carried one is superseded by it, not resolved, since the GPU is no
+        // better.
+        if self.open.get(&key).is_some_and(|o| o.carried) {
+            if let Some(old) = self.open.remove(&key) {
+                let told = out.len();
+                self.open_new(f, key, family, rank, now, at_startup, runbook, out);
+                let mut sup = old.inc.supersedes;
+                if old.emitted {
+                    sup.insert(
+                        0,
+                        Superseded {
+                            id: old.inc.id.clone(),
+                            kind: old.inc.kind,
+                            xid: old.inc.xid,
+                            severity: old.inc.severity,
+                            category: old.inc.category,
+                            gpu: old.inc.gpu.clone(),
+                        },
+                    );
+                }
+                if let Some(n) = self.open.get_mut(&key) {
+                    n.inc.supersedes.extend(sup.iter().cloned());
+                    let id = n.inc.id.clone();
+                    // Sent at once (no settle delay): the page already out says so too.
+                    for sent in out[told..].iter_mut().filter(|i| i.id == id) {
+                        sent.supersedes.extend(sup.iter().cloned());
+                    }
+                }
+            }
+            return;
+        }
         let seen_ms = f.logged_ms.unwrap_or(now.wall_ms);
         // 1. A repeat of an open incident.
         if let Some(o) = self.open.get_mut(&key) {
@@ -942,7 +976,10 @@ impl Engine {
     /// says "active" at every start), and so is a kind that is no state ([`is_state`]): an
     /// event ends by its quiet period, whatever a source says.
     pub fn resolve_state(&mut self, f: &Finding, now: impl Into<Now>, out: &mut Vec<Incident>) {
-        if !is_state(f.kind) {
+        // A host-wide GPU shortfall (`gpu_missing` naming no address) is verified gone by the
+        // count check seeing the expected count again; one naming a GPU, only by the probe.
+        let count_back = f.kind == FindingKind::GpuMissing && f.pci.is_none();
+        if !is_state(f.kind) && !count_back {
             return;
         }
         let key = Key::of(f);
@@ -956,6 +993,9 @@ impl Engine {
         let mut inc = o.inc;
         inc.phase = IncidentPhase::Resolved;
         inc.last_seen_ms = now.into().wall_ms;
+        if count_back {
+            inc.note = Some(format!("verified: {}", f.title));
+        }
         self.stats.resolved += 1;
         out.push(inc);
     }
@@ -2480,6 +2520,20 @@ mod tests {
             assert_eq!(r.boot_id.as_deref(), Some("oldboot"));
         }
         assert_eq!(n.next_deadline(), None, "no window: it ends only when verified");
+        // Another engine on the same carried state: an Xid 79 logged in the new boot is a new
+        // fault with its own page, superseding the carried incident (not resolving it).
+        let mut again = settling(0, 600_000);
+        let mut out2 = Vec::new();
+        again.carry_over(n.snapshot(), "oldboot", 5_000, &mut out2);
+        let mut lost = xid("0000:17:00.0", 79, Severity::Critical, 9);
+        lost.gpu.uuid = Some("GPU-a".into());
+        feed(&mut again, lost, 5_500, &mut out2);
+        let opened = out2.last().unwrap();
+        assert_eq!(opened.phase, IncidentPhase::Opened);
+        assert!(!ids.contains(&opened.id), "a new incident");
+        assert_eq!(opened.supersedes.len(), 1, "{opened:#?}");
+        assert!(ids.contains(&opened.supersedes[0].id));
+        assert_eq!(again.open_count(), 1);
         let pci = PciAddress::parse("0000:17:00.0").unwrap();
         let back = Verification {
             at_mono_ms: 6_000,
