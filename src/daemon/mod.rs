@@ -646,6 +646,11 @@ impl Pipeline {
     /// Hands what the engine produced over, then writes the checkpoint if it is due and every
     /// alert is durable. False when an alert is still not durable.
     async fn flush(&mut self, probe: &probe::Memory, force: bool) -> bool {
+        if !self.out_buf.is_empty() {
+            // The pages report the GPU's state as of these incidents ([`state_doc`]).
+            self.tel
+                .set_open_incidents_from(self.engine.open_incidents());
+        }
         self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
         self.ckpt
             .save(
@@ -1174,13 +1179,6 @@ impl Emitter {
             let _ = lock.flush();
         }
         while self.tasks.try_join_next().is_some() {}
-        // The state each page reports: the verdict once every incident of the batch is
-        // counted, the one `status` and `npd-check` would give now.
-        let verdict = crate::verdict::judge(
-            &self.tel.snapshot(),
-            &crate::verdict::Freshness::Fresh,
-            now_ms(),
-        );
         let mut groups = host_groups(incidents, &self.env.sysfs_root);
         for inc in incidents.drain(..) {
             let opened = inc.phase == crate::model::IncidentPhase::Opened && !inc.test;
@@ -1230,7 +1228,7 @@ impl Emitter {
             let alert = crate::alert::Alert {
                 catalog,
                 evidence,
-                gpu_state: Some(state_doc(&verdict, inc.pci)),
+                gpu_state: Some(state_doc(&self.tel, inc.pci)),
                 incident: inc,
             };
             if !opened {
@@ -1345,18 +1343,17 @@ impl Emitter {
     }
 }
 
-/// The verdict's word on `pci`'s GPU (the host's for a host-level incident), for the page.
+/// The verdict's word on `pci`'s GPU (the host's for a host-level incident) as of now, the one
+/// `status` and `npd-check` would give, for the page.
 fn state_doc(
-    verdict: &crate::verdict::Verdict,
+    tel: &Telemetry,
     pci: Option<crate::model::PciAddress>,
 ) -> crate::alert::gpu_state::GpuStateDoc {
-    let judged = pci
-        .and_then(|p| verdict.gpu(&p))
-        .map_or(&verdict.host, |g| &g.judged);
+    let judged = tel.with_open(|open, up| crate::verdict::judge_one(open, up, pci));
     crate::alert::gpu_state::GpuStateDoc {
         state: judged.state.as_str().to_string(),
         reasons: judged.reasons.iter().map(|r| r.title.clone()).collect(),
-        incidents: judged.incidents.clone(),
+        incidents: judged.incidents,
     }
 }
 
