@@ -300,6 +300,18 @@ pub fn judge(snap: &StatusSnapshot, freshness: &Freshness, now_ms: u64) -> Verdi
     }
 }
 
+/// The state of one GPU (`Some(pci)`) or of the host (`None`) from the open incidents, the
+/// same rules as [`judge`] with a fresh status, without building the whole verdict: for the
+/// state a page reports.
+pub fn judge_one(open: &[IncidentSummary], nvml_up: bool, pci: Option<PciAddress>) -> Judged {
+    let candidates = open
+        .iter()
+        .filter(|i| pci.is_none() || i.pci == pci)
+        .filter_map(|i| state_of(i, nvml_up).map(|s| (s, incident_reason(i))))
+        .collect();
+    Judged::from(candidates)
+}
+
 /// The running daemon's own verdict (metrics, `GET /verdict`): its snapshot is fresh unless
 /// its main loop has stopped beating, as `/healthz` judges it.
 pub fn of_live(snap: &StatusSnapshot, now_ms: u64) -> Verdict {

@@ -149,6 +149,9 @@ mod tests {
             report_path: None,
             handoff: None,
             host_group: None,
+            host_page: None,
+            gpu_state: None,
+            supersedes: Vec::new(),
             generator: Generator {
                 name: "xidwatch".into(),
                 version: "0".into(),

@@ -12,6 +12,9 @@ pub struct Alert {
     pub evidence: Vec<Evidence>,
     /// The catalog's words for this fault, when the classifier knows it.
     pub catalog: Option<CatalogText>,
+    /// The GPU's (or host's) state when the daemon handed the alert over; `None` where no
+    /// daemon judged it (`scan`, `test-alert`).
+    pub gpu_state: Option<super::gpu_state::GpuStateDoc>,
 }
 
 /// The catalog's text for one fault, filled by the classify stage from NVIDIA's catalog. Plain

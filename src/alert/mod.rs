@@ -27,6 +27,7 @@ pub mod config;
 pub mod dispatch;
 pub mod document;
 pub mod error;
+pub mod gpu_state;
 pub mod handoff;
 pub mod http;
 pub mod input;
@@ -113,6 +114,8 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
         dropped_alerts_before: 0,
         test: true,
         note: None,
+        supersedes: Vec::new(),
+        host_page: None,
     };
     Alert {
         incident,
@@ -125,6 +128,7 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
             source: "xidwatch test-alert".to_string(),
             ..CatalogText::default()
         }),
+        gpu_state: None,
     }
 }
 

@@ -103,6 +103,17 @@ pub fn summary(doc: &AlertDocument) -> String {
             Phase::Resolved => "resolved",
         }
     );
+    if let Some(h) = &doc.host_page {
+        let _ = writeln!(o, "Host page: {h} (this GPU's opening page)");
+    }
+    for s in &doc.supersedes {
+        let what = s.xid.map_or(s.kind.clone(), |x| format!("Xid {x}"));
+        let _ = writeln!(o, "Supersedes: incident {} ({what}), paged before", s.id);
+    }
+    if let Some(st) = &doc.gpu_state {
+        let whose = if doc.gpu.is_some() { "GPU" } else { "Host" };
+        let _ = writeln!(o, "{whose} now:   {}", st.words());
+    }
     if let Some(p) = &doc.report_path {
         let _ = writeln!(o, "Report:    {p} on {}", doc.host);
     }

@@ -37,6 +37,8 @@ pub(super) struct Emitter {
     pub(super) env: crate::runbook::RunbookEnv,
     pub(super) limits: crate::runbook::RunLimits,
     pub(super) permits: Arc<tokio::sync::Semaphore>,
+    /// `[runbooks] max_parallel_runbooks`: the permits, for how long a host page waits.
+    pub(super) parallel: usize,
     pub(super) log: std::collections::VecDeque<crate::runbook::LogLine>,
     pub(super) tel: Arc<Telemetry>,
     /// Runbooks running (or waiting to run) for new incidents.
@@ -117,6 +119,7 @@ impl Emitter {
             env: runbook_env(cfg),
             limits: cfg.runbook_limits,
             permits: Arc::new(tokio::sync::Semaphore::new(1)),
+            parallel: 1,
             log: std::collections::VecDeque::with_capacity(LOG_RING),
             tel,
             pages: None,
@@ -138,6 +141,7 @@ impl Emitter {
         self.permits = Arc::new(tokio::sync::Semaphore::new(
             cfg.runbooks.max_parallel_runbooks(),
         ));
+        self.parallel = cfg.runbooks.max_parallel_runbooks();
     }
 
     /// What the first page after start-up says about the old faults it did not page, once.
@@ -206,8 +210,8 @@ impl Emitter {
         let mut groups = host_groups(incidents, &self.env.sysfs_root);
         for inc in incidents.drain(..) {
             let opened = inc.phase == crate::model::IncidentPhase::Opened && !inc.test;
-            let host = match groups.remove(&inc.id) {
-                Some(HostRole::Lead(g)) => Some(g),
+            let (host, members) = match groups.remove(&inc.id) {
+                Some(HostRole::Lead(g, members)) => (Some(g), members),
                 Some(HostRole::Folded(lead)) => {
                     // Its own incident and history go on; its opening page is the host page.
                     if let Some(p) = &self.pages {
@@ -220,7 +224,7 @@ impl Emitter {
                     );
                     continue;
                 }
-                None => None,
+                None => (None, Vec::new()),
             };
             if inc.before_lookback {
                 // An old fault read at start-up: into the history (and status, above), no page.
@@ -252,6 +256,7 @@ impl Emitter {
             let alert = crate::alert::Alert {
                 catalog,
                 evidence,
+                gpu_state: Some(state_doc(&self.tel, inc.pci)),
                 incident: inc,
             };
             if !opened {
@@ -271,22 +276,40 @@ impl Emitter {
                 acks.submitted(self.alerts.submit_host(alert, None, Some(note), host).await);
                 continue;
             }
-            let hold = self.limits.max_budget.saturating_add(HOLD_GRACE);
+            // A host page waits for every GPU's runbook; they share the runbook permits, so
+            // as many budgets as rounds of them.
+            let rounds = (members.len() + 1).div_ceil(self.parallel.max(1)) as u32;
+            let hold = self
+                .limits
+                .max_budget
+                .saturating_mul(rounds)
+                .saturating_add(HOLD_GRACE);
             acks.submitted(
                 self.alerts
                     .submit_host(alert.clone(), Some(hold), None, host)
                     .await,
             );
-            self.spawn_runbook(alert);
+            self.spawn_runbook(alert, members);
         }
     }
 
     /// Runs the incident's runbook off the loop and attaches its evidence to the held alert.
-    fn spawn_runbook(&mut self, mut alert: crate::alert::Alert) {
+    /// For a host page, `members` are the other GPUs' incidents: each one's runbook runs too
+    /// (its placeholders are that GPU's), and every GPU's evidence goes on the one page, named
+    /// by its GPU.
+    fn spawn_runbook(&mut self, mut alert: crate::alert::Alert, members: Vec<Incident>) {
         let lines: Vec<_> = self.log.iter().cloned().collect();
-        let first_seq = alert.incident.findings.first().and_then(|f| f.origin.seq);
-        let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
-        let subject = crate::runbook::Subject::from(&alert.incident).with_kernel_log(lines, anchor);
+        let subject_of = |inc: &Incident| {
+            let first_seq = inc.findings.first().and_then(|f| f.origin.seq);
+            let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
+            crate::runbook::Subject::from(inc).with_kernel_log(lines.clone(), anchor)
+        };
+        let grouped = !members.is_empty();
+        let subjects: Vec<(Option<crate::model::PciAddress>, crate::runbook::Subject)> =
+            std::iter::once(&alert.incident)
+                .chain(members.iter())
+                .map(|i| (i.pci, subject_of(i)))
+                .collect();
         let (set, env, limits, permits, tel, sender) = (
             self.runbooks.clone(),
             self.env.clone(),
@@ -297,16 +320,22 @@ impl Emitter {
         );
         let mut stop = self.stop_runbooks.subscribe();
         self.tasks.spawn(async move {
-            let run = async {
-                match permits.acquire_owned().await {
-                    Ok(_permit) => set.run_for(&subject, &env, &limits).await,
-                    Err(_) => None,
+            // Every GPU's runbook at once, each under a permit (so the bound on runbooks
+            // running holds), in the group's order.
+            let run = futures_util::future::join_all(subjects.iter().map(|(pci, subject)| {
+                let (set, env, permits) = (&set, &env, &permits);
+                async move {
+                    let ev = match permits.clone().acquire_owned().await {
+                        Ok(_permit) => set.run_for(subject, env, &limits).await,
+                        Err(_) => None,
+                    };
+                    (*pci, ev)
                 }
-            };
+            }));
             let stopped = async {
                 let _ = stop.wait_for(|stop| *stop).await;
             };
-            let evidence = tokio::select! {
+            let found = tokio::select! {
                 ev = run => ev,
                 () = stopped => {
                     tracing::warn!("shutting down: incident {} is alerted without its runbook's evidence", alert.incident.id);
@@ -317,7 +346,9 @@ impl Emitter {
                     return;
                 }
             };
-            if let Some(ev) = &evidence {
+            let mut runs = Vec::new();
+            for (pci, ev) in found {
+                let Some(mut ev) = ev else { continue };
                 let ok = !ev.steps.iter().any(|s| {
                     matches!(
                         s.status,
@@ -326,8 +357,13 @@ impl Emitter {
                     )
                 });
                 tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
+                if let (true, Some(pci)) = (grouped, pci) {
+                    // One page, several GPUs' evidence: each says whose it is.
+                    ev.runbook = format!("{} ({pci})", ev.runbook);
+                }
+                runs.push(ev);
             }
-            alert.evidence = pages::merge(std::mem::take(&mut alert.evidence), evidence);
+            alert.evidence = pages::merge(std::mem::take(&mut alert.evidence), runs);
             if let Err(e) = sender.attach_evidence(alert).await {
                 tracing::error!("alert stage: {e}");
             }
@@ -335,47 +371,55 @@ impl Emitter {
     }
 }
 
+/// The verdict's word on `pci`'s GPU (the host's for a host-level incident) as of now, the one
+/// `status` and `npd-check` would give, for the page.
+fn state_doc(
+    tel: &Telemetry,
+    pci: Option<crate::model::PciAddress>,
+) -> crate::alert::gpu_state::GpuStateDoc {
+    let judged = tel.with_open(|open, up| crate::verdict::judge_one(open, up, pci));
+    crate::alert::gpu_state::GpuStateDoc {
+        state: judged.state.as_str().to_string(),
+        reasons: judged.reasons.iter().map(|r| r.title.clone()).collect(),
+        incidents: judged.incidents,
+    }
+}
+
 /// What an opening incident is in a host page.
 enum HostRole {
-    /// It carries the host page.
-    Lead(crate::alert::document::HostGroup),
+    /// It carries the host page, and the other GPUs' incidents, whose runbooks run with its own.
+    Lead(crate::alert::document::HostGroup, Vec<Incident>),
     /// Its opening page is folded into the host page with this incident id.
     Folded(String),
 }
 
-/// Opening pages of the same critical (kind, Xid) on two or more GPUs released together (the
-/// engine releases them in one tick when their settle delays overlap): the first leads a host
-/// page, the others fold into it. Keyed by incident id. Faults recorded before the look-back
-/// and test incidents are left alone.
+/// The host pages of a batch, as the engine marked them ([`Incident::host_page`]: the same
+/// critical fault opening on several GPUs together): the lead carries the group, the others
+/// fold into it. Keyed by incident id. A member whose lead is not in the batch (which the engine
+/// never does) is paged on its own rather than lost.
 fn host_groups(
     incidents: &[Incident],
     sysfs_root: &std::path::Path,
 ) -> std::collections::HashMap<String, HostRole> {
     use crate::model::IncidentPhase;
-    let mut by_key: std::collections::BTreeMap<_, Vec<&Incident>> = Default::default();
-    for inc in incidents {
-        if inc.phase == IncidentPhase::Opened
-            && !inc.test
-            && !inc.before_lookback
-            && inc.severity >= crate::model::Severity::Critical
-            && inc.pci.is_some()
-        {
-            let group = by_key
-                .entry((inc.host.clone(), inc.kind.as_str(), inc.xid))
-                .or_default();
-            if !group.iter().any(|g| g.pci == inc.pci) {
-                group.push(inc);
-            }
+    let opened = |i: &&Incident| i.phase == IncidentPhase::Opened && !i.test;
+    let mut members: std::collections::BTreeMap<&str, Vec<&Incident>> = Default::default();
+    for inc in incidents.iter().filter(opened) {
+        if let Some(lead) = &inc.host_page {
+            members.entry(lead.as_str()).or_default().push(inc);
         }
     }
     let mut out = std::collections::HashMap::new();
-    for group in by_key.into_values().filter(|g| g.len() >= 2) {
-        let (lead, others) = (group[0], &group[1..]);
-        for o in others {
+    for (lead_id, others) in members {
+        let Some(lead) = incidents.iter().filter(opened).find(|i| i.id == lead_id) else {
+            continue;
+        };
+        for o in &others {
             out.insert(o.id.clone(), HostRole::Folded(lead.id.clone()));
         }
-        let g = crate::alert::document::HostGroup::new(lead, others, sysfs_root);
-        out.insert(lead.id.clone(), HostRole::Lead(g));
+        let g = crate::alert::document::HostGroup::new(lead, &others, sysfs_root);
+        let others = others.into_iter().cloned().collect();
+        out.insert(lead.id.clone(), HostRole::Lead(g, others));
     }
     out
 }

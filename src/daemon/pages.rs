@@ -127,7 +127,7 @@ impl Pages {
 
 /// The page's evidence in reading order: a repeat offender's escalation first (its next steps are
 /// the page's), then the runbook's, then the history and the inventory diff.
-pub fn merge(pages: Vec<Evidence>, runbook: Option<Evidence>) -> Vec<Evidence> {
+pub fn merge(pages: Vec<Evidence>, runbook: impl IntoIterator<Item = Evidence>) -> Vec<Evidence> {
     let (first, rest): (Vec<Evidence>, Vec<Evidence>) = pages
         .into_iter()
         .partition(|e| !e.next_steps.trim().is_empty());

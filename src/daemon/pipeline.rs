@@ -116,8 +116,20 @@ impl Pipeline {
         let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
         let mut engine = Engine::new(engine_config(cfg, boot_hex.clone()));
         let mut probe_memory = None;
+        // The previous boot's open incidents and their notices ([`Engine::carry_over`]).
+        let mut carried = Vec::new();
         match state.load_json::<SavedIncidents>(CHECKPOINT) {
-            Ok(Some(saved)) if saved.boot_id == boot_hex => {
+            Ok(Some(saved)) if saved.boot_id != boot_hex => {
+                engine.carry_over(saved.open, &saved.boot_id, Now::read(), &mut carried);
+                let open = engine.open_count();
+                if open > 0 || !carried.is_empty() {
+                    tracing::info!(
+                        "new boot: {open} incident(s) of the previous boot still open until verified; {} ended by the reboot",
+                        carried.len()
+                    );
+                }
+            }
+            Ok(Some(saved)) => {
                 engine.restore(saved.open);
                 probe_memory = saved.probe;
                 // The snapshot accounts for every record up to its own position: go on from
@@ -147,7 +159,13 @@ impl Pipeline {
             boot,
             boot_hex,
             saved_seq: resume_after,
-            saved_changes: engine.changes(),
+            // What was carried over from the previous boot is saved under this boot at the
+            // first save (after the notices it sent are durable).
+            saved_changes: if engine.open_count() > 0 || !carried.is_empty() {
+                engine.changes().wrapping_add(1)
+            } else {
+                engine.changes()
+            },
             saved_probe: probe::Memory::default(),
             shown_changes: u64::MAX,
             last_save: tokio::time::Instant::now(),
@@ -161,7 +179,7 @@ impl Pipeline {
             out,
             acks: Acks::default(),
             ckpt,
-            out_buf: Vec::new(),
+            out_buf: carried,
             findings: Vec::new(),
             last_seq: resume_after,
             last_record: tokio::time::Instant::now(),
@@ -429,6 +447,11 @@ impl Pipeline {
     /// Hands what the engine produced over, then writes the checkpoint if it is due and every
     /// alert is durable. False when an alert is still not durable.
     pub(super) async fn flush(&mut self, force: bool) -> bool {
+        if !self.out_buf.is_empty() {
+            // The pages report the GPU's state as of these incidents (`handover::state_doc`).
+            self.tel
+                .set_open_incidents_from(self.engine.open_incidents());
+        }
         self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
         // The probe's memory is part of the checkpoint: saved promptly when it moved.
         let force = force || self.probe_memory != self.ckpt.saved_probe;

@@ -355,6 +355,13 @@ impl Telemetry {
         lock(&self.inner).alerts = status;
     }
 
+    /// `f` on the open incidents and whether NVML is up, without copying them: what a page's
+    /// GPU state is computed from, once per alert, cheaply even with thousands open.
+    pub fn with_open<R>(&self, f: impl FnOnce(&[IncidentSummary], bool) -> R) -> R {
+        let inner = lock(&self.inner);
+        f(&inner.open, inner.nvml.up)
+    }
+
     /// Everything, at this instant.
     pub fn snapshot(&self) -> StatusSnapshot {
         // Ask the alert stage first, outside our lock: it takes locks of its own.

@@ -52,9 +52,63 @@ struct GpuState {
     /// Per pid: its memory since it last fell.
     growth_of: BTreeMap<u32, Growth>,
     fabric: Episode,
+    /// How long each reported condition has read clear (its incident ends only when that is
+    /// long enough: [`Clearing`]).
+    hot_clear: Clearing,
+    throttle_clear: Clearing,
+    link_clear: Clearing,
+    repair_clear: Clearing,
+    recovery_clear: Clearing,
+    power_clear: Clearing,
+    persistence_clear: Clearing,
+}
+
+/// Polls in a row a check without a window of its own (memory repair, the recovery action,
+/// persistence mode) must read clear before its incident ends: one reading is not a verified
+/// end, since NVML can answer a single poll with a stale or default value while the GPU is
+/// being recovered.
+const CLEAR_POLLS: u32 = 3;
+
+/// A reported condition reading clear: the end of its incident is verified only when it has
+/// been clear for the check's own window (the sustain window, or its poll count) in a row, the
+/// same rule that raised it. A reading with the condition back starts the count again, and
+/// the incident never ended in between (no new page, no resolved notice).
+#[derive(Debug, Default, Clone)]
+struct Clearing {
+    since: Option<Duration>,
+    polls: u32,
+}
+
+impl Clearing {
+    /// One clear reading at `now`; true when clear for at least `window` and `polls` polls.
+    fn passes(&mut self, now: Duration, window: Duration, polls: u32) -> bool {
+        let since = *self.since.get_or_insert(now);
+        self.polls = self.polls.saturating_add(1);
+        now.saturating_sub(since) >= window && self.polls >= polls.max(1)
+    }
+
+    /// The condition holds again.
+    fn reset(&mut self) {
+        *self = Clearing::default();
+    }
 }
 
 impl GpuState {
+    /// Takes the reported checks of `g` (an earlier run's memory of this GPU).
+    fn take_told(&mut self, g: &GpuMemory) {
+        let told = |k: FindingKind| g.told.iter().any(|t| t == k.as_str());
+        self.hot_told = told(FindingKind::GpuTemperature);
+        self.throttle_told = told(FindingKind::GpuThrottling);
+        self.link_told = told(FindingKind::PcieLinkDegraded);
+        self.power_told = told(FindingKind::PowerOverLimit);
+        self.persistence_told = told(FindingKind::PersistenceModeOff);
+        for (kind, e) in self.episodes() {
+            e.told = told(kind);
+        }
+        self.repair_told = g.repair;
+        self.recovery_told = g.recovery;
+    }
+
     /// The episodes of the holder and fabric checks, by their finding kind.
     fn episodes(&mut self) -> [(FindingKind, &mut Episode); 4] {
         [
@@ -103,6 +157,9 @@ pub struct Checks {
     /// Verified ends since the last [`Checks::take_ended`]: a check that passes again ends its
     /// incident (a state, `incident::is_state`) only on this word, never on silence.
     ended: Vec<Finding>,
+    /// The previous boot's reported checks, waiting for their GPU's first reading
+    /// ([`Checks::carry_over`]).
+    carried: Vec<GpuMemory>,
 }
 
 impl Checks {
@@ -111,6 +168,7 @@ impl Checks {
             cfg,
             gpus: BTreeMap::new(),
             ended: Vec::new(),
+            carried: Vec::new(),
         }
     }
 
@@ -156,19 +214,23 @@ impl Checks {
                 continue;
             }
             st.pci = g.pci;
-            let told = |k: FindingKind| g.told.iter().any(|t| t == k.as_str());
-            st.hot_told = told(FindingKind::GpuTemperature);
-            st.throttle_told = told(FindingKind::GpuThrottling);
-            st.link_told = told(FindingKind::PcieLinkDegraded);
-            st.power_told = told(FindingKind::PowerOverLimit);
-            st.persistence_told = told(FindingKind::PersistenceModeOff);
-            for (kind, e) in st.episodes() {
-                e.told = told(kind);
-            }
-            st.repair_told = g.repair;
-            st.recovery_told = g.recovery;
+            st.take_told(g);
             st.dbe_last = g.dbe_last;
         }
+    }
+
+    /// What the previous boot's run had reported and not seen clear: a reboot verifies nothing,
+    /// so each such check goes on as reported on the same GPU (matched by PCI address at its
+    /// first reading: indices can change with a boot), and its incident (carried over by the
+    /// pipeline) ends when the check passes for its window. Counters of that boot (the DBE
+    /// count) are not taken: they start again with the boot.
+    pub fn carry_over(&mut self, m: &Memory) {
+        self.carried = m
+            .gpus
+            .iter()
+            .filter(|g| g.pci.is_some() && (!g.told.is_empty() || g.repair.is_some() || g.recovery.is_some()))
+            .cloned()
+            .collect();
     }
 
     /// The checks in force.
@@ -217,8 +279,14 @@ impl Checks {
                 // mean nothing.
                 continue;
             }
+            let fresh = !self.gpus.contains_key(&r.index);
             let st = self.gpus.entry(r.index).or_default();
             st.pci = r.pci;
+            if fresh && r.pci.is_some() {
+                if let Some(i) = self.carried.iter().position(|g| g.pci == r.pci) {
+                    st.take_told(&self.carried.swap_remove(i));
+                }
+            }
             let cfg = &self.cfg;
             let ends = &mut self.ended;
             if cfg.temperature.enabled {
@@ -251,8 +319,17 @@ impl Checks {
             if cfg.fabric.enabled {
                 fabric(cfg, st, r, now, &mut out, ends);
             }
-            if r.persistence == Some(true) && st.persistence_told {
+            if r.persistence == Some(false) {
+                st.persistence_clear.reset();
+            }
+            if r.persistence == Some(true)
+                && st.persistence_told
+                && st
+                    .persistence_clear
+                    .passes(now, Duration::ZERO, CLEAR_POLLS)
+            {
                 st.persistence_told = false;
+                st.persistence_clear.reset();
                 ended(FindingKind::PersistenceModeOff, r, ends);
             }
             if cfg.persistence_mode.enabled && r.persistence == Some(false) && !st.persistence_told
@@ -294,11 +371,15 @@ fn temperature(
     let limit = temperature_limit(cfg, r);
     if t < limit {
         st.hot_since = None;
-        if std::mem::take(&mut st.hot_told) {
+        let window = Duration::from_secs(cfg.temperature.sustain_secs);
+        if st.hot_told && st.hot_clear.passes(now, window, 1) {
+            st.hot_told = false;
+            st.hot_clear.reset();
             ended(FindingKind::GpuTemperature, r, ends);
         }
         return;
     }
+    st.hot_clear.reset();
     let since = *st.hot_since.get_or_insert(now);
     let held = now.saturating_sub(since);
     if !st.hot_told && held >= Duration::from_secs(cfg.temperature.sustain_secs) {
@@ -330,11 +411,18 @@ fn throttling(
     let hw = bits & (THROTTLE_HW_SLOWDOWN | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE);
     if hw == 0 {
         st.throttle_polls = 0;
-        if std::mem::take(&mut st.throttle_told) {
+        if st.throttle_told
+            && st
+                .throttle_clear
+                .passes(Duration::ZERO, Duration::ZERO, cfg.throttling.polls)
+        {
+            st.throttle_told = false;
+            st.throttle_clear.reset();
             ended(FindingKind::GpuThrottling, r, ends);
         }
         return;
     }
+    st.throttle_clear.reset();
     st.throttle_polls += 1;
     if !st.throttle_told && st.throttle_polls >= cfg.throttling.polls {
         st.throttle_told = true;
@@ -385,11 +473,19 @@ fn pcie_link(
     }
     if g >= gm && w >= wm {
         st.link_polls = 0;
-        if std::mem::take(&mut st.link_told) {
+        // Busy polls at the maximum, as many in a row as it took to raise it.
+        if st.link_told
+            && st
+                .link_clear
+                .passes(Duration::ZERO, Duration::ZERO, cfg.pcie_link.polls)
+        {
+            st.link_told = false;
+            st.link_clear.reset();
             ended(FindingKind::PcieLinkDegraded, r, ends);
         }
         return;
     }
+    st.link_clear.reset();
     st.link_polls += 1;
     if !st.link_told && st.link_polls >= cfg.pcie_link.polls {
         st.link_told = true;
@@ -420,11 +516,18 @@ fn memory_repair(
     let pages = r.pages_pending == Some(true);
     let now = (pending, failed, pages);
     if !pending && !failed && !pages {
-        if st.repair_told.take().is_some() {
+        if st.repair_told.is_some()
+            && st
+                .repair_clear
+                .passes(Duration::ZERO, Duration::ZERO, CLEAR_POLLS)
+        {
+            st.repair_told = None;
+            st.repair_clear.reset();
             ended(FindingKind::MemoryRepair, r, ends);
         }
         return;
     }
+    st.repair_clear.reset();
     if st.repair_told == Some(now) {
         return;
     }
@@ -474,10 +577,12 @@ fn ecc(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>) {
     }
 }
 
-/// NVML's recovery action values (`nvmlDeviceGpuRecoveryAction_t`). 5 is the newer bus reset
-/// (`NVML_GPU_RECOVERY_ACTION_GPU_RESET_BUS` in NVIDIA's Python bindings); a value this version
-/// does not know (the system reboot value among them, whose number no public header we hold
-/// gives) is kept and shown as its number, never taken for "none".
+/// NVML's recovery action values (`nvmlDeviceGpuRecoveryAction_t`, in `nvml.h`'s order): 0 to 4
+/// since the field appeared, then `NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN` (5), then
+/// `NVML_GPU_RECOVERY_ACTION_BUS_RESET` (6) and `NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT` (7), added
+/// in NVML v615 (NVML API change log; the numbers as NVIDIA's own generated bindings,
+/// `cuda.bindings.nvml.DeviceGpuRecoveryAction`, give them). A value this version does not know
+/// is kept and shown as its number, never taken for "none".
 fn recovery_of(v: u32) -> RecoveryAction {
     match v {
         0 => RecoveryAction::None,
@@ -485,7 +590,9 @@ fn recovery_of(v: u32) -> RecoveryAction {
         2 => RecoveryAction::NodeReboot,
         3 => RecoveryAction::DrainP2p,
         4 => RecoveryAction::DrainAndReset,
-        5 => RecoveryAction::BusReset,
+        5 => RecoveryAction::RecoverImexDomain,
+        6 => RecoveryAction::BusReset,
+        7 => RecoveryAction::SystemReboot,
         other => RecoveryAction::Other(format!("recovery action {other}")),
     }
 }
@@ -493,11 +600,18 @@ fn recovery_of(v: u32) -> RecoveryAction {
 fn recovery(st: &mut GpuState, r: &GpuReading, out: &mut Vec<Finding>, ends: &mut Vec<Finding>) {
     let Some(v) = r.recovery else { return };
     if v == 0 {
-        if st.recovery_told.take().is_some() {
+        if st.recovery_told.is_some()
+            && st
+                .recovery_clear
+                .passes(Duration::ZERO, Duration::ZERO, CLEAR_POLLS)
+        {
+            st.recovery_told = None;
+            st.recovery_clear.reset();
             ended(FindingKind::RecoveryAction, r, ends);
         }
         return;
     }
+    st.recovery_clear.reset();
     if st.recovery_told == Some(v) {
         return;
     }
@@ -530,11 +644,15 @@ fn power(
     let over = u64::from(l) * (100 + u64::from(cfg.power.margin_percent)) / 100;
     if u64::from(p) <= over || l == 0 {
         st.power_since = None;
-        if std::mem::take(&mut st.power_told) {
+        let window = Duration::from_secs(cfg.power.sustain_secs);
+        if st.power_told && st.power_clear.passes(now, window, 1) {
+            st.power_told = false;
+            st.power_clear.reset();
             ended(FindingKind::PowerOverLimit, r, ends);
         }
         return;
     }
+    st.power_clear.reset();
     let since = *st.power_since.get_or_insert(now);
     let held = now.saturating_sub(since);
     if !st.power_told && held >= Duration::from_secs(cfg.power.sustain_secs) {
@@ -914,7 +1032,9 @@ mod tests {
     #[test]
     fn nvml_recovery_numbers_are_named_and_unknown_ones_kept() {
         assert_eq!(recovery_of(4), RecoveryAction::DrainAndReset);
-        assert_eq!(recovery_of(5), RecoveryAction::BusReset);
+        assert_eq!(recovery_of(5), RecoveryAction::RecoverImexDomain);
+        assert_eq!(recovery_of(6), RecoveryAction::BusReset);
+        assert_eq!(recovery_of(7), RecoveryAction::SystemReboot);
         assert_eq!(
             recovery_of(9),
             RecoveryAction::Other("recovery action 9".into())
@@ -944,7 +1064,9 @@ mod tests {
             [FindingKind::GpuThrottling]
         );
         assert_eq!(c.failing(), [(FindingKind::GpuThrottling, hot(0).pci)]);
-        assert!(c.observe(&[thr(0)], z).is_empty());
+        for _ in 0..c.config().throttling.polls {
+            assert!(c.observe(&[thr(0)], z).is_empty());
+        }
         assert!(c.failing().is_empty(), "cleared");
 
         // ECC: an increase over the previous poll, not a count left from before.
@@ -1017,6 +1139,106 @@ mod tests {
         assert!(Checks::new(cfg).observe(&[off], z).is_empty());
     }
 
+    /// A reported check ends (its verified end, for the incident) only when it has passed for
+    /// the same window that raised it: the sustain time, the poll count, or for checks without
+    /// one [`CLEAR_POLLS`] polls. The condition coming back in between starts the count again,
+    /// and the check stays failing all along.
+    #[test]
+    fn a_check_ends_only_after_passing_for_its_window() {
+        use crate::source::nvml::health::RemapCounts;
+        let s = Duration::from_secs;
+        let mut c = Checks::new(HealthConfig::default());
+        let window = c.config().temperature.sustain_secs;
+        c.observe(&[hot(90)], s(0));
+        assert_eq!(c.observe(&[hot(90)], s(window)).len(), 1);
+        let t0 = window + 10;
+        assert!(c.observe(&[hot(60)], s(t0)).is_empty());
+        assert!(c.observe(&[hot(60)], s(t0 + window - 1)).is_empty());
+        assert!(c.take_ended().is_empty(), "not yet a whole window");
+        assert_eq!(c.failing().len(), 1, "still failing while it clears");
+        // Hot again: the clear window starts over, and nothing is paged again.
+        assert!(c.observe(&[hot(90)], s(t0 + window)).is_empty());
+        assert!(c.observe(&[hot(60)], s(t0 + window + 1)).is_empty());
+        assert!(c.observe(&[hot(60)], s(t0 + 2 * window)).is_empty());
+        assert!(c.take_ended().is_empty(), "the window restarted");
+        assert!(c.observe(&[hot(60)], s(t0 + 2 * window + 1)).is_empty());
+        let ended = c.take_ended();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0].kind, FindingKind::GpuTemperature);
+        assert!(c.failing().is_empty());
+
+        // Memory repair has no window: CLEAR_POLLS clear polls in a row.
+        let mut c = Checks::new(HealthConfig::default());
+        let rep = |pending| GpuReading {
+            remap: Some(RemapCounts {
+                correctable: 0,
+                uncorrectable: 1,
+                pending,
+                failed: false,
+            }),
+            ..hot(40)
+        };
+        let z = Duration::ZERO;
+        assert_eq!(c.observe(&[rep(true)], z).len(), 1);
+        for _ in 1..CLEAR_POLLS {
+            c.observe(&[rep(false)], z);
+        }
+        c.observe(&[rep(true)], z);
+        assert!(c.take_ended().is_empty(), "pending again before it cleared");
+        for _ in 1..CLEAR_POLLS {
+            c.observe(&[rep(false)], z);
+        }
+        assert!(c.take_ended().is_empty());
+        assert_eq!(c.failing(), [(FindingKind::MemoryRepair, hot(0).pci)]);
+        c.observe(&[rep(false)], z);
+        assert_eq!(c.take_ended().len(), 1);
+        assert!(c.failing().is_empty());
+    }
+
+    /// A new boot carries over what the previous boot reported, by PCI address (the index
+    /// changed): the check does not page again while the condition holds, and ends (a verified
+    /// end for the carried incident) once it passes for its window. The DBE count of the old
+    /// boot is not taken.
+    #[test]
+    fn a_new_boot_goes_on_with_what_the_previous_one_reported() {
+        let s = Duration::from_secs;
+        let mut old = Checks::new(HealthConfig::default());
+        let window = old.config().temperature.sustain_secs;
+        old.observe(&[hot(90)], s(0));
+        assert_eq!(old.observe(&[hot(90)], s(window)).len(), 1);
+        let mut m = old.memory("previous");
+        m.gpus[0].dbe_last = Some(7);
+        let mut new = Checks::new(HealthConfig::default());
+        new.carry_over(&m);
+        let moved = |t| GpuReading {
+            index: 5,
+            dbe_volatile: Some(0),
+            ..hot(t)
+        };
+        assert!(new.observe(&[moved(90)], s(0)).is_empty(), "not paged again");
+        assert!(
+            new.observe(&[moved(90)], s(2 * window)).is_empty(),
+            "still reported, still not paged again"
+        );
+        assert_eq!(new.failing().len(), 1, "{:?}", new.failing());
+        assert!(new.observe(&[moved(60)], s(2 * window + 1)).is_empty());
+        assert!(new.observe(&[moved(60)], s(3 * window + 1)).is_empty());
+        let ended = new.take_ended();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0].pci, hot(0).pci);
+        // The old boot's DBE count is no baseline: 0 after the reboot is no decrease, and
+        // 1 is an increase of 1 over this boot's first reading.
+        let f = new.observe(
+            &[GpuReading {
+                dbe_volatile: Some(1),
+                ..moved(60)
+            }],
+            s(3 * window + 2),
+        );
+        assert_eq!(f.len(), 1);
+        assert!(f[0].title.contains("went up by 1"), "{}", f[0].title);
+    }
+
     #[test]
     fn a_restart_remembers_what_was_told() {
         let mut c = Checks::new(HealthConfig::default());
@@ -1032,10 +1254,13 @@ mod tests {
             again.observe(&[hot(90)], s(400)).is_empty(),
             "not paged again"
         );
+        // Cool for the whole window: the episode ends.
         assert!(again.observe(&[hot(60)], s(430)).is_empty());
-        again.observe(&[hot(90)], s(460));
+        assert!(again.observe(&[hot(60)], s(730)).is_empty());
+        assert_eq!(again.take_ended().len(), 1);
+        again.observe(&[hot(90)], s(760));
         assert_eq!(
-            again.observe(&[hot(90)], s(760)).len(),
+            again.observe(&[hot(90)], s(1060)).len(),
             1,
             "a new episode is"
         );

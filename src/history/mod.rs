@@ -358,6 +358,8 @@ mod tests {
             dropped_alerts_before: 0,
             test: false,
             note: None,
+            supersedes: Vec::new(),
+            host_page: None,
         }
     }
 

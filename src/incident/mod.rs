@@ -25,7 +25,7 @@ use crate::classify::XidOverrides;
 use crate::clock::Now;
 use crate::model::{
     Category, EchoCount, Finding, FindingKind, GpuIdentity, Incident, IncidentPhase, PciAddress,
-    Severity,
+    Severity, Superseded,
 };
 
 /// Where a finding came from, for the rules that treat sources differently.
@@ -112,6 +112,9 @@ struct Open {
     told_mono_ms: u64,
     told_echoes: u64,
     echo_total: u64,
+    /// Carried over from the previous boot ([`Engine::carry_over`]): a reboot ended nothing by
+    /// itself, and the resolved notice says it was verified after the reboot.
+    carried: bool,
 }
 
 /// What makes two findings the same problem: the GPU, the kind and the Xid, and for a driver
@@ -229,10 +232,18 @@ pub fn is_lost(kind: FindingKind, xid: Option<u32>) -> bool {
     )
 }
 
-/// Incidents that end only by a verified end (a state: [`is_state`], a lost GPU: [`is_lost`]),
-/// never by time: receivers must keep them firing until the resolved notice comes.
+/// Incidents the lost-GPU probe's rounds end ([`Engine::verify_lost`]): a lost GPU, and the
+/// driver failing to initialise (a GPU, or the whole driver), which is over only when NVML
+/// reaches that GPU (or, naming none, any GPU) again, however quiet the log is meanwhile.
+pub fn probe_verified(kind: FindingKind, xid: Option<u32>) -> bool {
+    is_lost(kind, xid) || kind == FindingKind::DriverInitFailure
+}
+
+/// Incidents that end only by a verified end (a state: [`is_state`], a lost GPU or a driver
+/// that did not initialise: [`probe_verified`]), never by time: receivers must keep them firing
+/// until the resolved notice comes.
 pub fn ends_verified(kind: FindingKind, xid: Option<u32>) -> bool {
-    is_state(kind) || is_lost(kind, xid)
+    is_state(kind) || probe_verified(kind, xid)
 }
 
 /// What NVML sees on one PCI address in a probe round: who answers there.
@@ -407,6 +418,14 @@ impl Engine {
 
     /// The earliest time `tick` has work to do.
     pub fn next_deadline(&self) -> Option<u64> {
+        // A reminder is a deadline too: without it a quiet host (no log line, no probe round)
+        // would never wake the loop to say a dead GPU is still dead.
+        let remind = self.cfg.remind_ms;
+        let reminders = self
+            .open
+            .values()
+            .filter(move |o| remind > 0 && o.emitted && ends_verified(o.key.kind, o.key.xid))
+            .map(move |o| o.told_mono_ms.saturating_add(remind));
         self.open
             .values()
             .map(|o| {
@@ -417,6 +436,7 @@ impl Engine {
                 }
             })
             .filter(|d| *d != NO_DEADLINE)
+            .chain(reminders)
             .chain(self.waiting.iter().map(|w| w.deadline_ms))
             .chain(self.quiet.values().map(|q| q.until_ms))
             .min()
@@ -511,6 +531,40 @@ impl Engine {
                     self.close(o, out);
                 }
             }
+        }
+        // A fault of this boot on the key of one carried over from the previous boot: the GPU
+        // came back with the boot (a driver logs an Xid only from a GPU it initialised) and
+        // failed again. That is news, and its own incident and page (the repeat-offender count
+        // sees it); the carried one is superseded by it, not resolved, since the GPU is no
+        // better.
+        if self.open.get(&key).is_some_and(|o| o.carried) {
+            if let Some(old) = self.open.remove(&key) {
+                let told = out.len();
+                self.open_new(f, key, family, rank, now, at_startup, runbook, out);
+                let mut sup = old.inc.supersedes;
+                if old.emitted {
+                    sup.insert(
+                        0,
+                        Superseded {
+                            id: old.inc.id.clone(),
+                            kind: old.inc.kind,
+                            xid: old.inc.xid,
+                            severity: old.inc.severity,
+                            category: old.inc.category,
+                            gpu: old.inc.gpu.clone(),
+                        },
+                    );
+                }
+                if let Some(n) = self.open.get_mut(&key) {
+                    n.inc.supersedes.extend(sup.iter().cloned());
+                    let id = n.inc.id.clone();
+                    // Sent at once (no settle delay): the page already out says so too.
+                    for sent in out[told..].iter_mut().filter(|i| i.id == id) {
+                        sent.supersedes.extend(sup.iter().cloned());
+                    }
+                }
+            }
+            return;
         }
         let seen_ms = f.logged_ms.unwrap_or(now.wall_ms);
         // 1. A repeat of an open incident.
@@ -695,7 +749,8 @@ impl Engine {
             severity: f.severity,
             category: f.category,
             title: title(&f),
-            note: (is_lost(f.kind, f.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string()),
+            note: (probe_verified(f.kind, f.xid) && !self.can_verify)
+                .then(|| NO_NVML_NOTE.to_string()),
             first_seen_ms: seen_ms,
             last_seen_ms: seen_ms,
             count: 1,
@@ -706,6 +761,8 @@ impl Engine {
             runbook_override: runbook,
             dropped_alerts_before: 0,
             test: false,
+            supersedes: Vec::new(),
+            host_page: None,
         };
         // Host-level findings (no GPU) have nothing to wait for; GPU findings settle first.
         let settle = if f_has_gpu(&inc) {
@@ -740,6 +797,7 @@ impl Engine {
                 echo_total: 0,
                 told_other: None,
                 told_mono_ms: now.mono_ms,
+                carried: false,
             },
         );
         self.align_host_settle(key);
@@ -777,6 +835,38 @@ impl Engine {
         }
     }
 
+    /// First alerts of the same critical (kind, Xid) on two or more GPUs released together
+    /// ([`Engine::align_host_settle`]) are one host page: the first leads, and each other one
+    /// records the lead's id ([`Incident::host_page`]) in the alert and in its open incident, so
+    /// its later digests and resolved notice name the page it was shown in, across restarts.
+    fn mark_host_pages(&mut self, released: &mut [Incident]) {
+        let mut lead_of: BTreeMap<(FindingKind, Option<u32>), (String, Vec<PciAddress>)> =
+            BTreeMap::new();
+        for inc in released.iter_mut() {
+            if inc.phase != IncidentPhase::Opened
+                || inc.test
+                || inc.before_lookback
+                || inc.severity < Severity::Critical
+            {
+                continue;
+            }
+            let Some(pci) = inc.pci else { continue };
+            match lead_of.get_mut(&(inc.kind, inc.xid)) {
+                None => {
+                    lead_of.insert((inc.kind, inc.xid), (inc.id.clone(), vec![pci]));
+                }
+                Some((lead, seen)) if !seen.contains(&pci) => {
+                    seen.push(pci);
+                    inc.host_page = Some(lead.clone());
+                    if let Some(o) = self.open.values_mut().find(|o| o.inc.id == inc.id) {
+                        o.inc.host_page = Some(lead.clone());
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
     /// Closes windows that have ended (digests) and reports NVML Xids that never showed up in
     /// the kernel log.
     pub fn tick(&mut self, now: impl Into<Now>, out: &mut Vec<Incident>) {
@@ -802,11 +892,13 @@ impl Engine {
             .map(|o| (o.opened_mono_ms, o.key))
             .collect();
         settled.sort();
+        let released_from = out.len();
         for (_, k) in settled {
             if let Some(o) = self.open.get_mut(&k) {
                 release(o, &mut self.stats, out);
             }
         }
+        self.mark_host_pages(&mut out[released_from..]);
         if self.cfg.remind_ms > 0 {
             let remind: Vec<Key> = self
                 .open
@@ -838,7 +930,7 @@ impl Engine {
         // Digests in a stable order: the earliest window first.
         due.sort();
         for (_, _, k) in due {
-            if is_lost(k.kind, k.xid) {
+            if probe_verified(k.kind, k.xid) {
                 // A lost GPU's window ends with its digest, but not the incident: it stays open
                 // until a probe verifies the board back ([`Engine::verify_lost`]).
                 if let Some(o) = self.open.get_mut(&k) {
@@ -884,7 +976,10 @@ impl Engine {
     /// says "active" at every start), and so is a kind that is no state ([`is_state`]): an
     /// event ends by its quiet period, whatever a source says.
     pub fn resolve_state(&mut self, f: &Finding, now: impl Into<Now>, out: &mut Vec<Incident>) {
-        if !is_state(f.kind) {
+        // A host-wide GPU shortfall (`gpu_missing` naming no address) is verified gone by the
+        // count check seeing the expected count again; one naming a GPU, only by the probe.
+        let count_back = f.kind == FindingKind::GpuMissing && f.pci.is_none();
+        if !is_state(f.kind) && !count_back {
             return;
         }
         let key = Key::of(f);
@@ -898,6 +993,9 @@ impl Engine {
         let mut inc = o.inc;
         inc.phase = IncidentPhase::Resolved;
         inc.last_seen_ms = now.into().wall_ms;
+        if count_back {
+            inc.note = Some(format!("verified: {}", f.title));
+        }
         self.stats.resolved += 1;
         out.push(inc);
     }
@@ -910,7 +1008,20 @@ impl Engine {
     pub fn verify_lost(&mut self, v: &Verification, now: impl Into<Now>, out: &mut Vec<Incident>) {
         let now = now.into();
         let mut ended = Vec::new();
+        let mut driver_ok = Vec::new();
         for o in self.open.values_mut() {
+            if o.key.kind == FindingKind::DriverInitFailure && v.at_mono_ms >= o.last_mono_ms {
+                // The driver initialised: NVML reaches the GPU the failure named, or any GPU
+                // for a failure that named none.
+                let ok = match o.key.pci {
+                    Some(pci) => v.reached.iter().any(|r| r.pci == pci),
+                    None => !v.reached.is_empty(),
+                };
+                if ok {
+                    driver_ok.push(o.key);
+                }
+                continue;
+            }
             let (Some(pci), true) = (o.key.pci, is_lost(o.key.kind, o.key.xid)) else {
                 continue;
             };
@@ -965,7 +1076,33 @@ impl Engine {
                 .clone()
                 .or_else(|| inc.gpu.serial.as_ref().map(|s| format!("serial {s}")))
                 .unwrap_or_default();
-            inc.note = Some(format!("recovered: {who} reachable again (same board)"));
+            inc.note = Some(format!(
+                "recovered{}: {who} reachable again (same board)",
+                if o.carried { " after the reboot" } else { "" }
+            ));
+            self.stats.resolved += 1;
+            out.push(inc);
+        }
+        driver_ok.sort();
+        for k in driver_ok {
+            let Some(o) = self.open.remove(&k) else {
+                continue;
+            };
+            self.changes += 1;
+            if !o.emitted {
+                continue;
+            }
+            let mut inc = o.inc;
+            inc.phase = IncidentPhase::Resolved;
+            inc.last_seen_ms = now.wall_ms;
+            let what = match k.pci {
+                Some(pci) => format!("NVML reaches {pci}"),
+                None => format!("NVML reaches {} GPU(s)", v.reached.len()),
+            };
+            inc.note = Some(format!(
+                "verified{}: the driver is loaded and {what}",
+                if o.carried { " after the reboot" } else { "" }
+            ));
             self.stats.resolved += 1;
             out.push(inc);
         }
@@ -1005,7 +1142,7 @@ impl Engine {
         }
         // A lost GPU closed early (a full table, `scan`) is not quiet: it is gone, and a resolved
         // notice would declare it back.
-        if self.cfg.quiet_ms > 0 && !is_lost(key.kind, key.xid) {
+        if self.cfg.quiet_ms > 0 && !probe_verified(key.kind, key.xid) {
             if self.quiet.len() >= self.cfg.max_open {
                 // Bounded like the open table: the one closest to resolving goes without notice.
                 if let Some(k) = self
@@ -1088,6 +1225,9 @@ impl Engine {
                 found_at_startup: o.inc.found_at_startup,
                 before_lookback: o.inc.before_lookback,
                 quiet_until_ms: None,
+                supersedes: o.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
+                host_page: o.inc.host_page.clone(),
+                carried: o.carried,
             })
             .chain(self.quiet_snapshot())
             .collect()
@@ -1139,6 +1279,9 @@ impl Engine {
                 found_at_startup: q.inc.found_at_startup,
                 before_lookback: q.inc.before_lookback,
                 quiet_until_ms: Some(q.until_ms),
+                supersedes: q.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
+                host_page: q.inc.host_page.clone(),
+                carried: false,
             })
             .collect()
     }
@@ -1199,6 +1342,12 @@ impl Engine {
                     dropped_alerts_before: 0,
                     test: false,
                     note: None,
+                    supersedes: p
+                        .supersedes
+                        .into_iter()
+                        .filter_map(|s| s.restore())
+                        .collect(),
+                    host_page: p.host_page,
                 },
                 key,
                 family: p.family,
@@ -1214,6 +1363,7 @@ impl Engine {
                 echo_total: p.echo_total,
                 told_other: None,
                 told_mono_ms: p.opened_mono_ms,
+                carried: p.carried,
             };
 
             match p.quiet_until_ms {
@@ -1230,6 +1380,61 @@ impl Engine {
                     self.open.insert(key, open);
                 }
             }
+        }
+    }
+}
+
+impl Engine {
+    /// The previous boot's open incidents, at the first start of a new boot. A reboot ends no
+    /// state by itself: a lost GPU, a driver that did not initialise, a failing check or a
+    /// service down stays open, and ends only through the same checks as within a boot (the
+    /// notice then says "after the reboot"). Their monotonic times start again (that clock
+    /// restarts with the boot) and they have no window. An event of the previous boot (an
+    /// application's Xid 13, a corrected AER) was about what the reboot ended: its resolved
+    /// notice goes out now and says so, instead of never. Incidents never paged are dropped.
+    pub fn carry_over(
+        &mut self,
+        saved: Vec<Persisted>,
+        old_boot: &str,
+        now: impl Into<Now>,
+        out: &mut Vec<Incident>,
+    ) {
+        let now = now.into();
+        let mut prev = Engine::new(self.cfg.clone());
+        prev.restore(saved);
+        self.changes += 1;
+        let old_boot = (!old_boot.is_empty()).then(|| old_boot.to_string());
+        let mut open: Vec<Open> = prev.open.into_values().filter(|o| o.emitted).collect();
+        open.sort_by(|a, b| (a.inc.first_seen_ms, &a.inc.id).cmp(&(b.inc.first_seen_ms, &b.inc.id)));
+        for mut o in open {
+            o.inc.boot_id = old_boot.clone();
+            if ends_verified(o.key.kind, o.key.xid) && self.open.len() < self.cfg.max_open {
+                o.carried = true;
+                o.deadline_ms = NO_DEADLINE;
+                o.opened_mono_ms = now.mono_ms;
+                o.last_mono_ms = now.mono_ms;
+                o.told_mono_ms = now.mono_ms;
+                o.settle_until_ms = 0;
+                o.inc.note =
+                    (probe_verified(o.key.kind, o.key.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string());
+                self.open.insert(o.key, o);
+                continue;
+            }
+            let mut inc = o.inc;
+            inc.phase = IncidentPhase::Resolved;
+            inc.note = Some("ended by the reboot: not seen since".to_string());
+            self.stats.resolved += 1;
+            out.push(inc);
+        }
+        let mut quiet: Vec<Quiet> = prev.quiet.into_values().collect();
+        quiet.sort_by(|a, b| (a.until_ms, &a.inc.id).cmp(&(b.until_ms, &b.inc.id)));
+        for q in quiet {
+            let mut inc = q.inc;
+            inc.boot_id = old_boot.clone();
+            inc.phase = IncidentPhase::Resolved;
+            inc.note = Some("ended by the reboot: not seen since".to_string());
+            self.stats.resolved += 1;
+            out.push(inc);
         }
     }
 }
@@ -1276,6 +1481,63 @@ pub struct Persisted {
     /// its resolved notice still goes out after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     quiet_until_ms: Option<u64>,
+    /// See [`Incident::supersedes`]; absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    supersedes: Vec<SavedSuperseded>,
+    /// See [`Incident::host_page`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host_page: Option<String>,
+    /// Carried over from an earlier boot ([`Engine::carry_over`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    carried: bool,
+}
+
+/// A [`Superseded`] as saved: kinds as their names, so a file from a version that knew a kind
+/// this one does not is read without it rather than refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SavedSuperseded {
+    id: String,
+    kind: String,
+    xid: Option<u32>,
+    severity: Severity,
+    category: Category,
+    #[serde(default)]
+    gpu_uuid: Option<String>,
+    #[serde(default)]
+    gpu_serial: Option<String>,
+    #[serde(default)]
+    gpu_index: Option<u32>,
+}
+
+impl SavedSuperseded {
+    fn of(s: &Superseded) -> SavedSuperseded {
+        SavedSuperseded {
+            id: s.id.clone(),
+            kind: s.kind.as_str().to_string(),
+            xid: s.xid,
+            severity: s.severity,
+            category: s.category,
+            gpu_uuid: s.gpu.uuid.clone(),
+            gpu_serial: s.gpu.serial.clone(),
+            gpu_index: s.gpu.index,
+        }
+    }
+
+    fn restore(self) -> Option<Superseded> {
+        Some(Superseded {
+            id: self.id,
+            kind: FindingKind::parse(&self.kind)?,
+            xid: self.xid,
+            severity: self.severity,
+            category: self.category,
+            gpu: GpuIdentity {
+                uuid: self.gpu_uuid,
+                serial: self.gpu_serial,
+                index: self.gpu_index,
+                ..GpuIdentity::default()
+            },
+        })
+    }
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -1324,8 +1586,21 @@ fn bump_echo(inc: &mut Incident, f: &Finding) {
     }
 }
 
-/// Folds a superseded incident into its successor: its cause and counts become echoes.
-fn absorb(n: &mut Open, old: Open) {
+/// Folds a superseded incident into its successor: its cause and counts become echoes. One
+/// that was already paged is remembered by the successor ([`Incident::supersedes`]), which
+/// ends it: it gets no resolved notice of its own, as the GPU is no better for the new cause.
+fn absorb(n: &mut Open, mut old: Open) {
+    if old.emitted {
+        n.inc.supersedes.push(Superseded {
+            id: old.inc.id.clone(),
+            kind: old.inc.kind,
+            xid: old.inc.xid,
+            severity: old.inc.severity,
+            category: old.inc.category,
+            gpu: old.inc.gpu.clone(),
+        });
+    }
+    n.inc.supersedes.append(&mut old.inc.supersedes);
     let mut merged: BTreeMap<(FindingKind, Option<u32>), u64> = BTreeMap::new();
     for e in n.inc.echoes.drain(..) {
         *merged.entry((e.kind, e.xid)).or_default() += e.count;
@@ -2041,6 +2316,300 @@ mod tests {
             Some("recovered: GPU-a reachable again (same board)")
         );
         assert_eq!(e.open_count(), 0);
+    }
+
+    /// NVML's `gpu_missing`, paged before the kernel's Xid 79 on the same GPU: the Xid 79
+    /// supersedes it and remembers it (so a receiver ends its alert), it gets no resolved notice
+    /// of its own while the GPU is still lost, and the memory survives a restart. One that was
+    /// never paged (still settling) is not remembered: nothing went out to end.
+    #[test]
+    fn a_paged_incident_superseded_by_a_stronger_cause_ends_with_it() {
+        let mut e = settling(500, 1_000);
+        let mut out = Vec::new();
+        let mut missing = Finding::new(
+            FindingKind::GpuMissing,
+            Severity::Critical,
+            Category::Pcie,
+            "GPU missing".to_string(),
+        );
+        missing.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
+        missing.gpu.uuid = Some("GPU-a".into());
+        missing.gpu.index = Some(0);
+        e.push(missing, Origin::Probe, 0, false, &mut out);
+        e.tick(600, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let missing_id = out[0].id.clone();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 7),
+            1_000,
+            &mut out,
+        );
+        e.tick(1_600, &mut out);
+        assert_eq!(out.len(), 2, "{out:#?}");
+        let sup = &out[1].supersedes;
+        assert_eq!(sup.len(), 1, "{:#?}", out[1]);
+        assert_eq!(sup[0].id, missing_id);
+        assert_eq!(sup[0].kind, FindingKind::GpuMissing);
+        assert_eq!(sup[0].gpu.index, Some(0));
+        assert_eq!(e.open_count(), 1);
+
+        // A restart: the successor still knows what it superseded.
+        let mut e2 = settling(0, 1_000);
+        e2.restore(e.snapshot());
+        let pci = PciAddress::parse("0000:17:00.0").unwrap();
+        e2.tick(10_000_000, &mut out);
+        assert!(
+            out[2..]
+                .iter()
+                .all(|i| i.phase != IncidentPhase::Resolved && i.id != missing_id),
+            "{out:#?}"
+        );
+        let back = Verification {
+            at_mono_ms: 10_000_001,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some("GPU-a".into()),
+                serial: None,
+            }],
+        };
+        e2.verify_lost(&back, 10_000_001, &mut out);
+        let resolved: Vec<&Incident> = out
+            .iter()
+            .filter(|i| i.phase == IncidentPhase::Resolved)
+            .collect();
+        assert_eq!(resolved.len(), 1, "{out:#?}");
+        assert_eq!(resolved[0].xid, Some(79));
+        assert_eq!(resolved[0].supersedes.len(), 1);
+        assert_eq!(resolved[0].supersedes[0].id, missing_id);
+
+        // Superseded while still settling: never paged, nothing to end.
+        let mut e = settling(500, 1_000);
+        let mut out = Vec::new();
+        let mut missing = Finding::new(
+            FindingKind::GpuMissing,
+            Severity::Critical,
+            Category::Pcie,
+            "GPU missing".to_string(),
+        );
+        missing.pci = Some(pci);
+        e.push(missing, Origin::Probe, 0, false, &mut out);
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 7),
+            100,
+            &mut out,
+        );
+        e.tick(600, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert!(out[0].supersedes.is_empty(), "{:#?}", out[0]);
+    }
+
+    /// Two GPUs' Xid 79 released together: the second names the first as its host page, in
+    /// its opening alert and in every later notice, across a restart; a fault of another kind
+    /// released in the same tick is no member.
+    #[test]
+    fn members_of_a_host_page_name_it_in_every_notice() {
+        let mut e = settling(500, 1_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:19:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        let mut b = xid("0000:1a:00.0", 79, Severity::Critical, 2);
+        b.gpu.uuid = Some("GPU-b".into());
+        feed(&mut e, b, 20, &mut out);
+        feed(
+            &mut e,
+            xid("0000:3b:00.0", 48, Severity::Critical, 3),
+            0,
+            &mut out,
+        );
+        e.tick(500, &mut out);
+        assert_eq!(out.len(), 3, "{out:#?}");
+        let at = |pci: &str| {
+            out.iter()
+                .find(|i| i.pci.map(|p| p.to_string()).as_deref() == Some(pci))
+                .expect(pci)
+        };
+        let lead = at("0000:19:00.0").id.clone();
+        assert_eq!(at("0000:19:00.0").host_page, None);
+        assert_eq!(
+            at("0000:1a:00.0").host_page.as_deref(),
+            Some(lead.as_str())
+        );
+        assert_eq!(
+            at("0000:3b:00.0").host_page,
+            None,
+            "another fault is not in the group"
+        );
+        let member = at("0000:1a:00.0").id.clone();
+        let mut e2 = settling(500, 1_000);
+        e2.restore(e.snapshot());
+        let pci = PciAddress::parse("0000:1a:00.0").unwrap();
+        let back = Verification {
+            at_mono_ms: 10_000_001,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some("GPU-b".into()),
+                serial: None,
+            }],
+        };
+        e2.verify_lost(&back, 10_000_001, &mut out);
+        let r = out
+            .iter()
+            .find(|i| i.id == member && i.phase == IncidentPhase::Resolved)
+            .expect("the member's resolved notice");
+        assert_eq!(r.host_page.as_deref(), Some(lead.as_str()));
+    }
+
+    /// A lost GPU's reminder is a deadline of its own, so a host with nothing else to wake the
+    /// loop still says, on time, that the GPU is still lost.
+    #[test]
+    fn a_reminder_is_a_deadline() {
+        let mut e = settling(0, 1_000);
+        e.set_remind_ms(5_000);
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 79, Severity::Critical, 1),
+            0,
+            &mut out,
+        );
+        e.tick(60_000, &mut out); // the window's end: a lost GPU stays open without deadline
+        let next = e.next_deadline().expect("the reminder's deadline");
+        assert!(next <= 65_000, "{next}");
+        let before = out.len();
+        e.tick(next, &mut out);
+        assert_eq!(out.len(), before + 1, "{out:#?}");
+        assert_eq!(out[before].note.as_deref(), Some("still failing"));
+    }
+
+    /// The first start of a new boot: a lost GPU of the previous boot stays open, without
+    /// window, until the probe verifies the same board ("after the reboot"); an event of that
+    /// boot (open, or waiting out its quiet period) gets its resolved notice at once, saying
+    /// the reboot ended it; one never paged is dropped.
+    #[test]
+    fn a_new_boot_carries_states_over_and_ends_events() {
+        let mut e = settling(0, 600_000);
+        let mut out = Vec::new();
+        let mut lost = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        lost.gpu.uuid = Some("GPU-a".into());
+        feed(&mut e, lost, 0, &mut out);
+        feed(&mut e, xid("0000:3b:00.0", 13, Severity::Warning, 2), 0, &mut out);
+        feed(&mut e, xid("0000:3c:00.0", 31, Severity::Warning, 3), 0, &mut out);
+        e.tick(70_000, &mut out); // Xid 13 and 31 closed, waiting out their quiet period
+        feed(&mut e, xid("0000:3b:00.0", 43, Severity::Warning, 4), 80_000, &mut out);
+        let saved = e.snapshot();
+        let ids: Vec<String> = out.iter().map(|i| i.id.clone()).collect();
+
+        // The new boot: its monotonic clock starts again near 0.
+        let mut n = settling(0, 600_000);
+        let mut out = Vec::new();
+        n.carry_over(saved, "oldboot", 5_000, &mut out);
+        assert_eq!(n.open_count(), 1, "only the lost GPU goes on");
+        assert_eq!(out.len(), 3, "{out:#?}");
+        for r in &out {
+            assert_eq!(r.phase, IncidentPhase::Resolved);
+            assert_eq!(r.note.as_deref(), Some("ended by the reboot: not seen since"));
+            assert!(ids.contains(&r.id), "the same incident ids");
+            assert_eq!(r.boot_id.as_deref(), Some("oldboot"));
+        }
+        assert_eq!(n.next_deadline(), None, "no window: it ends only when verified");
+        // Another engine on the same carried state: an Xid 79 logged in the new boot is a new
+        // fault with its own page, superseding the carried incident (not resolving it).
+        let mut again = settling(0, 600_000);
+        let mut out2 = Vec::new();
+        again.carry_over(n.snapshot(), "oldboot", 5_000, &mut out2);
+        let mut lost = xid("0000:17:00.0", 79, Severity::Critical, 9);
+        lost.gpu.uuid = Some("GPU-a".into());
+        feed(&mut again, lost, 5_500, &mut out2);
+        let opened = out2.last().unwrap();
+        assert_eq!(opened.phase, IncidentPhase::Opened);
+        assert!(!ids.contains(&opened.id), "a new incident");
+        assert_eq!(opened.supersedes.len(), 1, "{opened:#?}");
+        assert!(ids.contains(&opened.supersedes[0].id));
+        assert_eq!(again.open_count(), 1);
+        let pci = PciAddress::parse("0000:17:00.0").unwrap();
+        let back = Verification {
+            at_mono_ms: 6_000,
+            on_bus: vec![pci],
+            reached: vec![Reached {
+                pci,
+                uuid: Some("GPU-a".into()),
+                serial: None,
+            }],
+        };
+        n.verify_lost(&back, 6_000, &mut out);
+        let r = out.last().unwrap();
+        assert_eq!(r.phase, IncidentPhase::Resolved);
+        assert_eq!(
+            r.note.as_deref(),
+            Some("recovered after the reboot: GPU-a reachable again (same board)")
+        );
+        assert!(ids.contains(&r.id));
+    }
+
+    /// A driver that did not initialise is a state: no quiet period ends it, only a probe
+    /// round in which NVML reaches the GPU it named (or, naming none, any GPU).
+    #[test]
+    fn a_driver_init_failure_ends_only_when_nvml_reaches_the_gpu() {
+        let mut e = settling(0, 1_000);
+        let mut out = Vec::new();
+        let mut host = Finding::new(
+            FindingKind::DriverInitFailure,
+            Severity::Critical,
+            Category::Driver,
+            "the NVIDIA kernel module failed to load".to_string(),
+        );
+        host.origin.seq = Some(1);
+        let mut gpu = host.clone();
+        gpu.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
+        gpu.title = "RmInitAdapter failed".into();
+        gpu.origin.seq = Some(2);
+        feed(&mut e, host, 0, &mut out);
+        feed(&mut e, gpu, 0, &mut out);
+        assert_eq!(out.len(), 2);
+        e.tick(10_000_000, &mut out);
+        assert!(
+            out.iter().all(|i| i.phase != IncidentPhase::Resolved),
+            "no end on silence: {out:#?}"
+        );
+        assert_eq!(e.open_count(), 2);
+        let other = PciAddress::parse("0000:3b:00.0").unwrap();
+        let round = |pcis: Vec<PciAddress>, at| Verification {
+            at_mono_ms: at,
+            on_bus: pcis.clone(),
+            reached: pcis
+                .into_iter()
+                .map(|pci| Reached {
+                    pci,
+                    uuid: None,
+                    serial: None,
+                })
+                .collect(),
+        };
+        e.verify_lost(&round(Vec::new(), 10_000_001), 10_000_001, &mut out);
+        assert_eq!(e.open_count(), 2, "NVML reaches nothing");
+        e.verify_lost(&round(vec![other], 10_000_002), 10_000_002, &mut out);
+        assert_eq!(e.open_count(), 1, "the driver is up; the failed GPU is not reached");
+        let r = out.last().unwrap();
+        assert_eq!(r.phase, IncidentPhase::Resolved);
+        assert_eq!(
+            r.note.as_deref(),
+            Some("verified: the driver is loaded and NVML reaches 1 GPU(s)")
+        );
+        let failed = PciAddress::parse("0000:17:00.0").unwrap();
+        e.verify_lost(&round(vec![other, failed], 10_000_003), 10_000_003, &mut out);
+        assert_eq!(e.open_count(), 0);
+        assert_eq!(
+            out.last().unwrap().note.as_deref(),
+            Some("verified: the driver is loaded and NVML reaches 0000:17:00.0")
+        );
     }
 
     /// A restart during the quiet period keeps the resolved notice.

@@ -76,6 +76,30 @@ pub struct Incident {
     /// would read as "fixed" whatever ended it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Incidents this one superseded after they had been paged (an NVML `gpu_missing` paged
+    /// before the kernel's Xid 79 that explains it): they get no resolved notice of their own,
+    /// since the GPU is no better for being explained, and end with this one. Receivers that
+    /// keep one alert per problem (Alertmanager) end theirs when this one resolves.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub supersedes: Vec<Superseded>,
+    /// Set on an incident opened together with the same critical fault on other GPUs: the id of
+    /// the host page that stood for its opening page. Its own digests and resolved notice name
+    /// it, so a receiver can tie them to the page it was shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_page: Option<String>,
+}
+
+/// A paged incident folded into a later one (see [`Incident::supersedes`]), with what its alert
+/// was labelled by when it went out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Superseded {
+    pub id: String,
+    pub kind: FindingKind,
+    pub xid: Option<u32>,
+    pub severity: Severity,
+    pub category: Category,
+    #[serde(skip_serializing_if = "GpuIdentity::is_empty")]
+    pub gpu: GpuIdentity,
 }
 
 fn is_zero(n: &u64) -> bool {

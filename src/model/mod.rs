@@ -12,7 +12,7 @@ pub use evidence::{Evidence, StepResult, StepStatus};
 pub use finding::{
     BlockedTask, Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
 };
-pub use incident::{EchoCount, Incident, IncidentPhase};
+pub use incident::{EchoCount, Incident, IncidentPhase, Superseded};
 pub use pci::{PciAddress, PciParseError};
 
 use serde::{Deserialize, Serialize};

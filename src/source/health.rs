@@ -126,6 +126,19 @@ impl Expected {
     }
 }
 
+/// The verified end of a host-wide GPU shortfall (a `gpu_missing` naming no address): the
+/// count check sees the expected number again.
+fn count_back(present: usize) -> crate::model::Finding {
+    let mut f = crate::model::Finding::new(
+        crate::model::FindingKind::GpuMissing,
+        crate::model::Severity::Info,
+        crate::model::Category::Pcie,
+        format!("{present} GPUs present again"),
+    );
+    f.message = format!("GPU count back: {present} present");
+    f
+}
+
 /// The state file of the health task: what it told, for a restart in the same boot.
 pub const MEMORY_FILE: &str = "health.json";
 
@@ -137,9 +150,9 @@ pub struct Keep {
 }
 
 impl Keep {
-    /// What an earlier run of this boot told; nothing from another boot (or an unreadable file,
-    /// which is said).
-    fn load(&self) -> Option<crate::health::Memory> {
+    /// What an earlier run told, and whether it was of this boot (an unreadable file is said,
+    /// and is nothing).
+    fn load(&self) -> Option<(crate::health::Memory, bool)> {
         let path = self.state_dir.join(MEMORY_FILE);
         let text = match crate::state::file::read_bounded(
             &path,
@@ -154,8 +167,10 @@ impl Keep {
             }
         };
         match serde_json::from_slice::<crate::health::Memory>(&text) {
-            Ok(m) if m.boot_id == self.boot_hex => Some(m),
-            Ok(_) => None,
+            Ok(m) => {
+                let same = m.boot_id == self.boot_hex;
+                Some((m, same))
+            }
             Err(e) => {
                 tracing::warn!("{}: {e}; health checks start afresh", path.display());
                 None
@@ -195,11 +210,18 @@ pub async fn health_loop(
     let mut checks = Checks::new(cfg);
     let mut told_missing: Vec<Option<PciAddress>> = Vec::new();
     let k = keep.clone();
-    let mut saved = tokio::task::spawn_blocking(move || k.load())
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let mut saved = match tokio::task::spawn_blocking(move || k.load()).await.ok().flatten() {
+        Some((m, true)) => m,
+        Some((m, false)) => {
+            // A new boot: what the previous one reported goes on until it passes.
+            checks.carry_over(&m);
+            crate::health::Memory {
+                missing: m.missing,
+                ..crate::health::Memory::default()
+            }
+        }
+        None => crate::health::Memory::default(),
+    };
     checks.restore(&saved);
     told_missing.clone_from(&saved.missing);
     let mut last_gauges = HealthGauges::default();
@@ -232,7 +254,7 @@ pub async fn health_loop(
             Some(r) => checks.observe(&r, start.elapsed()),
             None => Vec::new(),
         };
-        let ended = checks.take_ended();
+        let mut ended = checks.take_ended();
         let gauges = HealthGauges {
             expected_gpus: expected.count.map(|c| c as u64),
             present_gpus: present.as_ref().map(|p| p.len() as u64),
@@ -254,6 +276,11 @@ pub async fn health_loop(
                 if !told_missing.contains(&f.pci) {
                     found.push(f);
                 }
+            }
+            // The count is back for a host-wide shortfall: its verified end (a lost GPU named
+            // by address ends only when the probe sees the same board back).
+            if told_missing.contains(&None) && !now.contains(&None) {
+                ended.push(count_back(present.len()));
             }
             // A GPU that came back may be reported again if it goes.
             told_missing = now;

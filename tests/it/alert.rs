@@ -99,6 +99,8 @@ fn xid79_incident() -> Incident {
         dropped_alerts_before: 0,
         test: false,
         note: None,
+        supersedes: Vec::new(),
+        host_page: None,
     }
 }
 
@@ -166,6 +168,11 @@ fn xid79_alert() -> Alert {
         incident: xid79_incident(),
         evidence: xid79_evidence(),
         catalog: Some(xid79_catalog()),
+        gpu_state: Some(xidwatch::alert::gpu_state::GpuStateDoc {
+            state: "failed".to_string(),
+            reasons: vec!["GPU 3 (0000:17:00.0) fell off the bus".to_string()],
+            incidents: vec!["b7f3c1d2-79-0000:17:00.0-81234".to_string()],
+        }),
     }
 }
 

@@ -394,7 +394,8 @@ fn a_gpu_missing_against_the_expected_count_is_critical_and_named() {
         .unwrap()
         .contains("GPU 0000:2a:00.0 is missing: 1 of 2 expected GPUs present"));
     let gone = d.wait_for("the inventory change", Duration::from_secs(20), |v| {
-        v["kind"] == "inventory_changed" && v["pci"] == "0000:2a:00.0"
+        // Opened in this boot: the previous boot's "GPU new" notice ends with the reboot.
+        v["kind"] == "inventory_changed" && v["pci"] == "0000:2a:00.0" && v["phase"] == "opened"
     });
     assert!(
         gone["findings"][0]["message"]

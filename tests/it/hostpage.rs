@@ -63,6 +63,11 @@ struct Run {
 impl Run {
     /// The daemon with a 500 ms settle delay, NVML off, paging one JSON webhook.
     fn start() -> Run {
+        Run::start_with("")
+    }
+
+    /// [`Run::start`] with more `[incidents]` settings.
+    fn start_with(incidents: &str) -> Run {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let dir = tempfile::tempdir().unwrap();
         let sys = dir.path().join("sys");
@@ -73,7 +78,7 @@ impl Run {
         let state = dir.path().join("state");
         let config = format!(
             "[kmsg]\npath = {kmsg:?}\n[nvml]\nenabled = false\nsysfs_root = {sys:?}\n\
-             [state]\ndir = {state:?}\n[incidents]\nsettle_ms = 500\n\
+             [state]\ndir = {state:?}\n[incidents]\nsettle_ms = 500\n{incidents}\n\
              [runbooks]\nsearch_path = [{:?}]\nsysfs_root = {sys:?}\n\
              [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n",
             root.join("fixtures/fake-tools"),
@@ -197,6 +202,55 @@ fn two_gpus_falling_off_together_are_one_host_page_naming_both() {
     assert_eq!(ids.len(), 2);
     assert_ne!(ids[0], ids[1]);
     assert_eq!(page["id"], ids[0], "{text}");
+    // Every GPU's runbook ran, each on its own GPU, and its evidence is on the one page.
+    let evidence: Vec<&str> = page["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["runbook"].as_str())
+        .collect();
+    for pci in ["0000:19:00.0", "0000:1a:00.0"] {
+        let name = format!("fallen-off-bus ({pci})");
+        assert!(evidence.contains(&name.as_str()), "{name}: {evidence:?}");
+        let ev = page["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["runbook"] == name.as_str())
+            .unwrap();
+        assert!(
+            ev["steps"].to_string().contains(&format!("/{pci}/")),
+            "{pci}'s runbook read its own GPU: {ev:#}"
+        );
+    }
+    // The page says how the GPU stands, as the verdict does.
+    assert_eq!(page["gpu_state"]["state"], "failed", "{text}");
+    run.stop();
+}
+
+/// A member of a host page goes on as its own incident, and its later notices name the page
+/// it was shown in, so a receiver that never saw an opening page under its id can place them.
+#[test]
+fn a_host_page_members_later_notices_name_the_page() {
+    // Reminders: a lost GPU's "still failing" notice, its own, once a second.
+    let run = Run::start_with("remind_secs = 1");
+    run.append(&(xid(1, 9_512_238_711, "19", 79) + &xid(2, 9_512_258_711, "1a", 79)));
+    let pages = run.wait_for("the host page", |p| p["xid"] == 79 && p["phase"] == "opened");
+    let lead = pages
+        .iter()
+        .find(|p| p["phase"] == "opened")
+        .unwrap()["id"]
+        .clone();
+    let pages = run.wait_for("the member's reminder", |p| {
+        p["phase"] == "digest" && p["gpu"]["pci"] == "0000:1a:00.0"
+    });
+    let digest = pages
+        .iter()
+        .find(|p| p["phase"] == "digest" && p["gpu"]["pci"] == "0000:1a:00.0")
+        .unwrap();
+    assert_ne!(digest["id"], lead, "{digest:#}");
+    assert_eq!(digest["host_page"], lead, "{digest:#}");
+    assert_eq!(digest["gpu_state"]["state"], "failed", "{digest:#}");
     run.stop();
 }
 

@@ -62,6 +62,8 @@ fn incident(id: &str, sev: Severity, phase: IncidentPhase) -> Incident {
         dropped_alerts_before: 0,
         test: false,
         note: None,
+        supersedes: Vec::new(),
+        host_page: None,
     }
 }
 

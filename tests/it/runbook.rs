@@ -151,6 +151,8 @@ fn incident(findings: Vec<Finding>, kind: FindingKind, xid: Option<u32>) -> Inci
         dropped_alerts_before: 0,
         test: false,
         note: None,
+        supersedes: Vec::new(),
+        host_page: None,
     }
 }
 

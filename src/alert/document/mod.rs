@@ -132,6 +132,16 @@ pub struct AlertDocument {
     /// opening page stands for all of them (see [`HostGroup`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_group: Option<HostGroup>,
+    /// On a later notice of a GPU whose opening page was a host page: that page's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_page: Option<String>,
+    /// The GPU's state (the verdict's) when the alert was handed over: a resolved notice for
+    /// one fault says whether the GPU is well, or still failed for another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_state: Option<super::gpu_state::GpuStateDoc>,
+    /// Incidents this one superseded after they were paged; they end with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supersedes: Vec<super::gpu_state::SupersededDoc>,
     pub generator: Generator,
 }
 
@@ -372,6 +382,26 @@ impl AlertDocument {
             report_path: None,
             handoff: None,
             host_group: None,
+            host_page: inc.host_page.clone(),
+            gpu_state: alert.gpu_state.clone(),
+            supersedes: inc
+                .supersedes
+                .iter()
+                .map(|s| super::gpu_state::SupersededDoc {
+                    id: s.id.clone(),
+                    kind: s.kind.as_str().to_string(),
+                    xid: s.xid,
+                    severity: s.severity,
+                    category: s.category,
+                    gpu: (inc.pci.is_some() || !s.gpu.is_empty()).then(|| GpuDoc {
+                        index: s.gpu.index,
+                        pci: inc.pci.map(|p| p.to_string()),
+                        uuid: s.gpu.uuid.clone(),
+                        serial: s.gpu.serial.clone(),
+                        name: s.gpu.name.clone(),
+                    }),
+                })
+                .collect(),
             generator: Generator {
                 name: "xidwatch".to_string(),
                 version: env!("CARGO_PKG_VERSION").to_string(),

@@ -8,7 +8,8 @@
 //! ends only when verified, a lost GPU or a failing check, is kept firing until its resolved
 //! notice instead); the incident's
 //! resolved notice (after its quiet period) posts the same labels with `endsAt` = now, which
-//! resolves the alert at once.
+//! resolves the alert at once. A host page posts one alert per GPU, and a resolved notice also
+//! ends the alerts of the incidents it superseded ([`postables`]).
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -309,6 +310,13 @@ pub fn postable(
     if let Some(p) = &doc.report_path {
         ann.insert("report_path".into(), p.clone());
     }
+    if let Some(st) = &doc.gpu_state {
+        // An annotation, not a label: a label that changes would start another alert.
+        ann.insert("gpu_state".into(), cut(&st.words(), ANNOTATION_MAX));
+    }
+    if let Some(h) = &doc.host_page {
+        ann.insert("host_page".into(), h.clone());
+    }
     if let Some(h) = doc.handoff.as_ref().filter(|h| !h.commands.is_empty()) {
         ann.insert(
             "handoff".into(),
@@ -358,6 +366,74 @@ pub fn postable(
     }
 }
 
+/// Every alert `doc` stands for in Alertmanager, which keeps one alert per problem:
+/// - the incident's own ([`postable`]);
+/// - on a host page, one per other GPU of the group, under that GPU's labels and its own
+///   incident id: each GPU's later notices (digest, resolved) then update and end its own
+///   alert, so the host page's alert does not clear while another GPU of it is still down;
+/// - on a resolved notice, the alerts of the incidents it superseded after they were paged (an
+///   NVML `gpu_missing` explained by the later Xid 79): they got no resolved notice of their own,
+///   as the GPU was no better, and end now, with it.
+pub fn postables(
+    doc: &AlertDocument,
+    extra_labels: &BTreeMap<String, String>,
+    resolve_after_secs: u64,
+    generator_url: Option<&str>,
+    now_ms: u64,
+) -> Vec<PostableAlert> {
+    let own = postable(doc, extra_labels, resolve_after_secs, generator_url, now_ms);
+    let mut out = Vec::new();
+    let set_gpu = |a: &mut PostableAlert, g: Option<&crate::alert::document::GpuDoc>| {
+        for k in ["gpu", "pci", "uuid"] {
+            a.labels.remove(k);
+        }
+        if let Some(g) = g {
+            if let Some(i) = g.index {
+                a.labels.insert("gpu".into(), i.to_string());
+            }
+            if let Some(p) = &g.pci {
+                a.labels.insert("pci".into(), p.clone());
+            }
+            if let Some(u) = &g.uuid {
+                a.labels.insert("uuid".into(), u.clone());
+            }
+        }
+    };
+    if let Some(group) = doc
+        .host_group
+        .as_ref()
+        .filter(|_| doc.phase != crate::alert::document::Phase::Resolved)
+    {
+        for g in group.gpus.iter().filter(|g| g.incident_id != doc.id) {
+            let mut a = own.clone();
+            set_gpu(&mut a, Some(&g.gpu));
+            a.annotations
+                .insert("incident_id".into(), g.incident_id.clone());
+            a.annotations.insert("host_page".into(), doc.id.clone());
+            out.push(a);
+        }
+    }
+    if doc.phase == crate::alert::document::Phase::Resolved {
+        for s in &doc.supersedes {
+            let mut a = own.clone();
+            a.labels.insert("alertname".into(), alertname(&s.kind));
+            a.labels.insert("kind".into(), s.kind.clone());
+            a.labels.insert("severity".into(), s.severity.as_str().into());
+            a.labels.insert("category".into(), s.category.as_str().into());
+            match s.xid {
+                Some(x) => a.labels.insert("xid".into(), x.to_string()),
+                None => a.labels.remove("xid"),
+            };
+            set_gpu(&mut a, s.gpu.as_ref());
+            a.annotations.insert("incident_id".into(), s.id.clone());
+            a.annotations.insert("superseded_by".into(), doc.id.clone());
+            out.push(a);
+        }
+    }
+    out.insert(0, own);
+    out
+}
+
 /// A configured Alertmanager channel.
 #[derive(Debug)]
 pub struct AlertmanagerChannel {
@@ -404,14 +480,14 @@ impl AlertmanagerChannel {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let alert = postable(
+        let alerts = postables(
             doc,
             &self.labels,
             self.resolve_after_secs,
             self.generator_url.as_deref(),
             now_ms,
         );
-        let body = serde_json::to_vec(&[alert]).unwrap_or_default();
+        let body = serde_json::to_vec(&alerts).unwrap_or_default();
         let mut headers = self.headers.clone();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let sends = self.endpoints.iter().map(|url| {
@@ -471,6 +547,114 @@ impl Sink for AlertmanagerChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::alert::document::{HostGpu, HostGroup, Phase};
+    use crate::model::{FindingKind, PciAddress, Severity, Superseded};
+
+    fn labels_of(a: &PostableAlert) -> (String, Option<String>, Option<String>) {
+        (
+            a.labels["kind"].clone(),
+            a.labels.get("xid").cloned(),
+            a.labels.get("pci").cloned(),
+        )
+    }
+
+    /// A host page is one alert per GPU, each under its GPU's labels and incident id; the
+    /// resolved notice of one GPU's incident ends only that GPU's alert.
+    #[test]
+    fn a_host_page_posts_one_alert_per_gpu() {
+        let mut alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        alert.incident.test = false;
+        alert.incident.pci = PciAddress::parse("0000:19:00.0").ok();
+        let lead = alert.incident.id.clone();
+        let mut doc = AlertDocument::build(&alert);
+        let gpu = |pci: &str, i| crate::alert::document::GpuDoc {
+            index: Some(i),
+            pci: Some(pci.to_string()),
+            ..Default::default()
+        };
+        doc.apply_host_group(HostGroup {
+            gpus: vec![
+                HostGpu {
+                    incident_id: lead.clone(),
+                    gpu: gpu("0000:19:00.0", 0),
+                    title: "a".into(),
+                },
+                HostGpu {
+                    incident_id: "b".into(),
+                    gpu: gpu("0000:1a:00.0", 1),
+                    title: "b".into(),
+                },
+            ],
+            shared_ports: Vec::new(),
+            shared: "the host".into(),
+        });
+        let all = postables(&doc, &BTreeMap::new(), 300, None, 1_764_404_050_000);
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert_eq!(all[0].annotations["incident_id"], lead);
+        assert_eq!(all[1].annotations["incident_id"], "b");
+        assert_eq!(all[1].annotations["host_page"], lead);
+        assert_eq!(all[1].labels["pci"], "0000:1a:00.0");
+        assert_eq!(all[1].labels["gpu"], "1");
+        assert_eq!(all[0].labels["xid"], all[1].labels["xid"]);
+        assert_ne!(all[0].labels, all[1].labels, "two alerts, not one twice");
+        // The lead's own resolved notice carries no group: it ends only its own alert.
+        let mut resolved = alert.clone();
+        resolved.incident.phase = crate::model::IncidentPhase::Resolved;
+        let one = postables(
+            &AlertDocument::build(&resolved),
+            &BTreeMap::new(),
+            300,
+            None,
+            1_764_404_060_000,
+        );
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].labels, all[0].labels);
+    }
+
+    /// The alerts of incidents superseded after they were paged stay firing while the
+    /// successor holds (its opening and digests do not end them) and end with its resolved
+    /// notice, under the labels they were sent with.
+    #[test]
+    fn a_resolved_notice_ends_the_alerts_it_superseded() {
+        let mut alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        alert.incident.test = false;
+        let pci = PciAddress::parse("0000:17:00.0").ok();
+        alert.incident.pci = pci;
+        alert.incident.supersedes = vec![Superseded {
+            id: "missing-1".into(),
+            kind: FindingKind::GpuMissing,
+            xid: None,
+            severity: Severity::Critical,
+            category: crate::model::Category::Pcie,
+            gpu: crate::model::GpuIdentity {
+                index: Some(0),
+                uuid: Some("GPU-a".into()),
+                ..Default::default()
+            },
+        }];
+        let now = 1_764_404_050_000;
+        let open = postables(&AlertDocument::build(&alert), &BTreeMap::new(), 300, None, now);
+        assert_eq!(open.len(), 1, "the opening does not end it: {open:#?}");
+        alert.incident.phase = crate::model::IncidentPhase::Resolved;
+        let doc = AlertDocument::build(&alert);
+        assert_eq!(doc.phase, Phase::Resolved);
+        let all = postables(&doc, &BTreeMap::new(), 300, None, now);
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert_eq!(
+            labels_of(&all[0]),
+            ("xid".into(), Some("79".into()), Some("0000:17:00.0".into()))
+        );
+        assert_eq!(
+            labels_of(&all[1]),
+            ("gpu_missing".into(), None, Some("0000:17:00.0".into()))
+        );
+        assert_eq!(all[1].labels["alertname"], "XidwatchGpuMissing");
+        assert_eq!(all[1].labels["uuid"], "GPU-a");
+        assert_eq!(all[1].labels["gpu"], "0");
+        assert_eq!(all[1].ends_at, rfc3339(now), "ended now");
+        assert_eq!(all[1].annotations["superseded_by"], doc.id);
+    }
 
     #[test]
     fn alertnames() {

@@ -276,6 +276,9 @@ pub fn payload(doc: &AlertDocument) -> Value {
             fields.push(format!("*NVIDIA action*\n{}", escape(&words)));
         }
     }
+    if let Some(st) = &doc.gpu_state {
+        fields.push(format!("*State now*\n{}", escape(&st.words())));
+    }
     fields.truncate(10);
     blocks.push(json!({
         "type": "section",
@@ -379,11 +382,17 @@ fn phase_word(doc: &AlertDocument) -> &'static str {
 /// The resolved notice: short, green, naming the incident the page was about.
 fn resolved_payload(doc: &AlertDocument) -> Value {
     let headline = format!(":white_check_mark: {}", escape(&doc.headline));
-    let body = format!(
+    let mut body = format!(
         "No new finding for this incident since {} ({} occurrence(s) from {}). xidwatch has \
          stopped alerting about it; a new fault on this GPU opens a new incident.",
         doc.last_seen, doc.count, doc.first_seen
     );
+    if let Some(st) = &doc.gpu_state {
+        body.push_str(&format!(" State now: {}.", escape(&st.words())));
+    }
+    if let Some(h) = &doc.host_page {
+        body.push_str(&format!(" Opened in host page `{}`.", escape(h)));
+    }
     json!({
         "phase": phase_word(doc),
         "text": fit(&headline, SECTION_MAX),
