@@ -280,6 +280,18 @@ fn same_board(inc: &GpuIdentity, seen: &Reached) -> Option<bool> {
 /// The page's words for a lost GPU that cannot be verified back.
 pub const NO_NVML_NOTE: &str = "xidwatch cannot verify recovery without NVML; this stays open until xidwatch runs with NVML and reaches the same board (same UUID or serial) on the bus again";
 
+/// The page's words for a driver initialisation failure that cannot be verified gone.
+pub const NO_NVML_DRIVER_NOTE: &str = "xidwatch cannot verify the driver without NVML; this stays open until xidwatch runs with NVML and NVML reaches the GPU";
+
+/// Why a probe-verified incident of `kind` cannot be verified without NVML.
+fn no_nvml_note(kind: FindingKind) -> String {
+    if kind == FindingKind::DriverInitFailure {
+        NO_NVML_DRIVER_NOTE.to_string()
+    } else {
+        NO_NVML_NOTE.to_string()
+    }
+}
+
 /// A closed incident waiting out its quiet period before its resolved notice.
 #[derive(Debug, Clone)]
 struct Quiet {
@@ -750,7 +762,7 @@ impl Engine {
             category: f.category,
             title: title(&f),
             note: (probe_verified(f.kind, f.xid) && !self.can_verify)
-                .then(|| NO_NVML_NOTE.to_string()),
+                .then(|| no_nvml_note(f.kind)),
             first_seen_ms: seen_ms,
             last_seen_ms: seen_ms,
             count: 1,
@@ -1416,7 +1428,7 @@ impl Engine {
                 o.told_mono_ms = now.mono_ms;
                 o.settle_until_ms = 0;
                 o.inc.note =
-                    (probe_verified(o.key.kind, o.key.xid) && !self.can_verify).then(|| NO_NVML_NOTE.to_string());
+                    (probe_verified(o.key.kind, o.key.xid) && !self.can_verify).then(|| no_nvml_note(o.key.kind));
                 self.open.insert(o.key, o);
                 continue;
             }
