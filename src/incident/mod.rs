@@ -246,24 +246,7 @@ pub fn ends_verified(kind: FindingKind, xid: Option<u32>) -> bool {
     is_state(kind) || probe_verified(kind, xid)
 }
 
-/// What NVML sees on one PCI address in a probe round: who answers there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reached {
-    pub pci: PciAddress,
-    pub uuid: Option<String>,
-    pub serial: Option<String>,
-}
-
-/// One probe round as evidence for ending lost-GPU incidents.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verification {
-    /// Monotonic time the round started: a finding after it is not answered by it.
-    pub at_mono_ms: u64,
-    /// NVIDIA GPUs on the PCI bus (sysfs).
-    pub on_bus: Vec<PciAddress>,
-    /// GPUs NVML reached in that round, with who they said they are.
-    pub reached: Vec<Reached>,
-}
+pub use crate::model::{Reached, Verification};
 
 /// Whether `seen` is the board `inc` was opened on: the same UUID, or where either UUID is
 /// unknown, the same serial. `None`: nothing to compare (the board was never identified).

@@ -7,12 +7,14 @@ mod evidence;
 mod finding;
 mod incident;
 mod pci;
+mod verification;
 
 pub use evidence::{Evidence, StepResult, StepStatus};
 pub use finding::{
     BlockedTask, Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
 };
 pub use incident::{EchoCount, Incident, IncidentPhase, Superseded};
+pub use verification::{Reached, Verification};
 pub use pci::{PciAddress, PciParseError};
 
 use serde::{Deserialize, Serialize};

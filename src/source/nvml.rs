@@ -376,14 +376,14 @@ fn reachable(nvml: &Nvml) -> Result<Vec<PciAddress>, NvmlFailure> {
 
 /// What [`reachable`] finds, with each GPU's UUID and serial as NVML reads them now (not the
 /// inventory's, which is from open time: a swapped board must read as another board).
-fn reached(nvml: &Nvml) -> Result<Vec<crate::incident::Reached>, NvmlFailure> {
+fn reached(nvml: &Nvml) -> Result<Vec<crate::model::Reached>, NvmlFailure> {
     let count = nvml.device_count().map_err(|e| classify(&e))?;
     let text = |r: Result<String, NvmlError>| r.ok().filter(|s| !s.trim().is_empty());
     Ok((0..count)
         .filter_map(|i| {
             let d = nvml.device_by_index(i).ok()?;
             let pci = d.pci_info().ok().as_ref().and_then(pci_of)?;
-            Some(crate::incident::Reached {
+            Some(crate::model::Reached {
                 pci,
                 uuid: text(d.uuid()),
                 serial: text(d.serial()),

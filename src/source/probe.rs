@@ -123,7 +123,7 @@ pub struct ProbeRound {
     /// What the probe remembers after the round (saved with the daemon's checkpoint).
     pub memory: Memory,
     /// The round as evidence for ending lost-GPU incidents, when NVML answered it.
-    pub verified: Option<crate::incident::Verification>,
+    pub verified: Option<crate::model::Verification>,
 }
 
 /// How often the worker is looked at for a call that overran its limit with nobody waiting for
@@ -166,7 +166,7 @@ pub async fn probe_loop(
             let found = probe.check(reachable.as_deref());
             let verified = reached.and_then(|reached| {
                 let on_bus = probe.gpus_on_bus().ok()?.into_iter().collect();
-                Some(crate::incident::Verification {
+                Some(crate::model::Verification {
                     at_mono_ms,
                     on_bus,
                     reached,

@@ -309,7 +309,7 @@ impl NvmlWorker {
 
     /// The GPUs NVML reaches now with who each says it is (UUID, serial), so the probe can tell
     /// a lost board that came back from another board at its address.
-    pub fn reached_gpus(&self) -> Result<Vec<crate::incident::Reached>, CallError> {
+    pub fn reached_gpus(&self) -> Result<Vec<crate::model::Reached>, CallError> {
         self.call("nvmlDeviceGetCount", |nvml, _| super::reached(nvml))?
             .map_err(CallError::Failed)
     }
