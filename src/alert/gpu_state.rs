@@ -29,17 +29,3 @@ impl GpuStateDoc {
         }
     }
 }
-
-/// An incident the page's incident superseded after it had been paged
-/// ([`crate::model::Incident::supersedes`]), with the labels its alert was sent under.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SupersededDoc {
-    pub id: String,
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub xid: Option<u32>,
-    pub severity: crate::model::Severity,
-    pub category: crate::model::Category,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu: Option<super::document::GpuDoc>,
-}

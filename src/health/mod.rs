@@ -228,7 +228,10 @@ impl Checks {
         self.carried = m
             .gpus
             .iter()
-            .filter(|g| g.pci.is_some() && (!g.told.is_empty() || g.repair.is_some() || g.recovery.is_some()))
+            .filter(|g| {
+                g.pci.is_some()
+                    && (!g.told.is_empty() || g.repair.is_some() || g.recovery.is_some())
+            })
             .cloned()
             .collect();
     }
@@ -1215,7 +1218,10 @@ mod tests {
             dbe_volatile: Some(0),
             ..hot(t)
         };
-        assert!(new.observe(&[moved(90)], s(0)).is_empty(), "not paged again");
+        assert!(
+            new.observe(&[moved(90)], s(0)).is_empty(),
+            "not paged again"
+        );
         assert!(
             new.observe(&[moved(90)], s(2 * window)).is_empty(),
             "still reported, still not paged again"

@@ -744,8 +744,7 @@ impl Engine {
             severity: f.severity,
             category: f.category,
             title: title(&f),
-            note: (probe_verified(f.kind, f.xid) && !self.can_verify)
-                .then(|| no_nvml_note(f.kind)),
+            note: (probe_verified(f.kind, f.xid) && !self.can_verify).then(|| no_nvml_note(f.kind)),
             first_seen_ms: seen_ms,
             last_seen_ms: seen_ms,
             count: 1,
@@ -1400,7 +1399,9 @@ impl Engine {
         self.changes += 1;
         let old_boot = (!old_boot.is_empty()).then(|| old_boot.to_string());
         let mut open: Vec<Open> = prev.open.into_values().filter(|o| o.emitted).collect();
-        open.sort_by(|a, b| (a.inc.first_seen_ms, &a.inc.id).cmp(&(b.inc.first_seen_ms, &b.inc.id)));
+        open.sort_by(|a, b| {
+            (a.inc.first_seen_ms, &a.inc.id).cmp(&(b.inc.first_seen_ms, &b.inc.id))
+        });
         for mut o in open {
             o.inc.boot_id = old_boot.clone();
             if ends_verified(o.key.kind, o.key.xid) && self.open.len() < self.cfg.max_open {
@@ -1410,8 +1411,8 @@ impl Engine {
                 o.last_mono_ms = now.mono_ms;
                 o.told_mono_ms = now.mono_ms;
                 o.settle_until_ms = 0;
-                o.inc.note =
-                    (probe_verified(o.key.kind, o.key.xid) && !self.can_verify).then(|| no_nvml_note(o.key.kind));
+                o.inc.note = (probe_verified(o.key.kind, o.key.xid) && !self.can_verify)
+                    .then(|| no_nvml_note(o.key.kind));
                 self.open.insert(o.key, o);
                 continue;
             }
@@ -2432,10 +2433,7 @@ mod tests {
         };
         let lead = at("0000:19:00.0").id.clone();
         assert_eq!(at("0000:19:00.0").host_page, None);
-        assert_eq!(
-            at("0000:1a:00.0").host_page.as_deref(),
-            Some(lead.as_str())
-        );
+        assert_eq!(at("0000:1a:00.0").host_page.as_deref(), Some(lead.as_str()));
         assert_eq!(
             at("0000:3b:00.0").host_page,
             None,
@@ -2495,10 +2493,25 @@ mod tests {
         let mut lost = xid("0000:17:00.0", 79, Severity::Critical, 1);
         lost.gpu.uuid = Some("GPU-a".into());
         feed(&mut e, lost, 0, &mut out);
-        feed(&mut e, xid("0000:3b:00.0", 13, Severity::Warning, 2), 0, &mut out);
-        feed(&mut e, xid("0000:3c:00.0", 31, Severity::Warning, 3), 0, &mut out);
+        feed(
+            &mut e,
+            xid("0000:3b:00.0", 13, Severity::Warning, 2),
+            0,
+            &mut out,
+        );
+        feed(
+            &mut e,
+            xid("0000:3c:00.0", 31, Severity::Warning, 3),
+            0,
+            &mut out,
+        );
         e.tick(70_000, &mut out); // Xid 13 and 31 closed, waiting out their quiet period
-        feed(&mut e, xid("0000:3b:00.0", 43, Severity::Warning, 4), 80_000, &mut out);
+        feed(
+            &mut e,
+            xid("0000:3b:00.0", 43, Severity::Warning, 4),
+            80_000,
+            &mut out,
+        );
         let saved = e.snapshot();
         let ids: Vec<String> = out.iter().map(|i| i.id.clone()).collect();
 
@@ -2510,11 +2523,18 @@ mod tests {
         assert_eq!(out.len(), 3, "{out:#?}");
         for r in &out {
             assert_eq!(r.phase, IncidentPhase::Resolved);
-            assert_eq!(r.note.as_deref(), Some("ended by the reboot: not seen since"));
+            assert_eq!(
+                r.note.as_deref(),
+                Some("ended by the reboot: not seen since")
+            );
             assert!(ids.contains(&r.id), "the same incident ids");
             assert_eq!(r.boot_id.as_deref(), Some("oldboot"));
         }
-        assert_eq!(n.next_deadline(), None, "no window: it ends only when verified");
+        assert_eq!(
+            n.next_deadline(),
+            None,
+            "no window: it ends only when verified"
+        );
         // Another engine on the same carried state: an Xid 79 logged in the new boot is a new
         // fault with its own page, superseding the carried incident (not resolving it).
         let mut again = settling(0, 600_000);
@@ -2591,7 +2611,11 @@ mod tests {
         e.verify_lost(&round(Vec::new(), 10_000_001), 10_000_001, &mut out);
         assert_eq!(e.open_count(), 2, "NVML reaches nothing");
         e.verify_lost(&round(vec![other], 10_000_002), 10_000_002, &mut out);
-        assert_eq!(e.open_count(), 1, "the driver is up; the failed GPU is not reached");
+        assert_eq!(
+            e.open_count(),
+            1,
+            "the driver is up; the failed GPU is not reached"
+        );
         let r = out.last().unwrap();
         assert_eq!(r.phase, IncidentPhase::Resolved);
         assert_eq!(
@@ -2599,7 +2623,11 @@ mod tests {
             Some("verified: the driver is loaded and NVML reaches 1 GPU(s)")
         );
         let failed = PciAddress::parse("0000:17:00.0").unwrap();
-        e.verify_lost(&round(vec![other, failed], 10_000_003), 10_000_003, &mut out);
+        e.verify_lost(
+            &round(vec![other, failed], 10_000_003),
+            10_000_003,
+            &mut out,
+        );
         assert_eq!(e.open_count(), 0);
         assert_eq!(
             out.last().unwrap().note.as_deref(),

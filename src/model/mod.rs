@@ -14,8 +14,8 @@ pub use finding::{
     BlockedTask, Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,
 };
 pub use incident::{EchoCount, Incident, IncidentPhase, Superseded};
-pub use verification::{Reached, Verification};
 pub use pci::{PciAddress, PciParseError};
+pub use verification::{Reached, Verification};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -112,12 +112,8 @@ pub const NEVER_PROGRAMS: &[&str] = &[
     "setpci", "dd", "tee", "cp", "mv", "rm", "ipmitool",
 ];
 
-/// Units `{unit}` may name (`name` or `name.service`).
-#[rustfmt::skip]
-pub const UNITS: &[&str] = &[
-    "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "dcgm", "nvidia-powerd",
-    "nvidia-imex", "xidwatch",
-];
+/// Units `{unit}` may name: kept beside the type that carries one ([`ServiceUnit`]).
+pub use super::subject::UNITS;
 #[rustfmt::skip]
 const MODULE_FIELDS: &[&str] = &[
     "version", "filename", "vermagic", "srcversion", "license", "description", "depends", "name",

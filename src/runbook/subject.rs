@@ -35,7 +35,14 @@ impl GpuUuid {
     }
 }
 
-/// A systemd unit `{unit}` may name: one of the catalog's units ([`super::safety::UNITS`]),
+/// Units `{unit}` may name (`name` or `name.service`), for the catalog ([`super::safety`]).
+#[rustfmt::skip]
+pub const UNITS: &[&str] = &[
+    "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "dcgm", "nvidia-powerd",
+    "nvidia-imex", "xidwatch",
+];
+
+/// A systemd unit `{unit}` may name: one of the catalog's units ([`UNITS`]),
 /// without the `.service` suffix. Only built by [`ServiceUnit::parse`], so a unit name from a
 /// config or from `systemctl` output reaches a command line only when the catalog allows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -44,10 +51,7 @@ pub struct ServiceUnit(&'static str);
 impl ServiceUnit {
     pub fn parse(text: &str) -> Option<ServiceUnit> {
         let name = text.strip_suffix(".service").unwrap_or(text);
-        super::safety::UNITS
-            .iter()
-            .find(|u| **u == name)
-            .map(|u| ServiceUnit(u))
+        UNITS.iter().find(|u| **u == name).map(|u| ServiceUnit(u))
     }
 
     pub fn as_str(&self) -> &'static str {

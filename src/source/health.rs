@@ -210,7 +210,11 @@ pub async fn health_loop(
     let mut checks = Checks::new(cfg);
     let mut told_missing: Vec<Option<PciAddress>> = Vec::new();
     let k = keep.clone();
-    let mut saved = match tokio::task::spawn_blocking(move || k.load()).await.ok().flatten() {
+    let mut saved = match tokio::task::spawn_blocking(move || k.load())
+        .await
+        .ok()
+        .flatten()
+    {
         Some((m, true)) => m,
         Some((m, false)) => {
             // A new boot: what the previous one reported goes on until it passes.

@@ -50,7 +50,8 @@ impl StateLock {
         // Not truncated on open: the holder's pid must survive until we know we are the holder.
         // Through the state file check: a link here must not carry the pid to its target (the
         // daemon is often root), nor a FIFO hold the start-up forever.
-        let mut file = super::file::open_owned_rw(&path, super::atomic::STATE_FILE_MODE).map_err(io_err)?;
+        let mut file =
+            super::file::open_owned_rw(&path, super::atomic::STATE_FILE_MODE).map_err(io_err)?;
         // SAFETY: a valid open descriptor for the duration of the call.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {

@@ -235,12 +235,10 @@ fn a_host_page_members_later_notices_name_the_page() {
     // Reminders: a lost GPU's "still failing" notice, its own, once a second.
     let run = Run::start_with("remind_secs = 1");
     run.append(&(xid(1, 9_512_238_711, "19", 79) + &xid(2, 9_512_258_711, "1a", 79)));
-    let pages = run.wait_for("the host page", |p| p["xid"] == 79 && p["phase"] == "opened");
-    let lead = pages
-        .iter()
-        .find(|p| p["phase"] == "opened")
-        .unwrap()["id"]
-        .clone();
+    let pages = run.wait_for("the host page", |p| {
+        p["xid"] == 79 && p["phase"] == "opened"
+    });
+    let lead = pages.iter().find(|p| p["phase"] == "opened").unwrap()["id"].clone();
     let pages = run.wait_for("the member's reminder", |p| {
         p["phase"] == "digest" && p["gpu"]["pci"] == "0000:1a:00.0"
     });

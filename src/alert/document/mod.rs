@@ -141,8 +141,22 @@ pub struct AlertDocument {
     pub gpu_state: Option<super::gpu_state::GpuStateDoc>,
     /// Incidents this one superseded after they were paged; they end with it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub supersedes: Vec<super::gpu_state::SupersededDoc>,
+    pub supersedes: Vec<SupersededDoc>,
     pub generator: Generator,
+}
+
+/// An incident the page's incident superseded after it had been paged
+/// ([`crate::model::Incident::supersedes`]), with the labels its alert was sent under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SupersededDoc {
+    pub id: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<u32>,
+    pub severity: crate::model::Severity,
+    pub category: crate::model::Category,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuDoc>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -387,7 +401,7 @@ impl AlertDocument {
             supersedes: inc
                 .supersedes
                 .iter()
-                .map(|s| super::gpu_state::SupersededDoc {
+                .map(|s| SupersededDoc {
                     id: s.id.clone(),
                     kind: s.kind.as_str().to_string(),
                     xid: s.xid,

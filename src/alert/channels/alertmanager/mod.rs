@@ -418,8 +418,10 @@ pub fn postables(
             let mut a = own.clone();
             a.labels.insert("alertname".into(), alertname(&s.kind));
             a.labels.insert("kind".into(), s.kind.clone());
-            a.labels.insert("severity".into(), s.severity.as_str().into());
-            a.labels.insert("category".into(), s.category.as_str().into());
+            a.labels
+                .insert("severity".into(), s.severity.as_str().into());
+            a.labels
+                .insert("category".into(), s.category.as_str().into());
             match s.xid {
                 Some(x) => a.labels.insert("xid".into(), x.to_string()),
                 None => a.labels.remove("xid"),
@@ -634,7 +636,13 @@ mod tests {
             },
         }];
         let now = 1_764_404_050_000;
-        let open = postables(&AlertDocument::build(&alert), &BTreeMap::new(), 300, None, now);
+        let open = postables(
+            &AlertDocument::build(&alert),
+            &BTreeMap::new(),
+            300,
+            None,
+            now,
+        );
         assert_eq!(open.len(), 1, "the opening does not end it: {open:#?}");
         alert.incident.phase = crate::model::IncidentPhase::Resolved;
         let doc = AlertDocument::build(&alert);
