@@ -26,4 +26,5 @@ pub mod process_guard;
 pub mod runbook;
 pub mod source;
 pub(crate) mod state;
+pub mod status;
 pub mod verdict;

@@ -70,3 +70,47 @@ impl CatalogText {
         }
     }
 }
+
+/// The catalog's words (or, for findings without an Xid, xidwatch's guidance) for an incident.
+pub fn catalog_text(inc: &Incident) -> CatalogText {
+    use crate::classify::{catalog, guidance};
+    let first = inc.findings.first();
+    let g = first.map(guidance::for_finding);
+    match (inc.kind, inc.xid.and_then(catalog::lookup)) {
+        (crate::model::FindingKind::Xid, Some(e)) => {
+            let meaning = |cell: &str| {
+                let m: Vec<String> = catalog::bucket_meanings(cell)
+                    .iter()
+                    .map(|b| b.meaning.to_string())
+                    .collect();
+                (!m.is_empty()).then(|| m.join(" / "))
+            };
+            CatalogText {
+                mnemonic: e.mnemonic.to_string(),
+                summary: e.summary.to_string(),
+                causes: e.causes.to_string(),
+                check: g.map(|g| g.action).unwrap_or_else(|| e.check.to_string()),
+                immediate_bucket: (!e.immediate.is_empty()).then(|| e.immediate.to_string()),
+                immediate_meaning: meaning(e.immediate),
+                investigatory_bucket: (!e.investigatory.is_empty())
+                    .then(|| e.investigatory.to_string()),
+                investigatory_meaning: meaning(e.investigatory),
+                applies_to: e.applies_to.iter().map(|s| s.to_string()).collect(),
+                source: catalog::SOURCE.to_string(),
+            }
+        }
+        _ => {
+            let g = g.unwrap_or_else(|| guidance::Guidance {
+                meaning: String::new(),
+                action: String::new(),
+                nvidia: Vec::new(),
+            });
+            CatalogText {
+                mnemonic: inc.kind.as_str().to_string(),
+                summary: g.meaning,
+                check: g.action,
+                ..Default::default()
+            }
+        }
+    }
+}

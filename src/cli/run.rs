@@ -122,7 +122,7 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
         Err(code) => return Ok(code),
     };
     let rt = super::runtime()?;
-    let evidence = rt.block_on(crate::daemon::test_evidence(&config));
+    let evidence = rt.block_on(test_evidence(&config));
     let opts = crate::alert::TestAlertOptions {
         channel: args.channel.clone(),
         host: crate::host::alert_host(config.incidents.host.as_deref()),
@@ -146,4 +146,26 @@ pub fn test_alert(args: &TestAlertArgs) -> anyhow::Result<u8> {
             Ok(EXIT_ERROR)
         }
     }
+}
+
+/// Real evidence from this machine for `test-alert`: the checks of the runbook a real Xid 79 gets.
+async fn test_evidence(config: &crate::config::Config) -> Vec<crate::model::Evidence> {
+    // The runbook a real Xid 79 gets (the one `xidwatch explain 79` names), run without a GPU
+    // address: the synthetic GPU does not exist, so steps about one GPU say so and are skipped.
+    let mut subject = crate::runbook::Subject::manual(None, Some(79), None);
+    if let Some(e) = crate::classify::catalog::lookup(79) {
+        subject.category = e.category;
+        subject.severity = e.severity;
+    }
+    let Some(rb) = config.runbook_set.select(&subject) else {
+        return Vec::new();
+    };
+    vec![
+        rb.run(
+            &subject,
+            &crate::config::env::runbook_env(config),
+            &config.runbook_limits,
+        )
+        .await,
+    ]
 }

@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use super::EXIT_CONFIG;
 use crate::config::{default_state_dir, Config, ConfigError, DEFAULT_PATH};
-use crate::daemon::control::{self, QueryError, STATUS_FILE_INTERVAL};
-use crate::daemon::metrics::{health, HEALTH_STALE};
-use crate::daemon::telemetry::StatusSnapshot;
+use crate::status::control::{self, QueryError, STATUS_FILE_INTERVAL};
+use crate::status::metrics::{health, HEALTH_STALE};
+use crate::status::telemetry::StatusSnapshot;
 use crate::verdict::{judge, no_status, Freshness, GpuState, Verdict};
 
 /// Exit status: the daemon is not running.

@@ -2,6 +2,8 @@
 //! succeeds or says exactly what is wrong (file, key, what was expected). Unknown keys are errors:
 //! a typo must never silently fall back to a default on a machine that pages people.
 
+pub mod env;
+
 pub mod metrics;
 
 pub use crate::files::{read_config_file, MAX_CONFIG_BYTES};

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::options::Output;
-use super::telemetry::Telemetry;
 use crate::config::Config;
+use crate::status::telemetry::Telemetry;
 
 pub(super) fn set_alert_provider(tel: &Telemetry, alerts: &AlertStage) {
     let s = alerts.sender();

@@ -13,8 +13,8 @@ use std::time::Duration;
 use crate::incident::{Engine, Persisted};
 use crate::state::{self, Position, StateDir};
 
-use super::telemetry::Telemetry;
 use crate::source::probe;
+use crate::status::telemetry::Telemetry;
 
 /// How often the position is written while records flow and no alert was raised.
 pub const POSITION_EVERY: Duration = Duration::from_millis(250);

@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use super::checkpoint::Acks;
 use super::options::Output;
-use super::pages::{self, Pages};
-use super::telemetry::Telemetry;
 use crate::config::Config;
-use crate::host::alert_host;
-use crate::model::{FindingKind, Incident};
+use crate::history::pages::{self, Pages};
+use crate::model::Incident;
+use crate::status::telemetry::Telemetry;
 
 fn now_ms() -> u64 {
     crate::clock::wall_ms()
@@ -424,72 +423,5 @@ fn host_groups(
     out
 }
 
-/// The catalog's words (or, for findings without an Xid, xidwatch's guidance) for an incident.
-pub fn catalog_text(inc: &Incident) -> crate::alert::CatalogText {
-    use crate::classify::{catalog, guidance};
-    let first = inc.findings.first();
-    let g = first.map(guidance::for_finding);
-    match (inc.kind, inc.xid.and_then(catalog::lookup)) {
-        (FindingKind::Xid, Some(e)) => {
-            let meaning = |cell: &str| {
-                let m: Vec<String> = catalog::bucket_meanings(cell)
-                    .iter()
-                    .map(|b| b.meaning.to_string())
-                    .collect();
-                (!m.is_empty()).then(|| m.join(" / "))
-            };
-            crate::alert::CatalogText {
-                mnemonic: e.mnemonic.to_string(),
-                summary: e.summary.to_string(),
-                causes: e.causes.to_string(),
-                check: g.map(|g| g.action).unwrap_or_else(|| e.check.to_string()),
-                immediate_bucket: (!e.immediate.is_empty()).then(|| e.immediate.to_string()),
-                immediate_meaning: meaning(e.immediate),
-                investigatory_bucket: (!e.investigatory.is_empty())
-                    .then(|| e.investigatory.to_string()),
-                investigatory_meaning: meaning(e.investigatory),
-                applies_to: e.applies_to.iter().map(|s| s.to_string()).collect(),
-                source: catalog::SOURCE.to_string(),
-            }
-        }
-        _ => {
-            let g = g.unwrap_or_else(|| guidance::Guidance {
-                meaning: String::new(),
-                action: String::new(),
-                nvidia: Vec::new(),
-            });
-            crate::alert::CatalogText {
-                mnemonic: inc.kind.as_str().to_string(),
-                summary: g.meaning,
-                check: g.action,
-                ..Default::default()
-            }
-        }
-    }
-}
-
-/// Real evidence from this machine for `test-alert`: the checks of the runbook a real Xid 79 gets.
-pub async fn test_evidence(config: &Config) -> Vec<crate::model::Evidence> {
-    // The runbook a real Xid 79 gets (the one `xidwatch explain 79` names), run without a GPU
-    // address: the synthetic GPU does not exist, so steps about one GPU say so and are skipped.
-    let mut subject = crate::runbook::Subject::manual(None, Some(79), None);
-    if let Some(e) = crate::classify::catalog::lookup(79) {
-        subject.category = e.category;
-        subject.severity = e.severity;
-    }
-    let Some(rb) = config.runbook_set.select(&subject) else {
-        return Vec::new();
-    };
-    vec![
-        rb.run(&subject, &runbook_env(config), &config.runbook_limits)
-            .await,
-    ]
-}
-
-/// Where runbooks find programs, sysfs and procfs, as the config says.
-pub fn runbook_env(config: &Config) -> crate::runbook::RunbookEnv {
-    let mut env = config.runbooks.env();
-    env.host = alert_host(config.incidents.host.as_deref());
-    env.secrets = crate::runbook::Redactor::new(config.alerts.secret_values());
-    env
-}
+pub use crate::alert::input::catalog_text;
+pub use crate::config::env::runbook_env;

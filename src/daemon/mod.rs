@@ -14,28 +14,27 @@
 //!
 //! Rooms: [`pipeline`] (classify, correlate, checkpoint: plain values in), [`handover`] (where
 //! incidents leave: runbooks, alert stage, `--json`), [`reload`], [`events`] (the merge), [`nvml`]
-//! (the NVML actor), [`ops`] (metrics, status socket), [`signals`].
+//! (the NVML actor), [`ops`] (starts the metrics endpoint and the status socket of
+//! [`crate::status`]), [`signals`].
 
 mod alert_stage;
 pub(crate) mod checkpoint;
-pub mod control;
 mod events;
 mod fabricmanager;
 mod handover;
-pub mod metrics;
 pub(crate) mod notify;
 pub(crate) mod nvml;
 mod ops;
 mod options;
-pub(crate) mod pages;
 mod pipeline;
 mod reload;
-pub(crate) mod serve;
 mod services;
 pub mod signals;
-pub mod telemetry;
 #[cfg(test)]
 mod tests;
+
+/// The status side moved to its own room ([`crate::status`]); these paths still name it.
+pub use crate::status::{control, metrics, telemetry};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,7 +47,7 @@ use crate::source::kmsg::follow;
 use crate::state::{self, StateDir};
 use alert_stage::AlertStage;
 use events::{Event, Sources};
-pub use handover::{catalog_text, runbook_env, test_evidence};
+pub use handover::{catalog_text, runbook_env};
 pub use options::{Output, RunOptions, SourceStats};
 use pipeline::Pipeline;
 pub use signals::{Hangup, Shutdown, StopHandle};
@@ -119,7 +118,7 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
     }
     // Runbook `nvml` steps are answered through the NVML worker, under its deadline.
     p.out.env.nvml = nvml.probe_handle();
-    let pages = pages::Pages::open(cfg.state_dir.clone(), cfg.history.clone());
+    let pages = crate::history::pages::Pages::open(cfg.state_dir.clone(), cfg.history.clone());
     pages.set_diff(diff);
     p.out.pages = Some(pages);
 

@@ -14,13 +14,13 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::mpsc;
 
-use super::telemetry::{GpuSummary, Telemetry};
 use crate::config::Config;
 use crate::incident::{Origin, Verification};
 use crate::model::{Finding, GpuIdentity, PciAddress};
 use crate::source::health::{health_loop, take_inventory, Expected, HealthRound, Keep};
 use crate::source::nvml::{CallError, GpuInfo, NvmlEvent, NvmlWorker, Opened, WorkerOptions};
 use crate::source::probe::{self, probe_loop, Probe, ProbeRound};
+use crate::status::telemetry::{GpuSummary, Telemetry};
 
 /// How long NVML's init may take before the driver counts as unresponsive. The kernel log (and
 /// READY=1) waits for it at most `nvml.call_timeout_secs`, never longer than this; an init that

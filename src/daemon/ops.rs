@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::telemetry::Telemetry;
-use super::{control, metrics};
 use crate::config::Config;
+use crate::status::telemetry::Telemetry;
+use crate::status::{control, metrics};
 
 /// The running endpoints.
 pub(super) struct Ops {

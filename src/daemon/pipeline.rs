@@ -10,13 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::checkpoint::{Acks, Checkpointer, SavedIncidents, CHECKPOINT};
-use super::control;
 use super::events::Waits;
 use super::handover::Emitter;
 use super::nvml::NvmlValue;
 use super::options::{engine_config, Output, RunOptions, SourceStats};
 use super::reload::Fingerprint;
-use super::telemetry::Telemetry;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::Config;
@@ -28,6 +26,8 @@ use crate::source::kmsg::KernelClock;
 use crate::source::probe;
 use crate::source::services::ServiceEvent;
 use crate::state::{self, StateDir};
+use crate::status::control;
+use crate::status::telemetry::Telemetry;
 
 /// How long a multi-line message may wait for its next line before it is reported as it is.
 const FOLD_QUIET: Duration = Duration::from_millis(50);

@@ -6,6 +6,8 @@
 //! "the 3rd Xid 79 on this board in 30 days" — and the repeat-offender rule raises the guidance to
 //! "replace the board / open an RMA" with the earlier events attached.
 
+pub mod pages;
+
 use std::collections::VecDeque;
 use std::path::Path;
 
