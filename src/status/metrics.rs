@@ -666,7 +666,7 @@ mod tests {
     #[test]
     fn gpu_and_host_state_gauges_follow_the_verdict() {
         let t = Telemetry::started(1_700_000_000_000, 1);
-        let inc = super::telemetry::IncidentSummary {
+        let inc = crate::status::telemetry::IncidentSummary {
             id: "i79".into(),
             title: "GPU 0 fell off the bus".into(),
             severity: Severity::Critical,
@@ -725,7 +725,7 @@ mod tests {
     #[test]
     fn health_gauges_are_only_the_count_and_the_failing_checks() {
         let t = Telemetry::started(1_700_000_000_000, 1);
-        t.set_health(super::telemetry::HealthGauges {
+        t.set_health(crate::status::telemetry::HealthGauges {
             expected_gpus: Some(8),
             present_gpus: Some(7),
             failing: vec![("gpu_temperature".into(), "0000:2a:00.0".into())],
