@@ -121,7 +121,9 @@ pub fn choose_anchors<'a>(
     use std::collections::HashMap;
     let windows = |l: &'static str| {
         (0..=l.len().saturating_sub(ANCHOR_LEN))
-            .filter(move |&i| l.is_char_boundary(i) && l.is_char_boundary((i + ANCHOR_LEN).min(l.len())))
+            .filter(move |&i| {
+                l.is_char_boundary(i) && l.is_char_boundary((i + ANCHOR_LEN).min(l.len()))
+            })
             .map(move |i| (i, &l[i..(i + ANCHOR_LEN).min(l.len())]))
     };
     let mut lines_with: HashMap<&[u8], u32> = HashMap::new();

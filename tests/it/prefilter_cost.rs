@@ -80,7 +80,10 @@ fn the_two_stages_find_exactly_the_lines_with_a_literal() {
         let path = f.expect("entry").path();
         if path.extension().is_some_and(|e| e == "log") {
             let text = std::fs::read_to_string(&path).expect("corpus file");
-            lines.extend(text.lines().map(|l| l.split_once(" | ").map_or(l, |(_, t)| t).to_string()));
+            lines.extend(
+                text.lines()
+                    .map(|l| l.split_once(" | ").map_or(l, |(_, t)| t).to_string()),
+            );
         }
     }
     // Literals at the very start and end of the haystack, next to each other, and cut short.
