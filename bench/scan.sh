@@ -122,7 +122,12 @@ ordinary_log() {
     "$(calc "$mb / $tx")" "$RUNS" "$(calc "$(echo "$x" | cut -d' ' -f2) * 1024 / $mb")" "$(calc "$(echo "$x" | cut -d' ' -f3) * 1024 / $mb")"
   printf '  ripgrep  %8.0f MiB/s  (rg -j1 -c, best of %d); per GiB: user %.3f s, system %.3f s\n' \
     "$(calc "$mb / $tr")" "$RUNS" "$(calc "$(echo "$r" | cut -d' ' -f2) * 1024 / $mb")" "$(calc "$(echo "$r" | cut -d' ' -f3) * 1024 / $mb")"
-  printf '  ratio    %.2f  (xidwatch / ripgrep; target >= 1.00)\n' "$ratio"
+  # CPU time (user + system) as well: on a shared machine the wall time also holds waits.
+  local cx cr
+  cx=$(calc "$(echo "$x" | cut -d' ' -f2) + $(echo "$x" | cut -d' ' -f3)")
+  cr=$(calc "$(echo "$r" | cut -d' ' -f2) + $(echo "$r" | cut -d' ' -f3)")
+  printf '  ratio    %.2f  (xidwatch / ripgrep, wall time; target >= 1.00); by CPU time %s\n' "$ratio" \
+    "$(awk -v a="$cr" -v b="$cx" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')"
   awk -v r="$ratio" 'BEGIN { exit !(r >= 1.0) }' || { echo "MISSED: $name ratio below 1.00" >&2; fail=1; }
 }
 ordinary_log ordinary "$work/big.log"
