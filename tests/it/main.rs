@@ -18,6 +18,7 @@ mod lost;
 mod nvml;
 mod ops;
 mod page_cli;
+mod prefilter_cost;
 mod privacy;
 mod promises;
 mod runbook;

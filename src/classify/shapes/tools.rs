@@ -1,0 +1,317 @@
+//! Texts of the tools around the driver: nvidia-smi and NVML, the X server's NVIDIA driver, the
+//! user-space API mismatch, the container toolkit, Fabric Manager and the device plugin.
+
+use super::*;
+
+/// nvidia-smi and NVML error texts pasted into logs and reports.
+pub(super) fn parse_tool(msg: &str) -> Option<Shape> {
+    let t = msg.trim();
+    let (critical, pci) = if t.starts_with("NVIDIA-SMI has failed because it couldn")
+        || driver_unreachable_start(t) == Some(0)
+    {
+        (true, None)
+    } else if nvml_failure_start(t) == Some(0) {
+        // `Failed to initialize NVML: ...`, `Failed to properly shut down NVML: ...`: a kernel
+        // module and a library of different versions stop every NVML client (critical), the
+        // other reasons stop this one.
+        let reason = t.split_once(NVML_COLON).map_or("", |(_, r)| r);
+        (reason.starts_with("Driver/library version mismatch"), None)
+    } else if t.starts_with(NVML_MISMATCH) {
+        // nvidia-smi and libnvidia-ml from different driver versions: nvidia-smi stops.
+        (false, None)
+    } else if let Some(rest) = t
+        .strip_prefix("Unable to determine the device handle for ")
+        .or_else(|| t.strip_prefix("Unable to detect the device handle for "))
+    {
+        // nvidia-smi writes "for GPU 0000:...", older ones "for gpu 0000:..." and some
+        // "for GPU0000:..." with no space.
+        let rest = rest
+            .get(..3)
+            .filter(|g| g.eq_ignore_ascii_case("gpu"))
+            .map_or(rest, |_| &rest[3..]);
+        let addr = Some(rest.trim_start())
+            .and_then(|a| a.split(':').take(3).collect::<Vec<_>>().join(":").into())
+            .and_then(|a: String| pci(a.trim_end_matches(':')));
+        (true, addr)
+    } else if let Some(name) = nvml_exception(t) {
+        // A lost GPU is critical; a capability or permission answer is no fault at all.
+        if NVML_ANSWERS.contains(&name) {
+            return Some(Shape::Harmless);
+        }
+        (name == "GpuIsLost", None)
+    } else if is_smi_error_row(t) {
+        // A GPU row of the nvidia-smi table whose fields read `ERR!`: nvidia-smi could not read
+        // the GPU at all.
+        (false, None)
+    } else if t.starts_with("No devices were found")
+        || t.starts_with("Error: nvmlDevice")
+        || t.starts_with("nvmlDevice")
+    {
+        (false, None)
+    } else {
+        return None;
+    };
+    Some(Shape::ToolError {
+        pci,
+        text: t.to_string(),
+        critical,
+    })
+}
+
+/// Management tools (cluster charms, operators) that reword nvidia-smi's "couldn't communicate
+/// with the NVIDIA driver": the driver is not loaded or not answering.
+pub(super) const DRIVER_UNREACHABLE: &str = "communicate with the NVIDIA driver";
+
+/// Where a "cannot communicate with the NVIDIA driver" sentence starts in `line`: at the failure
+/// words just before the phrase (`Unable to`, `Failed to`, `Could not`, `couldn't`).
+pub fn driver_unreachable_start(line: &str) -> Option<usize> {
+    let i = memchr::memmem::find(line.as_bytes(), DRIVER_UNREACHABLE.as_bytes())?;
+    let head = &line[..i];
+    [
+        "Unable to ",
+        "unable to ",
+        "Failed to ",
+        "failed to ",
+        "Could not ",
+        "could not ",
+    ]
+    .iter()
+    .find(|w| head.ends_with(*w))
+    .map(|w| i - w.len())
+}
+
+/// NVML's Python binding raising one of its errors: `pynvml.NVMLError_Unknown: Unknown Error`,
+/// `NVMLError_GpuIsLost: GPU is lost`. The error's name, when `t` is such a line.
+pub fn nvml_exception(t: &str) -> Option<&str> {
+    let rest = t.strip_prefix("pynvml.").unwrap_or(t);
+    let rest = rest.strip_prefix(NVML_EXCEPTION)?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(rest.len());
+    (end > 0 && rest[end..].starts_with(':')).then(|| &rest[..end])
+}
+
+/// The class prefix of NVML's Python exceptions.
+pub const NVML_EXCEPTION: &str = "NVMLError_";
+
+/// NVML errors that answer a question ("not supported here", "not allowed for this user", "no
+/// such object") rather than report a fault: tools ask and carry on.
+pub(super) const NVML_ANSWERS: &[&str] = &[
+    "NotSupported",
+    "NoPermission",
+    "NotFound",
+    "FunctionNotFound",
+    "InvalidArgument",
+    "AlreadyInitialized",
+    "Uninitialized",
+    "InsufficientSize",
+];
+
+/// The nvidia-smi marker for a field it could not read, padded as the table prints it (a
+/// single-spaced `ERR!` is npm's, not nvidia-smi's).
+pub const SMI_ERR_FIELD: &str = "  ERR!  ";
+
+/// Whether `t` is a row of the nvidia-smi GPU table (`|   0  ERR!   Off  | 00000000:01:00.0 ...|`)
+/// with a field that reads `ERR!`.
+pub fn is_smi_error_row(t: &str) -> bool {
+    let t = t.trim();
+    t.len() > 2 && t.starts_with('|') && t.ends_with('|') && t.contains(SMI_ERR_FIELD)
+}
+
+pub(super) const NVML_COLON: &str = " NVML: ";
+/// What nvidia-smi prints when its own NVML library is from another driver version.
+pub const NVML_MISMATCH: &str = "Mismatch in versions between nvidia-smi and NVML";
+
+/// Where an NVML call failure as nvidia-smi words it starts in `line`: `Failed to <what> NVML:
+/// <reason>`, `<what>` being a few plain words (`initialize`, `properly shut down`).
+pub fn nvml_failure_start(line: &str) -> Option<usize> {
+    // Most tools add the reason (`Failed to initialize NVML: Unknown Error`); some print the bare
+    // failure (`Error: Failed to initialize NVML`), the reason being in another log.
+    let colon = memchr::memmem::find(line.as_bytes(), NVML_COLON.as_bytes()).or_else(|| {
+        let t = line
+            .trim_end()
+            .trim_end_matches(['.', '`', '"', '\''])
+            .trim_end();
+        t.ends_with(" NVML").then(|| t.len() - " NVML".len())
+    })?;
+    let start = line[..colon].rfind("Failed to ")?;
+    let what = &line[start + "Failed to ".len()..colon];
+    (!what.is_empty()
+        && what.len() <= 32
+        && what.bytes().all(|b| b.is_ascii_lowercase() || b == b' '))
+    .then_some(start)
+}
+
+/// Whether `s` starts with the X server NVIDIA driver's tag: `NVIDIA: ` or `NVIDIA(SCREEN): `
+/// with a short screen name (`0`, `G0`, `GPU-0`).
+pub fn xorg_tag_ok(s: &str) -> bool {
+    xorg_body(s).is_some()
+}
+
+/// The text after the X driver's tag.
+pub(super) fn xorg_body(s: &str) -> Option<&str> {
+    let rest = s.strip_prefix("NVIDIA")?;
+    // Some X servers wrote `NVIDIA (0):`.
+    let rest = rest
+        .strip_prefix(' ')
+        .filter(|r| r.starts_with('('))
+        .unwrap_or(rest);
+    if let Some(body) = rest.strip_prefix(": ") {
+        return Some(body);
+    }
+    let screen = rest.strip_prefix('(')?;
+    let close = screen.find("): ")?;
+    let name = &screen[..close];
+    (!name.is_empty()
+        && name.len() <= 16
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    .then(|| &screen[close + 3..])
+}
+
+/// The API mismatch as NVIDIA's user-space components (the X driver, GLX, nvidia-settings) tell
+/// it, the kernel module's version first or their own first.
+pub(super) fn parse_user_api(msg: &str) -> Option<Shape> {
+    if let Some(c) = re_user_api_kernel_first().captures(msg) {
+        return Some(Shape::VersionMismatch {
+            component: c
+                .get(2)
+                .map_or("NVIDIA driver component", |m| m.as_str())
+                .to_string(),
+            component_version: c.get(3).map(|m| m.as_str().to_string()),
+            kernel: Some(c[1].to_string()),
+        });
+    }
+    let c = re_user_api_component_first().captures(msg)?;
+    Some(Shape::VersionMismatch {
+        component: "NVIDIA driver component".into(),
+        component_version: Some(c[1].to_string()),
+        kernel: None,
+    })
+}
+
+/// An error from the X server's NVIDIA driver (`(EE) NVIDIA(GPU-0): ...`, the marker already
+/// removed). The X driver reports the kernel driver's failure to bring a GPU up in its own words;
+/// the lines indented after it explain and are folded into it.
+pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
+    let body = xorg_body(msg)?;
+    if body.starts_with(char::is_whitespace) {
+        return Some(Shape::Other);
+    }
+    let body = body.trim_end_matches(['`', ' ']);
+    if let Some(s) = parse_user_api(body) {
+        return Some(s);
+    }
+    // Older drivers: "Failed to initialize the NVIDIA graphics device PCI:1:0:0." (the line
+    // "... graphics device!" that follows it explains, and folds).
+    let gpu_at = body
+        .strip_prefix("Failed to initialize the NVIDIA GPU at ")
+        .or_else(|| {
+            body.strip_prefix("Failed to initialize the NVIDIA graphics device ")
+                .filter(|at| at.starts_with("PCI:"))
+        });
+    if let Some(at) = gpu_at {
+        return Some(Shape::InitFailure {
+            pci: xorg_pci(at),
+            what: "the X server's NVIDIA driver failed to initialise the GPU (the kernel log says why)"
+                .into(),
+            code: None,
+            folds: true,
+        });
+    }
+    if body.starts_with("Failed to initialize the NVIDIA kernel module") {
+        return Some(Shape::InitFailure {
+            pci: None,
+            what: "the X server's NVIDIA driver could not initialise the NVIDIA kernel module"
+                .into(),
+            code: None,
+            folds: true,
+        });
+    }
+    Some(Shape::Other)
+}
+
+/// The X server's `PCI:BUS:DEVICE:FUNCTION` (decimal, domain 0, or `BUS@DOMAIN:DEVICE:FUNCTION`).
+pub(super) fn xorg_pci(s: &str) -> Option<PciAddress> {
+    let s = s.strip_prefix("PCI:")?;
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == ':' || c == '@'))
+        .unwrap_or(s.len());
+    let mut parts = s[..end].split(':');
+    let first = parts.next()?;
+    let (bus, domain) = first.split_once('@').unwrap_or((first, "0"));
+    let device = parts.next()?.parse().ok()?;
+    let function = parts.next()?.parse().ok()?;
+    PciAddress::new(domain.parse().ok()?, bus.parse().ok()?, device, function)
+}
+
+/// The container toolkit's hook failing on NVML or the driver (`nvidia-container-cli:
+/// initialization error: nvml error: driver/library version mismatch`, `... detection error: nvml
+/// error: unknown error`): no container gets the GPU. Its other errors (cgroups, mounts, a missing
+/// binary) are the container setup's, not the GPU's, and stay quiet.
+pub(super) fn container_cli(m: &str) -> Option<Shape> {
+    let rest = m.strip_prefix("nvidia-container-cli")?;
+    let (_, text) = rest.split_once(": ")?;
+    let text = text.trim_end();
+    let driver = text.contains("nvml error") || text.contains("driver error");
+    if !driver {
+        return Some(Shape::Harmless);
+    }
+    Some(Shape::ToolError {
+        pci: None,
+        critical: text.contains("version mismatch"),
+        text: text.to_string(),
+    })
+}
+
+/// A Fabric Manager record: bare, as its log file holds it (`[ERROR] [tid 841] ...`, the stamp
+/// left in the prefix), or after the journal's `nv-fabricmanager[pid]: ` tag, with or without its
+/// own stamp and level. A record at a level that is never a finding is harmless; journal text
+/// without a level that is none of the known failures is left to the other daemon checks.
+pub(super) fn fabric_manager(msg: &str) -> Option<Shape> {
+    use crate::classify::fabricmanager as fm;
+    let of_record = |r: fm::Record<'_>| {
+        let error = matches!(r.level, Some("ERROR" | "FATAL"));
+        Some(match fm::classify(r.text, error) {
+            Some(ev) => Shape::FabricManager(ev),
+            None => Shape::Harmless,
+        })
+    };
+    if msg.starts_with('[') {
+        return fm::record(msg).and_then(of_record);
+    }
+    let rest = msg.strip_prefix("nv-fabricmanager[")?;
+    let (pid, text) = rest.split_once("]: ")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if let Some(r) = fm::record(text) {
+        return of_record(r);
+    }
+    fm::classify(text, false).map(Shape::FabricManager)
+}
+
+/// An NVIDIA user-space daemon (`nv-fabricmanager[29850]: ...`) saying it does not match the
+/// kernel driver's version: like an API mismatch, nothing that needs both runs (without the
+/// fabric manager an NVSwitch system runs no CUDA job). Its other messages are left to the
+/// daemon's own logs.
+pub(super) fn daemon_version_mismatch(msg: &str) -> Option<Shape> {
+    let (name, rest) = msg.split_once('[')?;
+    if !(name.starts_with("nv-") || name.starts_with("nvidia-"))
+        || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
+    {
+        return None;
+    }
+    let (pid, text) = rest.split_once("]: ")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    let mismatch = lower.contains("version")
+        && lower.contains("driver")
+        && (lower.contains("mismatch") || lower.contains("match with"));
+    mismatch.then(|| Shape::ModuleError {
+        module: "NVIDIA daemon",
+        pci: None,
+        text: text.trim_end().to_string(),
+    })
+}

@@ -1,0 +1,310 @@
+//! Kernel call traces, crash reports and hung tasks: which frames and tasks are NVIDIA's.
+
+use super::*;
+
+/// The NVIDIA module named by a trailing `[module]` (or `[module]]`) of a frame or RIP line.
+pub fn frame_module(line: &str) -> Option<&'static str> {
+    let t = line.trim_end();
+    let open = t.rfind('[')?;
+    let inner = t[open + 1..].trim_end_matches(']');
+    NVIDIA_MODULES.iter().copied().find(|m| *m == inner)
+}
+
+/// Whether a line is a call-trace frame (`sym+0x1f/0x40 [mod]`, with `? ` and `[<addr>] `).
+pub fn is_frame(line: &str) -> bool {
+    let t = frame_text(line);
+    let Some(plus) = t.find("+0x") else {
+        return false;
+    };
+    let sym = &t[..plus];
+    !sym.is_empty()
+        && !sym.contains(' ')
+        && t[plus..].contains("/0x")
+        && sym
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'$'))
+}
+
+/// A frame line without its leading `[<address>]`, `? ` and spaces.
+pub(super) fn frame_text(line: &str) -> &str {
+    let mut t = line.trim_start();
+    if t.starts_with("[<") {
+        if let Some(end) = t.find(">]") {
+            t = t[end + 2..].trim_start();
+        }
+    }
+    t.strip_prefix("? ").unwrap_or(t).trim_start()
+}
+
+/// A module that cannot load because of NVIDIA's symbols: `nvidia: disagrees about version of
+/// symbol X`, `nv_peer_mem: Unknown symbol nvidia_p2p_get_pages (err -22)`, `nvidia_fs: module
+/// using GPL-only symbols uses symbols nvidia_p2p_get_pages from proprietary module nvidia.`.
+/// Either the module or the symbol is NVIDIA's; other modules' symbol trouble is not ours.
+pub(super) fn module_symbol(m: &str) -> Option<Shape> {
+    // Both wordings say "symbol"; the regexes run only on lines that do (not on every frame).
+    if !m.contains(" symbol") {
+        return None;
+    }
+    let (module, what, nvidia) = if let Some(c) = re_module_sym().captures(m) {
+        let what = format!("{} {}", &c[2], &c[3]);
+        (c[1].to_string(), what, is_nvidia_name(&c[3]))
+    } else if let Some(c) = re_gpl_only().captures(m) {
+        // Newer kernels name the symbol, older ones only the module that owns it: `nvidia_fs:
+        // module using GPL-only symbols uses symbols from proprietary module nvidia.`
+        let owner = &c[3];
+        let what = match c.get(2) {
+            Some(sym) => format!(
+                "may not use the GPL-only symbols of {owner}: {}",
+                sym.as_str()
+            ),
+            None => format!("may not use the GPL-only symbols of {owner}"),
+        };
+        let nvidia = is_nvidia_name(owner) || c.get(2).is_some_and(|s| is_nvidia_name(s.as_str()));
+        (c[1].to_string(), what, nvidia)
+    } else {
+        return None;
+    };
+    if !(nvidia || is_nvidia_name(&module)) {
+        return None;
+    }
+    Some(Shape::InitFailure {
+        pci: None,
+        what: format!("module {module}: {what}"),
+        code: None,
+        folds: false,
+    })
+}
+
+/// What module loaders print when they cannot load a module, each with the character that ends
+/// the module name: `systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot
+/// allocate memory`, `modprobe: ERROR: could not insert 'nvidia': No such device`, `modprobe:
+/// ERROR: ... could not find module by name='nvidia_331_uvm'`, `modprobe: FATAL: Module
+/// nvidia-uvm not found.`. The kernel often logs nothing of its own for these.
+pub(super) const MODULE_LOADER: &[(&str, char)] = &[
+    ("Failed to insert module '", '\''),
+    ("could not insert '", '\''),
+    ("could not find module by name='", '\''),
+    ("FATAL: Module ", ' '),
+];
+
+/// Where a module loader's failure for an NVIDIA module starts in `line` (at the phrase), with
+/// the module and the rest of the line.
+pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
+    MODULE_LOADER.iter().find_map(|(phrase, end)| {
+        let at = line.find(phrase)?;
+        let after = &line[at + phrase.len()..];
+        let (module, rest) = after.split_once(*end)?;
+        is_nvidia_name(module).then_some((at, module, rest))
+    })
+}
+
+/// A module loader that could not load an NVIDIA module (see [`MODULE_LOADER`]).
+pub(super) fn module_insert(m: &str) -> Option<Shape> {
+    let (_, module, rest) = module_loader_failure(m)?;
+    let reason = rest.trim_start_matches(':').trim().trim_end_matches('.');
+    let what = if reason.is_empty() || reason == "not found" {
+        format!("module {module} could not be loaded (not found)")
+    } else {
+        format!("module {module} could not be loaded ({reason})")
+    };
+    Some(Shape::InitFailure {
+        pci: None,
+        what,
+        code: None,
+        folds: false,
+    })
+}
+
+/// The power-management core reporting that an NVIDIA callback failed: `PM: pci_pm_suspend():
+/// nv_pmops_suspend+0x0/0x40 [nvidia] returns -5` (suspend or resume of the GPU failed).
+pub fn pm_callback_module(m: &str) -> Option<&'static str> {
+    let rest = m.strip_prefix("PM: ")?;
+    let i = rest.find(" returns -")?;
+    frame_module(&rest[..i])
+}
+
+pub(super) fn pm_callback(m: &str) -> Option<Shape> {
+    let module = pm_callback_module(m)?;
+    Some(Shape::ModuleError {
+        module,
+        pci: None,
+        text: m.trim_end().to_string(),
+    })
+}
+
+/// NVIDIA's kernel modules and exported symbols: `nvidia`, `nvidia_uvm`, `nvidia-drm`,
+/// `nv_peer_mem`, `nvidia_p2p_get_pages`.
+pub(super) fn is_nvidia_name(name: &str) -> bool {
+    name.starts_with("nvidia") || name.starts_with("nv_peer_mem")
+}
+
+/// Hung-task reports, call-trace headers and frames.
+pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
+    let t = msg.trim_start();
+    if let Some(rest) = t.strip_prefix("INFO: task ") {
+        // `INFO: task NAME:PID blocked for more than N seconds.`, or (newer kernels) `INFO: task
+        // NAME:PID blocked on a mutex|semaphore likely last held by task OTHER:PID`.
+        let i = hung_wording(rest)?;
+        let name = rest[..i].rsplit_once(':').map_or(&rest[..i], |(n, _)| n);
+        return Some(Shape::TraceStart {
+            task: Some(name.to_string()),
+            hung: true,
+            module: task_module(name),
+            text: t.trim_end().to_string(),
+        });
+    }
+    if let Some(rest) = t.strip_prefix("task:") {
+        // `task:NAME state:D stack:0 pid:...` (newer kernels, after the INFO line).
+        let i = rest.find(" state:")?;
+        let name = rest[..i].trim();
+        let hung = rest[i..].starts_with(" state:D");
+        return Some(Shape::TraceStart {
+            task: Some(name.to_string()),
+            hung,
+            module: if hung { task_module(name) } else { None },
+            text: t.trim_end().to_string(),
+        });
+    }
+    // Kernel crash and warning headers (`BUG: unable to handle page fault for address: ...`,
+    // `BUG: kernel NULL pointer dereference`, `BUG: soft lockup - CPU#1 stuck for 26s!`,
+    // `general protection fault ...`, `kernel BUG at ...`, `WARNING: CPU: 5 PID: 22400 at
+    // .../nvidia/nv.c:4405 nv_restore_user_channels+0x57/0x200 [nvidia]`). Whose crash it is
+    // comes from what follows (the task, the RIP, the frames): one outside NVIDIA's modules
+    // stays silent.
+    if let Some(h) = crash_header(t) {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: frame_module(h).or_else(|| source_module(h)),
+            text: h.trim_end().to_string(),
+        });
+    }
+    // `CPU: 5 PID: 9577 Comm: nvidia-smi Tainted: P O 5.19.17 #2`: the task a crash dump was
+    // taken in. An NVIDIA tool or kernel thread crashing is a crash in the driver.
+    if let Some(name) = crash_task(t) {
+        return Some(Shape::TraceStart {
+            task: Some(name.to_string()),
+            hung: false,
+            module: task_module(name),
+            text: t.trim_end().to_string(),
+        });
+    }
+    if t.starts_with("Call Trace:") || t.starts_with("Call trace:") {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: None,
+            text: t.trim_end().to_string(),
+        });
+    }
+    if t.starts_with("RIP: ") || t.starts_with("pc : ") {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: frame_module(t),
+            text: t.trim_end().to_string(),
+        });
+    }
+    if t.contains("usercopy") && t.contains("'nvidia") {
+        return Some(Shape::TraceStart {
+            task: None,
+            hung: false,
+            module: Some("nvidia"),
+            text: t.trim_end().to_string(),
+        });
+    }
+    if is_frame(t) {
+        return Some(Shape::TraceFrame {
+            module: frame_module(t),
+        });
+    }
+    None
+}
+
+/// Kernel crash and warning headers, as they start a message.
+pub const CRASH_HEADERS: &[&str] = &[
+    "BUG: ",
+    "general protection fault",
+    "kernel BUG at ",
+    "WARNING: CPU: ",
+];
+
+/// Where a kernel crash or warning header starts in `line`, if it holds one.
+pub fn crash_start(line: &str) -> Option<usize> {
+    CRASH_HEADERS
+        .iter()
+        .filter_map(|h| line.find(h))
+        .min()
+        .or_else(|| {
+            line.find("WARNING")
+                .filter(|&i| warning_at_source(&line[i..]))
+        })
+}
+
+/// The crash header `t` starts with, from the header on (`watchdog: BUG: soft lockup` included).
+pub(super) fn crash_header(t: &str) -> Option<&str> {
+    let t = t.strip_prefix("watchdog: ").unwrap_or(t);
+    let t = t.strip_prefix("NMI watchdog: ").unwrap_or(t);
+    (CRASH_HEADERS.iter().any(|h| t.starts_with(h)) || warning_at_source(t)).then_some(t)
+}
+
+/// A kernel warning that names its source line without `CPU:` first: newer kernels print
+/// `WARNING: drivers/x/y.c:123 at func+0x1/0x2, CPU#3: comm/42`, and people shorten it to
+/// `WARNING at nvidia-drm/nvidia-drm-drv.c:1221 func+0x327/0x340`. The source path must end in
+/// `:LINE`, which keeps other programs' "WARNING: ..." sentences out.
+pub fn warning_at_source(t: &str) -> bool {
+    let rest = t
+        .strip_prefix("WARNING: ")
+        .or_else(|| t.strip_prefix("WARNING at "));
+    let Some(path) = rest.and_then(|r| r.split_whitespace().next()) else {
+        return false;
+    };
+    path.contains('/')
+        && path
+            .rsplit_once(':')
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The NVIDIA module a kernel warning's source path is in (`.../nvidia-drm/nvidia-drm-drv.c:1221`
+/// is nvidia_drm), when the line names no module in brackets.
+pub fn source_module(h: &str) -> Option<&'static str> {
+    h.split_whitespace()
+        .filter(|w| w.contains('/'))
+        .flat_map(|w| w.split('/'))
+        .find_map(task_module)
+}
+
+/// The task named by a crash dump's `CPU: N PID: N Comm: NAME ...` line (`UID: N` may come
+/// between, as newer kernels print it).
+pub fn crash_task(t: &str) -> Option<&str> {
+    let rest = t.strip_prefix("CPU: ")?;
+    let i = rest.find(" Comm: ")?;
+    if !rest[..i].contains("PID: ") {
+        return None;
+    }
+    rest[i + " Comm: ".len()..].split_whitespace().next()
+}
+
+/// Where a hung-task line's wording starts, in any kernel's words: `blocked for more than N
+/// seconds`, or `blocked on a mutex|semaphore|rw-semaphore likely last held by task ...`.
+pub fn hung_wording(rest: &str) -> Option<usize> {
+    rest.find(" blocked for more than")
+        .or_else(|| rest.find(" blocked on a"))
+}
+
+/// The NVIDIA module a kernel thread or NVIDIA tool belongs to, by its task name: a hang of
+/// `nvidia-modeset/0` or of `nvidia-smi` is a hang in the driver even when no frame is logged.
+pub(super) fn task_module(name: &str) -> Option<&'static str> {
+    let n = name.to_ascii_lowercase();
+    if n.starts_with("nvidia-modeset") || n.starts_with("nvidia_modeset") {
+        Some("nvidia_modeset")
+    } else if n.starts_with("nvidia-drm") || n.starts_with("nvidia_drm") {
+        Some("nvidia_drm")
+    } else if n.starts_with("nvidia-uvm") || n.starts_with("nvidia_uvm") || n.starts_with("uvm ") {
+        Some("nvidia_uvm")
+    } else if n.starts_with("nvidia") || n.starts_with("nv_queue") {
+        Some("nvidia")
+    } else {
+        None
+    }
+}

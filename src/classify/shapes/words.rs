@@ -1,0 +1,136 @@
+//! The words that make a driver line an error or a known-harmless notice, and sentence edges.
+
+/// Error signals in a driver line, lower-case. Conservative on purpose: each was seen in a real
+/// NVIDIA error line and in none of the harmless ones.
+pub(super) const ERROR_WORDS: &[&str] = &[
+    "error",
+    "fail",
+    "timeout",
+    "timed out",
+    // `_issueRpcAndWait: rpcRecvPoll timedout for fn 76`: the GSP RPC poll gave up.
+    "timedout",
+    "fatal",
+    "assert",
+    "halted",
+    "inaccessible",
+    "invalid",
+    "cannot",
+    "can't",
+    "unable",
+    "not responding",
+    "lost",
+    "exceeded",
+    "missing",
+    "mismatch",
+    "panic",
+    "watchdog",
+    "stuck",
+    "hung",
+    "os_schedule",
+    "kgsphealthcheck",
+    "bad state",
+    "not supported",
+    // Self-tests that read back nonsense: `kbusVerifyBar2_GM107: MMUTest BAR0 window offset
+    // 0x70f000 returned garbage 0x0`.
+    "garbage",
+    // A GPU removed from the bus while still in use (surprise removal, a lost eGPU).
+    "non-zero usage count",
+    // `System Power Management attempted without driver procfs suspend interface`: suspend
+    // will fail with PreserveVideoMemoryAllocations set.
+    "attempted without",
+];
+
+/// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
+pub(super) const HARMLESS: &[&str] = &[
+    "loading NVIDIA UNIX",
+    "Persistence mode",
+    "nvidia-persistenced",
+    "RmInitAdapter succeeded",
+    "ACPI",
+    "failed to open /proc/driver/nvidia/params", // user tools probing before load
+    "module verification failed",
+    "taints kernel",
+    "tainting kernel",
+    "inheriting taint",
+    "vgaarb:",
+    "mapping multiple BARs",
+    "Loaded the UVM driver",
+    "[drm] ",
+    "skipping",
+    "Unloading",
+    // The PCI core's legacy-interrupt routing notices for the GPU ("can't derive routing for PCI
+    // INT A", "PCI INT A: no GSI"): the driver uses MSI, and a VM without INTx routing prints them
+    // on every boot.
+    "PCI INT ",
+    // `free_os_event: failed to find OS event`: a client freed an event handle the driver no
+    // longer knows (monitoring agents do this on healthy GPUs); nothing about the GPU.
+    "free_os_event",
+];
+
+/// A probe of what the GPU or the platform can do, or a lookup, answered "no", that the driver
+/// handles by carrying on without it:
+/// - an RM status check (`nvCheckOkFailedNoLog: Check failed: ...`) answered
+///   `NV_ERR_NOT_SUPPORTED` or `NV_ERR_OBJECT_NOT_FOUND` (monitoring agents on MIG nodes ask
+///   for a GPU-instance subscription their client does not have, every few seconds). Checks,
+///   unlike assertions, mark failures the code handles; a check with any other status (invalid
+///   data, no resources) stays an error.
+/// - the PCIe chipset setup at load (`objClInitPcieChipset: *** Chipset Setup Function Error!`):
+///   on a chipset it has no setup for, the driver keeps generic PCIe settings and the GPU works.
+pub(super) fn is_capability_probe(text: &str) -> bool {
+    (text.contains("Check failed")
+        && (text.contains("[NV_ERR_NOT_SUPPORTED]") || text.contains("[NV_ERR_OBJECT_NOT_FOUND]")))
+        || (text.contains("objClInitPcieChipset") && text.contains("Chipset Setup Function"))
+}
+
+pub(super) fn has_error_signal(text: &str) -> bool {
+    // Lower-case only the first 256 bytes: the signal is in the words, not in register dumps.
+    let mut buf = [0u8; 256];
+    let n = text.len().min(buf.len());
+    for (d, s) in buf.iter_mut().zip(text.as_bytes()) {
+        *d = s.to_ascii_lowercase();
+    }
+    let lower = &buf[..n];
+    ERROR_WORDS
+        .iter()
+        .any(|w| memchr::memmem::find_iter(lower, w.as_bytes()).any(|i| !in_member_path(lower, i)))
+}
+
+/// Whether the word at `i` is a member of a dotted field path (`threadStateDatabase.timeout.flags`)
+/// rather than a word of the sentence: debug prints name fields, and a field called "timeout" or
+/// "error" says nothing went wrong.
+pub(super) fn in_member_path(lower: &[u8], i: usize) -> bool {
+    i >= 2 && lower[i - 1] == b'.' && lower[i - 2].is_ascii_alphanumeric()
+}
+
+pub(super) fn is_harmless(text: &str) -> bool {
+    HARMLESS.iter().any(|h| text.contains(h)) || is_identity_line(text)
+}
+
+/// `NVRM: GPU at PCI:0000:9b:00: GPU-...` identity lines, also those without a UUID we could
+/// parse. Only as the start of the message: the same words inside a sentence name the GPU an
+/// error is about (`Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00 ... The GPU
+/// likely needs to be reset.`).
+pub(super) fn is_identity_line(text: &str) -> bool {
+    let t = text.trim_start();
+    let t = t.strip_prefix("NVRM:").map_or(t, str::trim_start);
+    t.starts_with("GPU at PCI:")
+}
+
+/// Whether an `NVRM: ` message body carries on the sentence of the line before it: the driver
+/// prints a long notice as several lines, and a tail line ("corruption and stability problems, and
+/// is not supported.") means nothing on its own. It starts with a lower-case word that is not a
+/// function name (`nvAssertFailedNoLog:`, `os_schedule:`) and not itself an error word ("failed
+/// to ...", which starts a message of its own).
+pub fn continues_sentence(body: &str) -> bool {
+    let first = body.split(' ').next().unwrap_or("");
+    first.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && !first.contains([':', '_', '(', '='])
+        && !ERROR_WORDS
+            .iter()
+            .any(|w| first.to_ascii_lowercase().starts_with(w))
+}
+
+/// Whether an `NVRM: ` message body ends its sentence (so the next line starts a new message).
+pub fn ends_sentence(body: &str) -> bool {
+    body.trim_end().ends_with(['.', '!', '?'])
+}

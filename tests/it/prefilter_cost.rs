@@ -1,0 +1,118 @@
+//! The prefilter's cost on ordinary lines: every literal is searched by an anchor that ordinary
+//! kernel lines (public logs, `fixtures/ordinary/`) rarely hold, and the two-stage search finds
+//! exactly the lines that hold a literal.
+//!
+//! A literal costs wherever the SIMD searcher's fingerprint matches, not only where the literal
+//! does: `state:D` searched by its first bytes stopped on every "entered forwarding state" and
+//! `/proc/N/status` of a container host. The bound and why it is what it is:
+//! [`prefilter::MAX_ANCHOR_LINES_PER_MILLE`].
+
+use xidwatch::classify::prefilter::{self, Prefilter, ANCHOR_LEN, CANDIDATE_LITERALS};
+
+/// Lines of the ordinary sample that hold `needle`.
+fn lines_holding(needle: &[u8]) -> u32 {
+    prefilter::ordinary_lines()
+        .filter(|l| l.as_bytes().windows(needle.len()).any(|w| w == needle))
+        .count() as u32
+}
+
+/// Literals whose anchor (the bytes the searcher's fingerprint is made of) is not rare in the
+/// ordinary sample, with the number of sample lines it stops in.
+fn costly(literals: &[&'static str]) -> Vec<(&'static str, &'static str, u32)> {
+    let total = prefilter::ordinary_lines().count() as u32;
+    let pre = Prefilter::with_literals(literals);
+    pre.anchors()
+        .iter()
+        .filter_map(|a| {
+            // As the searcher pays: stops of the first stage on each sample line.
+            let one = Prefilter::with_literals(&[a.literal]);
+            let stops = prefilter::ordinary_lines()
+                .filter(|l| one.anchor_hits(l.as_bytes()) > 0)
+                .count() as u32;
+            (!prefilter::is_rare(stops, total)).then_some((a.literal, a.anchor, stops))
+        })
+        .collect()
+}
+
+#[test]
+fn the_sample_is_ordinary_and_large_enough() {
+    let total = prefilter::ordinary_lines().count();
+    // Under 500 lines, "one line in 500" means no line at all: stricter than the bound, never
+    // looser. A sample that shrank much would no longer tell common words from rare ones.
+    assert!(total >= 350, "only {total} ordinary lines");
+    let pre = Prefilter::new();
+    for l in prefilter::ordinary_lines() {
+        assert!(!pre.is_candidate(l.as_bytes()), "not ordinary: {l}");
+    }
+    // Every block names its source.
+    for s in prefilter::ORDINARY_SAMPLE {
+        assert!(s.contains("\n@ https://"), "a sample file without sources");
+    }
+}
+
+#[test]
+fn every_literal_is_searched_by_a_rare_anchor() {
+    let bad = costly(CANDIDATE_LITERALS);
+    assert!(
+        bad.is_empty(),
+        "literals whose anchor is common in ordinary lines (literal, anchor, sample lines): {bad:?}"
+    );
+}
+
+/// The guard holds for literals added later (from a table or by hand): a literal made only of
+/// common words gets no rare anchor, and the check says so.
+#[test]
+fn a_literal_of_common_words_is_caught() {
+    let bad = costly(&["entered forwarding state", "NVRM"]);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, "entered forwarding state");
+    // And the literal that motivated the guard, by its leading bytes, is common.
+    let total = prefilter::ordinary_lines().count() as u32;
+    let lead = lines_holding(&b"state:D"[..ANCHOR_LEN]);
+    assert!(!prefilter::is_rare(lead, total), "{lead} of {total}");
+}
+
+#[test]
+fn the_two_stages_find_exactly_the_lines_with_a_literal() {
+    let pre = Prefilter::new();
+    let mut lines: Vec<String> = prefilter::ordinary_lines().map(str::to_string).collect();
+    for f in std::fs::read_dir("fixtures/corpus").expect("corpus") {
+        let path = f.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&path).expect("corpus file");
+            lines.extend(
+                text.lines()
+                    .map(|l| l.split_once(" | ").map_or(l, |(_, t)| t).to_string()),
+            );
+        }
+    }
+    // Literals at the very start and end of the haystack, next to each other, and cut short.
+    for l in CANDIDATE_LITERALS {
+        lines.push(l.to_string());
+        lines.push(format!("x{l}"));
+        lines.push(format!("{l}{l}"));
+        lines.push(l[..l.len() - 1].to_string());
+        lines.push(l[1..].to_string());
+    }
+    for l in &lines {
+        let want = CANDIDATE_LITERALS.iter().any(|c| l.contains(c));
+        assert_eq!(pre.is_candidate(l.as_bytes()), want, "{l:?}");
+        if want {
+            let at = pre.find_from(l.as_bytes(), 0).expect("found");
+            assert!(
+                CANDIDATE_LITERALS
+                    .iter()
+                    .any(|c| l.as_bytes()[at..].starts_with(c.as_bytes())),
+                "{l:?} at {at}"
+            );
+        }
+    }
+    // In one buffer, the first match lies in the first line that holds a literal.
+    let buf = lines.join("\n");
+    let first = lines
+        .iter()
+        .position(|l| CANDIDATE_LITERALS.iter().any(|c| l.contains(c)))
+        .expect("some line");
+    let at = pre.find_from(buf.as_bytes(), 0).expect("found");
+    assert_eq!(buf[..at].matches('\n').count(), first);
+}
