@@ -1,4 +1,4 @@
-//! The hand-off: for a page whose guide says to drain, the exact command that drains this node in
+//! The hand-off: for a page whose fault takes the GPU out of service, the exact command that drains this node in
 //! the site's scheduler, for the on-call to run. Suggest-only: xidwatch never runs it, and no
 //! code path here starts a process.
 //!
@@ -43,16 +43,38 @@ fn node_name_ok(n: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
-/// Whether the page's own guide tells the on-call to drain: a critical fault whose next steps
-/// (from its runbook, else the catalog) say "drain".
-fn says_drain(doc: &AlertDocument) -> bool {
-    doc.severity == Severity::Critical && doc.next_steps.to_ascii_lowercase().contains("drain")
+/// NVIDIA's immediate actions that concern the application only: the GPU and the node stay in
+/// service, so nothing to drain.
+const APPLICATION_ONLY: &[&str] = &["RESTART_APP", "IGNORE"];
+
+/// Whether the fault takes this node's GPU out of service, decided from typed facts, never from
+/// the guide's prose: a critical fault (not the application's own, not a resolved notice) whose
+/// NVIDIA resolution bucket asks for more than restarting the application (a GPU reset, a
+/// reboot, a drain, a workflow, support), or that has no bucket (a lost GPU, a driver that did
+/// not initialise, a service the GPUs need: critical by xidwatch's own rules).
+fn takes_gpu_out(doc: &AlertDocument) -> bool {
+    if doc.severity != Severity::Critical
+        || doc.phase == Phase::Resolved
+        || doc.category == crate::model::Category::Application
+    {
+        return false;
+    }
+    match doc
+        .catalog
+        .as_ref()
+        .and_then(|c| c.immediate_bucket.as_deref())
+    {
+        Some(bucket) => !APPLICATION_ONLY
+            .iter()
+            .any(|b| bucket.trim().eq_ignore_ascii_case(b)),
+        None => true,
+    }
 }
 
-/// The hand-off for `doc`, or `None` (no scheduler, a resolved notice, a guide that does not
-/// say to drain, or a host name that cannot be put in a command).
+/// The hand-off for `doc`, or `None` (no scheduler, a fault that leaves the GPU in service
+/// ([`takes_gpu_out`]), or a host name that cannot be put in a command).
 pub fn suggest(cfg: &HandoffConfig, doc: &AlertDocument) -> Option<HandoffDoc> {
-    if cfg.scheduler == Scheduler::None || doc.phase == Phase::Resolved || !says_drain(doc) {
+    if cfg.scheduler == Scheduler::None || !takes_gpu_out(doc) {
         return None;
     }
     let node = cfg.node.clone().unwrap_or_else(|| doc.host.clone());
@@ -185,19 +207,37 @@ mod tests {
         );
     }
 
+    /// Decided from typed facts: the prose of the guide plays no part.
     #[test]
-    fn only_when_the_guide_says_to_drain() {
+    fn only_for_a_fault_that_takes_the_gpu_out() {
+        let bucket = |b: &str| {
+            let mut d = doc("Drain the node now.", Severity::Critical);
+            d.catalog = Some(crate::alert::CatalogText {
+                immediate_bucket: Some(b.to_string()),
+                ..Default::default()
+            });
+            d
+        };
         assert_eq!(
             suggest(&cfg(Scheduler::None), &doc("Drain.", Severity::Critical)),
             None
         );
+        // A lost GPU (no bucket) and NVIDIA's reboot or reset: whatever the guide says.
+        assert!(suggest(
+            &cfg(Scheduler::Slurm),
+            &doc("Watch it.", Severity::Critical)
+        )
+        .is_some());
+        assert!(suggest(&cfg(Scheduler::Slurm), &bucket("RESTART_BM")).is_some());
+        assert!(suggest(&cfg(Scheduler::Slurm), &bucket("WORKFLOW_XID_48")).is_some());
+        // The application's own fault, however the prose reads.
         assert_eq!(
-            suggest(
-                &cfg(Scheduler::Slurm),
-                &doc("Watch it.", Severity::Critical)
-            ),
+            suggest(&cfg(Scheduler::Slurm), &bucket("RESTART_APP")),
             None
         );
+        let mut app = doc("Drain.", Severity::Critical);
+        app.category = Category::Application;
+        assert_eq!(suggest(&cfg(Scheduler::Slurm), &app), None);
         assert_eq!(
             suggest(&cfg(Scheduler::Slurm), &doc("Drain.", Severity::Warning)),
             None

@@ -97,7 +97,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                     println!("hand-off: none (pages carry no drain command)")
                 }
                 (s, node) => println!(
-                    "hand-off: {} drain command in pages whose guide says to drain, for node {} (suggested; never run)",
+                    "hand-off: {} drain command in pages of faults that take a GPU out of service, for node {} (suggested; never run)",
                     s.as_str(),
                     // Unset: the alert's host name, as the daemon will resolve it here.
                     node.clone().unwrap_or_else(|| crate::host::alert_host(

@@ -684,7 +684,7 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         "the Xid 45 is in the page: {echoes:?}"
     );
     assert_eq!(page["evidence"][0]["runbook"], "fallen-off-bus");
-    // The hand-off: the guide says to drain, so the page carries the exact Slurm command.
+    // The hand-off: an Xid 79 takes the GPU out, so the page carries the exact Slurm command.
     assert_eq!(
         page["handoff"]["commands"][0].as_str().unwrap(),
         format!(

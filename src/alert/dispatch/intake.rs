@@ -45,7 +45,7 @@ pub(super) struct Intake {
     pub(super) rx: mpsc::Receiver<Envelope>,
     pub(super) shared: Arc<Shared>,
     pub(super) commons: Vec<ChannelCommon>,
-    /// Builds every page (with `[handoff]`'s drain command where the guide says to drain).
+    /// Builds every page (with `[handoff]`'s drain command where the fault takes the GPU out of service).
     pub(super) pages: PageBuilder,
     pub(super) workers: BTreeMap<String, WorkerHandle>,
     pub(super) retry: watch::Sender<RetryConfig>,

@@ -12,7 +12,7 @@ use crate::alert::input::Alert;
 /// they cannot make different pages from the same facts.
 #[derive(Debug, Clone, Default)]
 pub struct PageBuilder {
-    /// `[handoff]`: the drain command put in pages whose guide says to drain.
+    /// `[handoff]`: the drain command put in pages whose fault takes the GPU out of service.
     pub handoff: HandoffConfig,
 }
 

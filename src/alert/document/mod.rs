@@ -124,7 +124,7 @@ pub struct AlertDocument {
     /// Where the full readable report lies on the host, when the daemon wrote one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_path: Option<String>,
-    /// The drain command for the site's scheduler (`[handoff]`), when the guide says to drain.
+    /// The drain command for the site's scheduler (`[handoff]`), when the fault takes the GPU out of service.
     /// Suggested for a person; xidwatch never runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffDoc>,
