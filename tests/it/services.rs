@@ -3,49 +3,20 @@
 //! are read from `run --json`, pages from a webhook receiver on loopback. Every wait is on
 //! progress: the fake counts the polls it answered.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::support::Receiver;
+
 type Got = Arc<Mutex<Vec<serde_json::Value>>>;
 
-/// Records each POSTed JSON body and answers 200.
-fn receiver() -> (String, Got) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got: Got = Arc::default();
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let (mut len, mut line) = (0usize, String::new());
-            loop {
-                line.clear();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.parse().unwrap_or(0);
-                    }
-                }
-            }
-            let mut body = vec![0; len];
-            if r.read_exact(&mut body).is_err() {
-                continue;
-            }
-            if let Ok(v) = serde_json::from_slice(&body) {
-                g.lock().unwrap().push(v);
-            }
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
-    (url, got)
+/// The toolkit's webhook receiver and its URL.
+fn receiver() -> (String, Receiver) {
+    let rx = Receiver::start();
+    (rx.url(), rx)
 }
 
 struct Host {
@@ -165,29 +136,46 @@ impl Host {
     }
 }
 
+/// What a test waits on: the incidents printed, or the pages the receiver got.
+trait Docs {
+    fn docs(&self) -> Vec<serde_json::Value>;
+}
+
+impl Docs for Receiver {
+    fn docs(&self) -> Vec<serde_json::Value> {
+        Receiver::docs(self)
+    }
+}
+
+impl Docs for Mutex<Vec<serde_json::Value>> {
+    fn docs(&self) -> Vec<serde_json::Value> {
+        self.lock().unwrap().clone()
+    }
+}
+
 fn wait_for(
     what: &str,
-    got: &Got,
+    got: &impl Docs,
     log: &Mutex<String>,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     let start = Instant::now();
     loop {
-        if let Some(v) = got.lock().unwrap().iter().find(|v| pred(v)) {
+        if let Some(v) = got.docs().iter().find(|v| pred(v)) {
             return v.clone();
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "no {what}; got: {:#?}\nlog:\n{}",
-            got.lock().unwrap(),
+            got.docs(),
             log.lock().unwrap()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-fn count(got: &Got, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
-    got.lock().unwrap().iter().filter(|v| pred(v)).count()
+fn count(got: &Receiver, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
+    got.docs().iter().filter(|v| pred(v)).count()
 }
 
 impl Daemon {
@@ -235,7 +223,7 @@ fn a_failed_unit_is_one_incident_paged_once_and_ends_when_verified_active() {
     let d = h.start(&url);
     h.wait_polls(2);
     h.unit(PD, "failed", "failed", "exit-code", 0);
-    let inc = wait_for("an incident", &d.incidents, &d.log, |v| {
+    let inc = wait_for("an incident", &*d.incidents, &d.log, |v| {
         v["kind"] == "service_down" && v["phase"] == "opened"
     });
     assert!(inc["title"].as_str().unwrap().contains(PD), "{inc:#}");
@@ -316,5 +304,5 @@ fn units_not_installed_are_silent_and_a_missing_fabric_manager_is_said_once() {
         "{log}"
     );
     assert!(!log.contains("dcgm.service"), "{log}");
-    assert!(pages.lock().unwrap().is_empty());
+    assert!(pages.docs().is_empty());
 }
