@@ -351,11 +351,7 @@ fn a_storm_is_one_incident_with_exact_counts() {
 #[test]
 fn config_errors_name_the_key_and_exit_78() {
     let s = Setup::new("[kmsg]\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .arg(s.config())
-        .output()
-        .unwrap();
+    let out = support::Run::new(&s.config()).output();
     assert_eq!(out.status.code(), Some(78));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -824,6 +820,10 @@ fn as_an_ordinary_user() {
             .env_clear()
             .env("HOME", &home)
             .env("PATH", "/usr/bin:/bin")
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .stdin(Stdio::null());
         c
     };
@@ -995,18 +995,10 @@ fn a_second_daemon_on_the_same_state_directory_is_refused_naming_the_first() {
     let s = Setup::new("");
     let first = s.start();
     first.wait_stderr("caught up");
-    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--json", "--config"])
-        .arg(s.config())
+    let out = support::Run::new(&s.config())
+        .json()
         .env("XIDWATCH_BOOT_ID_PATH", s.boot())
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{err}");
     assert!(

@@ -2,11 +2,9 @@
 //! the xidwatch.alert/v1 document, and the document holds the runbook's evidence gathered with
 //! the fake tools and the fake sysfs tree (a degraded link under a root port with AER errors).
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::support::{self, wait_until, Receiver};
@@ -41,19 +39,7 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
         &url,
         "[incidents]\nhost = \"gpu-node-7\"\n",
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config_path)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = support::Run::new(&config_path).spawn();
 
     let start = Instant::now();
     while got.answered().is_empty() {
@@ -63,14 +49,8 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    super::support::sigterm(&child);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = child.stop();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
 
     let (headers, body) = pairs(&got)[0].clone();
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -251,22 +231,8 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
     drop(listener);
     let url = format!("http://127.0.0.1:{port}/alerts");
     let config = webhook_config(dir.path(), &kmsg, &url, "");
-    let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .arg(&config)
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let mut first = spawn();
+    let spawn = || support::Run::new(&config).spawn();
+    let first = spawn();
     let outbox = dir.path().join("state/alert-outbox");
     let queued = || {
         std::fs::read_dir(&outbox)
@@ -283,22 +249,20 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
     wait_until(Duration::from_secs(30), "the alert in the outbox", || {
         queued() >= 1
     });
-    first.kill().unwrap(); // SIGKILL: no chance to clean up
-    first.wait().unwrap();
+    first.kill(); // SIGKILL: no chance to clean up
     assert!(queued() >= 1, "the outbox keeps the alert across a SIGKILL");
 
     // The receiver comes up on that port; a restarted daemon delivers what the outbox holds, and
     // the kernel log is not re-read (the position was saved), so there is exactly one alert.
     let got = Receiver::start_on(port);
-    let mut second = spawn();
+    let second = spawn();
     wait_until(Duration::from_secs(30), "the redelivered alert", || {
         !got.answered().is_empty()
     });
     // Delivered alerts leave the outbox (the restarted daemon may also re-alert the incident
     // under the same id, at least once being the promise).
     wait_until(Duration::from_secs(30), "an empty outbox", || queued() == 0);
-    super::support::sigterm(&second);
-    second.wait().unwrap();
+    second.stop();
     let bodies = pairs(&got);
     let ids: std::collections::BTreeSet<String> = bodies
         .iter()
@@ -371,21 +335,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         ),
     )
     .unwrap();
-    let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .arg(&config)
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = || support::Run::new(&config).spawn();
     let open_incidents = || -> u64 {
         let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
             .args(["status", "--json", "--config"])
@@ -397,7 +347,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
             .and_then(|v| v["status"]["open_incidents_total"].as_u64())
             .unwrap_or(0)
     };
-    let mut first = spawn();
+    let first = spawn();
     wait_until(Duration::from_secs(30), "the incident to open", || {
         open_incidents() >= 1
     });
@@ -415,18 +365,16 @@ fn a_crash_during_the_runbook_loses_no_alert() {
             })
         },
     );
-    first.kill().unwrap(); // SIGKILL while the runbook waits
-    first.wait().unwrap();
+    first.kill(); // SIGKILL while the runbook waits
     assert!(got.answered().is_empty(), "the runbook was still running");
 
-    let mut second = spawn();
+    let second = spawn();
     wait_until(
         Duration::from_secs(30),
         "the alert after the restart",
         || !got.answered().is_empty(),
     );
-    super::support::sigterm(&second);
-    second.wait().unwrap();
+    second.stop();
     let bodies = pairs(&got);
     assert_eq!(bodies.len(), 1, "sent once: {bodies:#?}");
     let doc: serde_json::Value = serde_json::from_str(&bodies[0].1).unwrap();
@@ -473,25 +421,13 @@ fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
         format!("{text}headers = {{ Authorization = \"env:XW_E2E_TOKEN\" }}\n"),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
+    let child = support::Run::new(&config)
         .env("XW_E2E_TOKEN", secret)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn();
     wait_until(Duration::from_secs(30), "the alert", || {
         !got.answered().is_empty()
     });
-    super::support::sigterm(&child);
-    child.wait().unwrap();
+    child.stop();
     let (headers, body) = pairs(&got)[0].clone();
     assert!(
         headers
@@ -553,19 +489,7 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         "[incidents]\nhost = \"gpu-node-7\"\nwindow_secs = 2\nquiet_secs = 1\nsettle_ms = 500\n\
          [handoff]\nscheduler = \"slurm\"\n",
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = support::Run::new(&config).spawn();
     let docs = || -> Vec<serde_json::Value> {
         pairs(&got)
             .iter()
@@ -606,19 +530,13 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{st:#}");
     let text = status(false);
     assert!(text.contains("recently resolved: 1"), "{text}");
-    super::support::sigterm(&child);
-    let out = child.wait_with_output().unwrap();
+    let out = child.stop();
     let docs = docs();
     let opened: Vec<_> = docs
         .iter()
         .filter(|d| d["phase"] == "opened" && d["xid"] != 13)
         .collect();
-    assert_eq!(
-        opened.len(),
-        1,
-        "one page: {docs:#?}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(opened.len(), 1, "one page: {docs:#?}\n{}", out.stderr);
     let page = opened[0];
     assert_eq!(page["xid"], 79, "led by the cause: {page:#}");
     assert_eq!(page["severity"], "critical");
@@ -668,30 +586,8 @@ fn a_refused_config_page_names_the_key_not_the_value() {
     std::fs::write(&kmsg, "").unwrap();
     let (url, got) = receiver();
     let config = webhook_config(dir.path(), &kmsg, &url, "");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let l2 = log.clone();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            l2.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    wait_until(Duration::from_secs(30), "the daemon to watch", || {
-        log.lock().unwrap().contains("caught up")
-    });
+    let child = support::Run::new(&config).spawn();
+    child.wait_stderr("caught up");
     let good = std::fs::read_to_string(&config).unwrap();
     let bad = good.replace(
         "[[alerts.webhook]]",
@@ -703,12 +599,11 @@ fn a_refused_config_page_names_the_key_not_the_value() {
         .position(|l| l.starts_with("window_secs"))
         .unwrap()
         + 1;
-    super::support::signal(&child, libc::SIGHUP);
+    child.signal(libc::SIGHUP);
     wait_until(Duration::from_secs(30), "the refusal page", || {
         !got.answered().is_empty()
     });
-    super::support::sigterm(&child);
-    child.wait().unwrap();
+    child.stop();
     let (_, body) = pairs(&got)[0].clone();
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(doc["kind"], "config_rejected", "{doc:#}");
@@ -744,19 +639,7 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
     .unwrap();
     let (url, got) = receiver();
     let config = webhook_config(dir.path(), &kmsg, &url, "");
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = support::Run::new(&config).spawn();
     let overrun = || {
         pairs(&got)
             .iter()
@@ -766,8 +649,7 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
     wait_until(Duration::from_secs(30), "the overrun page", || {
         overrun().is_some()
     });
-    super::support::sigterm(&child);
-    child.wait_with_output().unwrap();
+    child.stop();
     let doc = overrun().unwrap();
     assert!(
         doc["headline"]
@@ -794,4 +676,42 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
         !excerpt.contains("Xid"),
         "no unrelated Xid lines: {excerpt}"
     );
+}
+
+/// The toolkit end to end: a scenario written from typed values, one Xid 79 paged to a webhook
+/// and by email to an SMTP sink, the daemon's progress read from its status socket.
+#[test]
+fn one_fault_pages_the_webhook_and_email_alike() {
+    let mail = support::SmtpSink::start();
+    let hook = Receiver::start();
+    let mut s = support::Scenario::new();
+    s.set("incidents.settle_ms", 0)
+        .set("incidents.host", "gpu-node-7")
+        .fixture_runbooks()
+        .webhook("hook", &hook.url())
+        .email("mail", mail.addr(), "oncall@example.com")
+        .fast_retry();
+    s.append_kmsg(
+        "3,0,9512238711,-;NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n",
+    );
+    let d = s.spawn();
+    let status = d.wait_status("both channels delivered", |st| {
+        support::daemon::delivered(st, "hook") >= 1 && support::daemon::delivered(st, "mail") >= 1
+    });
+    assert_eq!(support::daemon::kmsg_records(&status), 1, "{status:#}");
+    let page = &hook.docs()[0];
+    assert_eq!(page["xid"], 79);
+    assert_eq!(page["host"], "gpu-node-7");
+    let mails = mail.wait_mails(1);
+    assert_eq!(mails[0].to, ["oncall@example.com"]);
+    let id = page["id"].as_str().unwrap();
+    assert!(
+        mails[0]
+            .unfolded()
+            .contains(&format!("X-Xidwatch-Incident: {id}")),
+        "{}",
+        mails[0].data
+    );
+    let stopped = d.stop();
+    assert_eq!(stopped.code, Some(0), "{}", stopped.stderr);
 }

@@ -4,10 +4,9 @@
 use std::io::Write;
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::support::Receiver;
+use super::support::{self, Receiver};
 
 /// The toolkit's webhook receiver and its URL.
 fn receiver() -> (String, Receiver) {
@@ -40,7 +39,7 @@ struct Run {
     _dir: tempfile::TempDir,
     kmsg: std::path::PathBuf,
     got: Receiver,
-    child: Child,
+    daemon: support::Daemon,
 }
 
 impl Run {
@@ -63,24 +62,12 @@ impl Run {
         );
         let config_path = dir.path().join("xidwatch.toml");
         std::fs::write(&config_path, config).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .arg(&config_path)
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let daemon = support::Run::new(&config_path).spawn();
         Run {
             _dir: dir,
             kmsg,
             got,
-            child,
+            daemon,
         }
     }
 
@@ -119,14 +106,8 @@ impl Run {
     }
 
     fn stop(self) {
-        super::support::sigterm(&self.child);
-        let out = self.child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let s = self.daemon.stop();
+        assert_eq!(s.code, Some(0), "{}", s.stderr);
     }
 }
 

@@ -3,10 +3,8 @@
 //! to another process is not quoted at all.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use super::support::Receiver;
+use super::support::{self, Receiver};
 
 /// The toolkit's webhook receiver and its URL.
 fn receiver() -> (String, Receiver) {
@@ -52,19 +50,7 @@ fn page_for(record: &str, make_proc: impl Fn(&Path)) -> (String, String) {
     );
     let config_path = dir.path().join("xidwatch.toml");
     std::fs::write(&config_path, config).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config_path)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let d = support::Run::new(&config_path).spawn();
     let reports = state.join("alert-reports");
     let report = || {
         std::fs::read_dir(&reports).ok().and_then(|rd| {
@@ -73,22 +59,11 @@ fn page_for(record: &str, make_proc: impl Fn(&Path)) -> (String, String) {
                 .and_then(|e| std::fs::read_to_string(e.path()).ok())
         })
     };
-    let start = Instant::now();
-    while got.bodies().is_empty() || report().is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no alert and report"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    super::support::sigterm(&child);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    support::wait_until(support::LIMIT, "an alert and its report", || {
+        !got.bodies().is_empty() && report().is_some()
+    });
+    let s = d.stop();
+    assert_eq!(s.code, Some(0), "{}", s.stderr);
     let body = got.bodies()[0].clone();
     (body, report().unwrap_or_default())
 }

@@ -3,7 +3,7 @@
 //! `xidwatch status`, `status.json`, `alert-status.json` or the outbox; an `env:` secret is not
 //! in `/proc/PID/environ`, the daemon is not dumpable, and a reload still resolves the secret.
 
-use super::support::wait_until;
+use super::support::{self, wait_until};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
@@ -140,21 +140,7 @@ fn an_echoing_receiver_puts_no_secret_in_logs_status_or_outbox() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .env("RUST_LOG", "debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = collect_log(&mut child);
+    let child = support::Run::new(&config).env("RUST_LOG", "debug").spawn();
 
     wait_until(
         Duration::from_secs(30),
@@ -185,10 +171,8 @@ fn an_echoing_receiver_puts_no_secret_in_logs_status_or_outbox() {
     let status_json = xidwatch(&config, &["status", "--json"]);
     let (outbox_text, outbox_errors) = outbox(&state);
     let alert_status = alert_status();
-    super::support::sigterm(&child);
-    child.wait().unwrap();
+    let log = child.stop().stderr;
     let status_file = std::fs::read_to_string(state.join("status.json")).unwrap();
-    let log = log.lock().unwrap().clone();
 
     // The answers were seen, and what came from the request in them was cut out.
     assert!(

@@ -68,9 +68,14 @@ impl Run {
         self
     }
 
+    /// Runs it to its end (a config it refuses, a start that fails): its exit and output.
+    pub fn output(mut self) -> std::process::Output {
+        self.cmd.output().expect("run xidwatch run")
+    }
+
     pub fn spawn(mut self) -> Daemon {
         let mut child = self.cmd.spawn().expect("spawn xidwatch run");
-        let stdout: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stdout: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
         let stderr: Arc<Mutex<String>> = Arc::default();
         let out = child.stdout.take().unwrap();
         let err = child.stderr.take().unwrap();
@@ -79,7 +84,7 @@ impl Run {
         let readers = vec![
             std::thread::spawn(move || {
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    o.lock().unwrap().push(line);
+                    o.lock().unwrap().push((Instant::now(), line));
                 }
             }),
             std::thread::spawn(move || {
@@ -103,7 +108,8 @@ impl Run {
 /// A running `xidwatch run`. Dropped without [`Daemon::stop`], it is killed.
 pub struct Daemon {
     pub child: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
+    /// Each stdout line, with when it came.
+    stdout: Arc<Mutex<Vec<(Instant, String)>>>,
     stderr: Arc<Mutex<String>>,
     readers: Vec<JoinHandle<()>>,
     state_dir: Option<PathBuf>,
@@ -130,7 +136,22 @@ fn parse_line(line: &str) -> Value {
 
 impl Daemon {
     pub fn stdout(&self) -> Vec<String> {
-        self.stdout.lock().unwrap().clone()
+        self.stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, l)| l.clone())
+            .collect()
+    }
+
+    /// The stdout lines so far as JSON, each with when it came.
+    pub fn json_timed(&self) -> Vec<(Instant, Value)> {
+        self.stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(t, l)| (*t, parse_line(l)))
+            .collect()
     }
 
     /// The stdout lines so far as JSON (after `--json`: the incidents).
@@ -234,6 +255,22 @@ impl Daemon {
     /// SIGTERM, then the exit and everything printed (the readers have seen the pipes close).
     pub fn stop(mut self) -> Stopped {
         super::sigterm(&self.child);
+        self.finish()
+    }
+
+    /// SIGTERM, and the exit within `limit`: a daemon still running then is killed and the test
+    /// fails, with its log.
+    pub fn stop_within(mut self, limit: Duration) -> Stopped {
+        super::sigterm(&self.child);
+        let start = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                let s = self.finish();
+                panic!("no exit within {limit:?} of SIGTERM; stderr:\n{}", s.stderr);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         self.finish()
     }
 

@@ -1,12 +1,15 @@
-//! One HTTP/1.1 receiver on loopback for the alert channels: every request recorded (method,
-//! path, headers, body), each answered as the test says (a status, or never), one thread per
-//! connection so a request left unanswered holds up no other.
+//! One HTTP/1.1 receiver on loopback for the alert channels: every request recorded (path,
+//! headers, body, when it came), each answered as the test says (scripted replies, a default, or
+//! a function of the request; a status with headers and a body, or never), one thread per
+//! connection so a request left unanswered holds up no other. Plain threads: it serves sync and
+//! async tests alike.
 
+use std::collections::VecDeque;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -17,9 +20,13 @@ use super::wait::{wait_for, LIMIT};
 pub struct Request {
     /// `POST /alerts HTTP/1.1`.
     pub line: String,
+    /// `/alerts`.
+    pub path: String,
     /// Header names in lower case, values as sent.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When its last byte was read.
+    pub at: Instant,
     /// Answered (`false`: held open, never answered).
     pub answered: bool,
 }
@@ -32,25 +39,24 @@ impl Request {
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn path(&self) -> &str {
-        self.line.split(' ').nth(1).unwrap_or("")
-    }
-
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
-    /// The body as JSON (`null` when it is not).
+    /// The body as JSON; panics when it is not.
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 }
 
 /// How to answer a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// This status, empty body, `connection: close`.
+    /// This status, an empty body, `connection: close`.
     Status(u16),
+    /// This status, these extra headers and this body.
+    With(u16, Vec<(String, String)>, String),
     /// Read the request and never answer; the connection stays open until the receiver goes.
     Hang,
 }
@@ -58,16 +64,31 @@ pub enum Reply {
 type Answer = dyn Fn(usize, &Request) -> Reply + Send + Sync;
 
 struct Shared {
+    addr: SocketAddr,
     got: Mutex<Vec<Request>>,
     /// Requests read so far, answered or not.
     seen: AtomicUsize,
     /// Connections of unanswered requests, kept open.
     held: Mutex<Vec<TcpStream>>,
+    /// Replies for the next requests, in order; then `default`; then `answer`.
+    script: Mutex<VecDeque<Reply>>,
+    default: Mutex<Option<Reply>>,
     answer: Box<Answer>,
 }
 
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for c in self.held.get_mut().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        // Wake the accept loop so it sees the receiver gone.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// The receiver; clones share it, and it stops when the last one goes.
+#[derive(Clone)]
 pub struct Receiver {
-    addr: SocketAddr,
     shared: Arc<Shared>,
 }
 
@@ -93,9 +114,12 @@ impl Receiver {
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
+            addr,
             got: Mutex::default(),
             seen: AtomicUsize::new(0),
             held: Mutex::default(),
+            script: Mutex::default(),
+            default: Mutex::default(),
             answer,
         });
         let s = Arc::downgrade(&shared);
@@ -107,11 +131,21 @@ impl Receiver {
                 std::thread::spawn(move || serve(conn, &s));
             }
         });
-        Receiver { addr, shared }
+        Receiver { shared }
+    }
+
+    /// Replies for the next requests, in order, before the default.
+    pub fn script(&self, replies: Vec<Reply>) {
+        self.shared.script.lock().unwrap().extend(replies);
+    }
+
+    /// The reply for every request once the script is used up.
+    pub fn set_default(&self, reply: Reply) {
+        *self.shared.default.lock().unwrap() = Some(reply);
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.shared.addr
     }
 
     /// `http://127.0.0.1:PORT/alerts`.
@@ -120,12 +154,20 @@ impl Receiver {
     }
 
     pub fn url_for(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("http://{}{path}", self.shared.addr)
     }
 
     /// Every request so far, in arrival order.
     pub fn requests(&self) -> Vec<Request> {
         self.shared.got.lock().unwrap().clone()
+    }
+
+    /// The requests to `path` so far.
+    pub fn requests_to(&self, path: &str) -> Vec<Request> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .collect()
     }
 
     /// The requests answered so far.
@@ -138,9 +180,12 @@ impl Receiver {
         self.answered().iter().map(Request::text).collect()
     }
 
-    /// The bodies of the answered requests as JSON.
+    /// The bodies of the answered requests as JSON (`null` for one that is not).
     pub fn docs(&self) -> Vec<Value> {
-        self.answered().iter().map(Request::json).collect()
+        self.answered()
+            .iter()
+            .map(|r| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+            .collect()
     }
 
     /// Waits until `n` requests were answered; returns them.
@@ -151,20 +196,10 @@ impl Receiver {
 
     #[track_caller]
     pub fn wait_answered_within(&self, limit: Duration, n: usize) -> Vec<Request> {
-        wait_for(limit, &format!("{n} request(s) at {}", self.addr), || {
+        wait_for(limit, &format!("{n} request(s) at {}", self.addr()), || {
             let a = self.answered();
             (a.len() >= n).then_some(a)
         })
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        for c in self.shared.held.lock().unwrap().drain(..) {
-            let _ = c.shutdown(std::net::Shutdown::Both);
-        }
-        // Wake the accept loop so it sees the receiver gone.
-        let _ = TcpStream::connect(self.addr);
     }
 }
 
@@ -179,29 +214,42 @@ fn serve(conn: TcpStream, s: &Shared) {
     let headers = lines
         .filter_map(|l| {
             l.trim_end()
-                .split_once(": ")
-                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+                .split_once(':')
+                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         })
         .collect();
     let mut req = Request {
+        path: line.split(' ').nth(1).unwrap_or_default().to_string(),
         line,
         headers,
         body,
+        at: Instant::now(),
         answered: true,
     };
     let n = s.seen.fetch_add(1, Ordering::SeqCst);
-    match (s.answer)(n, &req) {
-        Reply::Status(code) => {
-            s.got.lock().unwrap().push(req);
-            let _ = write!(
-                w,
-                "HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-            );
-        }
+    let scripted = s.script.lock().unwrap().pop_front();
+    let reply = scripted
+        .or_else(|| s.default.lock().unwrap().clone())
+        .unwrap_or_else(|| (s.answer)(n, &req));
+    let (code, extra, text) = match reply {
+        Reply::Status(code) => (code, Vec::new(), String::new()),
+        Reply::With(code, extra, text) => (code, extra, text),
         Reply::Hang => {
             req.answered = false;
             s.got.lock().unwrap().push(req);
             s.held.lock().unwrap().push(w);
+            return;
         }
+    };
+    s.got.lock().unwrap().push(req);
+    let mut resp = format!(
+        "HTTP/1.1 {code} X\r\ncontent-length: {}\r\ncontent-type: text/plain\r\nconnection: close\r\n",
+        text.len()
+    );
+    for (k, v) in extra {
+        resp.push_str(&format!("{k}: {v}\r\n"));
     }
+    resp.push_str("\r\n");
+    resp.push_str(&text);
+    let _ = w.write_all(resp.as_bytes());
 }

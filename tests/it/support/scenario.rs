@@ -137,6 +137,23 @@ impl Scenario {
             .set("runbooks.search_path", Value::Array(vec![tools]))
     }
 
+    /// Runbooks run against the fixtures: the fake tools, the fake sysfs tree and procfs.
+    pub fn fixture_runbooks(&mut self) -> &mut Scenario {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        self.set(
+            "runbooks.search_path",
+            Value::Array(vec![path_value(&root.join("fixtures/fake-tools"))]),
+        )
+        .set(
+            "runbooks.sysfs_root",
+            path_value(&root.join("fixtures/sysfs")),
+        )
+        .set(
+            "runbooks.procfs_root",
+            path_value(&root.join("fixtures/proc")),
+        )
+    }
+
     /// NVML from the fake library, playing `script` (see tests/fake-nvml).
     pub fn fake_nvml(&mut self, script: &str) -> &mut Scenario {
         let path = self.path("nvml.script");
