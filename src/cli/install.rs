@@ -6,14 +6,14 @@
 //! changes nothing and says so, and `--dry-run` prints the same lines and changes nothing. An
 //! edited config is never overwritten. Nothing here starts, stops, enables or reloads a service:
 //! the systemctl commands are printed for the operator to run. With `--root DIR` (images, tests)
-//! only files under DIR are written and no program is run but `objcopy --strip-debug` on a
-//! private temporary copy of the binary (see [`without_debug_info`]).
+//! only files under DIR are written and no program is run. The binary is copied as it is: the
+//! release profile builds it without debug info or symbols.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -265,10 +265,6 @@ impl Session {
         }
         let exe = std::env::current_exe().context("finding the running binary")?;
         let binary = fs::read(&exe).with_context(|| format!("reading {}", exe.display()))?;
-        let (binary, note) = without_debug_info(binary, &exe);
-        if let Some(note) = note {
-            self.notes.push(note);
-        }
         self.put_file(BIN, &binary, 0o755)?;
         self.put_file(
             UNIT_FILE,
@@ -665,128 +661,6 @@ impl Session {
             .find(|f| f.first() == Some(&name))
             .and_then(|f| f.get(index).map(|s| s.to_string())))
     }
-}
-
-/// Where `objcopy` is looked for: binutils' place only, not `$PATH` (install runs as root).
-const OBJCOPY: [&str; 2] = ["/usr/bin/objcopy", "/bin/objcopy"];
-
-/// Whether an ELF image carries DWARF debug info: a section named `.debug_info` in its section
-/// header table (64-bit little-endian ELF, what xidwatch is built as; anything else reads as
-/// "no", so it is installed untouched).
-pub fn has_debug_info(elf: &[u8]) -> bool {
-    elf_section_names(elf).is_some_and(|names| names.iter().any(|n| *n == b".debug_info"))
-}
-
-/// The section names of a 64-bit little-endian ELF image, or `None` when it is not one or its
-/// headers point outside it.
-fn elf_section_names(elf: &[u8]) -> Option<Vec<&[u8]>> {
-    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
-    // Magic, ELFCLASS64, ELFDATA2LSB.
-    if elf.get(..6)? != b"\x7fELF\x02\x01" {
-        return None;
-    }
-    let shoff = usize::try_from(u64_at(0x28)?).ok()?;
-    let shentsize = usize::from(u16_at(0x3a)?);
-    let shnum = usize::from(u16_at(0x3c)?);
-    let shstrndx = usize::from(u16_at(0x3e)?);
-    if shentsize < 0x40 || shstrndx >= shnum {
-        return None;
-    }
-    let header = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
-    let strtab = header(shstrndx)?;
-    let str_off = usize::try_from(u64_at(strtab + 0x18)?).ok()?;
-    let str_len = usize::try_from(u64_at(strtab + 0x20)?).ok()?;
-    let names = elf.get(str_off..str_off.checked_add(str_len)?)?;
-    (0..shnum)
-        .map(|i| {
-            let at = usize::try_from(u32_at(header(i)?)?).ok()?;
-            let rest = names.get(at..)?;
-            Some(&rest[..rest.iter().position(|b| *b == 0)?])
-        })
-        .collect()
-}
-
-/// The binary to install: `binary` without its debug info (a debug build is ~10x larger, and
-/// the systemd unit does not need it). Strips a private temporary copy with
-/// `objcopy --strip-debug`, which keeps the symbol table (backtraces still name functions).
-/// Without objcopy, or when it fails, installs `binary` as it is and says so in the note.
-pub fn without_debug_info(binary: Vec<u8>, exe: &Path) -> (Vec<u8>, Option<String>) {
-    if !has_debug_info(&binary) {
-        return (binary, None);
-    }
-    let Some(objcopy) = OBJCOPY.iter().map(Path::new).find(|p| p.is_file()) else {
-        let note = format!(
-            "note: {} carries debug info and objcopy (binutils) is missing: installed as it is; \
-             `cargo build --release` gives a binary without it",
-            exe.display()
-        );
-        return (binary, Some(note));
-    };
-    let stripped = (|| -> anyhow::Result<Vec<u8>> {
-        let dir = tempfile_dir()?;
-        let (src, dst) = (dir.join("in"), dir.join("out"));
-        let result = (|| {
-            fs::write(&src, &binary).with_context(|| format!("writing {}", src.display()))?;
-            let out = Command::new(objcopy)
-                .arg("--strip-debug")
-                .arg(&src)
-                .arg(&dst)
-                .output()
-                .with_context(|| format!("running {}", objcopy.display()))?;
-            if !out.status.success() {
-                bail!(
-                    "{} --strip-debug: {}: {}",
-                    objcopy.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            fs::read(&dst).with_context(|| format!("reading {}", dst.display()))
-        })();
-        let _ = fs::remove_dir_all(&dir);
-        result
-    })();
-    match stripped {
-        Ok(s) if !s.is_empty() => (s, None),
-        Ok(_) => (
-            binary,
-            Some(
-                "note: objcopy gave an empty file; installed the binary with its debug info".into(),
-            ),
-        ),
-        Err(e) => (
-            binary,
-            Some(format!(
-                "note: could not strip debug info ({e:#}); installed the binary as it is"
-            )),
-        ),
-    }
-}
-
-/// A fresh private directory (0700) under the temporary directory.
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let base = std::env::temp_dir();
-    for attempt in 0..16u32 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let dir = base.join(format!(
-            "xidwatch-install-{}-{nanos}-{attempt}",
-            std::process::id()
-        ));
-        match fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
-        }
-    }
-    bail!(
-        "could not create a temporary directory under {}",
-        base.display()
-    )
 }
 
 /// Writes a sibling temporary file and renames it over `path`: a reader (or a running binary,

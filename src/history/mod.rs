@@ -288,7 +288,7 @@ pub fn evidence(s: &Summary, host: &str, now_ms: u64) -> Evidence {
     for e in &s.earlier {
         output.push_str(&format!(
             "{}  {}  {}  (incident {})\n",
-            crate::alert::document::rfc3339(e.at_ms),
+            crate::clock::rfc3339(e.at_ms),
             e.what(),
             e.title,
             e.incident

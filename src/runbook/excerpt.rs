@@ -3,7 +3,7 @@
 
 use crate::model::{PciAddress, StepStatus};
 
-use super::exec::sanitize;
+use super::exec::text::sanitize;
 use super::subject::Subject;
 
 /// Which lines around the incident to show.

@@ -156,7 +156,7 @@ pub fn render_cmdline(raw: &[u8], show_arguments: bool) -> String {
     let text = String::from_utf8_lossy(raw);
     let mut args: Vec<&str> = text.trim_end_matches('\0').split('\0').collect();
     if show_arguments {
-        return super::exec::sanitize(&args.join(" "));
+        return super::exec::text::sanitize(&args.join(" "));
     }
     if args.first().is_none_or(|a| a.is_empty()) {
         return "(no command line: a kernel thread or a process that is exiting)".into();

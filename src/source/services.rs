@@ -323,7 +323,7 @@ fn finding(s: &UnitState, restart_loop: bool, restarts: u64, window_secs: u64) -
     let what = if restart_loop {
         format!(
             "restarting in a loop ({restarts} restarts within {})",
-            crate::alert::document::duration_words(window_secs.saturating_mul(1000))
+            crate::clock::duration_words(window_secs.saturating_mul(1000))
         )
     } else if s.active_state == "active" {
         "active again".to_string()

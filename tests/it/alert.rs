@@ -11,17 +11,12 @@
 //! `XIDWATCH_SMTP_TLS_TEST` + `XIDWATCH_SMTP_TLS_CA` + `XIDWATCH_SMTP_USER`/`_PASSWORD`
 //! (STARTTLS + AUTH), `XIDWATCH_ALERTMANAGER_URL` (a real Alertmanager).
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::support::required_env;
+use super::support::{required_env, Receiver, Reply};
 use xidwatch::alert::config::{AlertConfig, ChannelKind};
 use xidwatch::alert::document::AlertDocument;
 use xidwatch::alert::{
@@ -322,171 +317,10 @@ fn outbox_files(state: &Path) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A small HTTP/1.1 receiver on loopback
-
-#[derive(Debug, Clone)]
-struct Req {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    at: Instant,
-}
-
-impl Req {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).expect("JSON body")
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Reply {
-    Status(u16, Vec<(String, String)>, String),
-    /// Read the request, then never answer (the sender is "mid-delivery").
-    Hang,
-}
+// The toolkit's HTTP/1.1 receiver on loopback
 
 fn ok() -> Reply {
-    Reply::Status(200, vec![], "ok".into())
-}
-
-#[derive(Default)]
-struct RecvState {
-    reqs: Vec<Req>,
-    script: VecDeque<Reply>,
-    default: Option<Reply>,
-}
-
-#[derive(Clone)]
-struct Receiver {
-    addr: SocketAddr,
-    state: Arc<Mutex<RecvState>>,
-}
-
-impl Receiver {
-    async fn start() -> Receiver {
-        Self::start_on(0).await
-    }
-
-    async fn start_on(port: u16) -> Receiver {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(RecvState::default()));
-        let st = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    return;
-                };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let _ = serve(sock, st).await;
-                });
-            }
-        });
-        Receiver { addr, state }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn requests(&self) -> Vec<Req> {
-        self.state.lock().unwrap().reqs.clone()
-    }
-
-    fn requests_to(&self, path: &str) -> Vec<Req> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.path == path)
-            .collect()
-    }
-
-    fn script(&self, replies: Vec<Reply>) {
-        self.state.lock().unwrap().script.extend(replies);
-    }
-
-    fn set_default(&self, reply: Reply) {
-        self.state.lock().unwrap().default = Some(reply);
-    }
-}
-
-async fn serve(mut sock: tokio::net::TcpStream, st: Arc<Mutex<RecvState>>) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    let head_end = loop {
-        let n = sock.read(&mut tmp).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&tmp[..n]);
-        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break p + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or_default();
-    let path = request_line
-        .split(' ')
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let len: usize = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    while buf.len() < head_end + len {
-        let n = sock.read(&mut tmp).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    }
-    let body = buf[head_end..].to_vec();
-    let reply = {
-        let mut s = st.lock().unwrap();
-        s.reqs.push(Req {
-            path: path.clone(),
-            headers,
-            body,
-            at: Instant::now(),
-        });
-        s.script
-            .pop_front()
-            .or_else(|| s.default.clone())
-            .unwrap_or_else(ok)
-    };
-    match reply {
-        Reply::Hang => {
-            std::future::pending::<()>().await;
-            Ok(())
-        }
-        Reply::Status(code, extra, text) => {
-            let mut resp = format!(
-                "HTTP/1.1 {code} X\r\nContent-Length: {}\r\nContent-Type: text/plain\r\nConnection: close\r\n",
-                text.len()
-            );
-            for (k, v) in extra {
-                resp.push_str(&format!("{k}: {v}\r\n"));
-            }
-            resp.push_str("\r\n");
-            resp.push_str(&text);
-            sock.write_all(resp.as_bytes()).await?;
-            sock.shutdown().await
-        }
-    }
+    Reply::With(200, vec![], "ok".into())
 }
 
 /// A loopback port with nothing listening on it (for "receiver down").
@@ -645,7 +479,7 @@ fn digest_is_one_message_with_exact_counts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_headers_signature_and_body() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     let state = tempfile::tempdir().unwrap();
     // Secrets from files here: setting environment variables in a multi-threaded test process is
     // racy (the unit tests cover `env:`).
@@ -662,7 +496,7 @@ async fn webhook_headers_signature_and_body() {
         hmac_secret = "file:{}"
         headers = {{ Authorization = "file:{}", "X-Team" = "gpu-infra" }}
         "#,
-        rx.url("/hook"),
+        rx.url_for("/hook"),
         secret_file.display(),
         token_file.display()
     ));
@@ -727,10 +561,10 @@ async fn webhook_headers_signature_and_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_500_and_429_honouring_retry_after() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     rx.script(vec![
-        Reply::Status(500, vec![], "boom".into()),
-        Reply::Status(
+        Reply::With(500, vec![], "boom".into()),
+        Reply::With(
             429,
             vec![("Retry-After".into(), "1".into())],
             "slow down".into(),
@@ -740,7 +574,7 @@ async fn retries_500_and_429_honouring_retry_after() {
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "{FAST_RETRY}[[alerts.webhook]]\nname = \"r\"\nurl = \"{}\"\nformat = \"json\"\n",
-        rx.url("/h")
+        rx.url_for("/h")
     ));
     let run = Running::start(&cfg, state.path());
     run.sender.send(xid79_alert()).await.unwrap();
@@ -771,12 +605,12 @@ async fn retries_500_and_429_honouring_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_400_is_permanent_and_the_url_stays_secret() {
-    let rx = Receiver::start().await;
-    rx.set_default(Reply::Status(400, vec![], "invalid_payload".into()));
+    let rx = Receiver::start();
+    rx.set_default(Reply::With(400, vec![], "invalid_payload".into()));
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "{FAST_RETRY}[[alerts.webhook]]\nname = \"slack\"\nurl = \"{}\"\nformat = \"slack\"\n",
-        rx.url("/services/T000/B000/XSECRETTOKENX")
+        rx.url_for("/services/T000/B000/XSECRETTOKENX")
     ));
     assert!(!format!("{cfg:?}").contains("XSECRETTOKENX"));
     let run = Running::start(&cfg, state.path());
@@ -822,7 +656,7 @@ async fn delivers_when_the_receiver_comes_back() {
         !err.contains("/late") && !err.contains("127.0.0.1:"),
         "no URL in errors: {err}"
     );
-    let rx = Receiver::start_on(port).await;
+    let rx = Receiver::start_on(port);
     wait_until("delivered", 15, || run.channel("late").delivered_total == 1).await;
     wait_until("outbox empty", 10, || outbox_files(state.path()).is_empty()).await;
     assert_eq!(rx.requests().len(), 1);
@@ -831,12 +665,12 @@ async fn delivers_when_the_receiver_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_is_delivered_after_a_restart() {
-    let rx = Receiver::start().await;
-    rx.set_default(Reply::Status(503, vec![], "down".into()));
+    let rx = Receiver::start();
+    rx.set_default(Reply::With(503, vec![], "down".into()));
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "{FAST_RETRY}[[alerts.webhook]]\nname = \"r\"\nurl = \"{}\"\nformat = \"json\"\n",
-        rx.url("/r")
+        rx.url_for("/r")
     ));
     let run = Running::start(&cfg, state.path());
     run.sender.send(xid79_alert()).await.unwrap();
@@ -869,12 +703,12 @@ async fn outbox_is_delivered_after_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_does_not_wait_for_a_hanging_receiver() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     rx.set_default(Reply::Hang);
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "[[alerts.webhook]]\nname = \"hang\"\nurl = \"{}\"\nformat = \"json\"\ntimeout_secs = 120\n",
-        rx.url("/hang")
+        rx.url_for("/hang")
     ));
     let run = Running::start(&cfg, state.path());
     run.sender.send(xid79_alert()).await.unwrap();
@@ -885,7 +719,7 @@ async fn shutdown_does_not_wait_for_a_hanging_receiver() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn severity_filter_digest_and_alertmanager_shape() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     let down = free_port();
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
@@ -905,9 +739,9 @@ async fn severity_filter_digest_and_alertmanager_shape() {
         urls = ["http://127.0.0.1:{down}", "{am}"]
         labels = {{ cluster = "test" }}
         "#,
-        all = rx.url("/all"),
-        pager = rx.url("/pager"),
-        am = rx.url("/am"),
+        all = rx.url_for("/all"),
+        pager = rx.url_for("/pager"),
+        am = rx.url_for("/am"),
     ));
     let run = Running::start(&cfg, state.path());
     let mut warn = alert_with_id("warn-1", Severity::Warning);
@@ -986,12 +820,12 @@ async fn severity_filter_digest_and_alertmanager_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_outbox_drops_oldest_non_critical_and_says_so() {
-    let rx = Receiver::start().await;
-    rx.set_default(Reply::Status(503, vec![], "down".into()));
+    let rx = Receiver::start();
+    rx.set_default(Reply::With(503, vec![], "down".into()));
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "{FAST_RETRY}[alerts.outbox]\nmax_count = 2\n[[alerts.webhook]]\nname = \"r\"\nurl = \"{}\"\nformat = \"json\"\nmin_severity = \"info\"\n",
-        rx.url("/full")
+        rx.url_for("/full")
     ));
     let run = Running::start(&cfg, state.path());
     for (id, sev) in [
@@ -1011,7 +845,10 @@ async fn full_outbox_drops_oldest_non_critical_and_says_so() {
     rx.set_default(ok());
     run.wait("outbox drained", 15, |s| s.outbox_count == 0)
         .await;
-    let delivered: Vec<serde_json::Value> = rx.requests()[before..].iter().map(Req::json).collect();
+    let delivered: Vec<serde_json::Value> = rx.requests()[before..]
+        .iter()
+        .map(super::support::Request::json)
+        .collect();
     let ids: Vec<&str> = delivered
         .iter()
         .map(|d| d["id"].as_str().unwrap())
@@ -1034,11 +871,11 @@ async fn full_outbox_drops_oldest_non_critical_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_delays_without_dropping() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "[[alerts.webhook]]\nname = \"slow\"\nurl = \"{}\"\nformat = \"json\"\nrate_limit_count = 1\nrate_limit_window_secs = 1\n",
-        rx.url("/slow")
+        rx.url_for("/slow")
     ));
     let run = Running::start(&cfg, state.path());
     for i in 0..3 {
@@ -1065,7 +902,7 @@ async fn rate_limit_delays_without_dropping() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_alert_reports_each_channel() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     let cfg = parse_cfg(&format!(
         r#"
         [[alerts.webhook]]
@@ -1077,7 +914,7 @@ async fn test_alert_reports_each_channel() {
         url = "http://127.0.0.1:{}/bad"
         format = "json"
         "#,
-        rx.url("/good"),
+        rx.url_for("/good"),
         free_port()
     ));
     let built = xidwatch::alert::channel::BuiltChannels::build(&cfg).unwrap();
@@ -1164,7 +1001,7 @@ fn sigkill_child_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_delivery_then_restart() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     rx.set_default(Reply::Hang);
     let state = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -1176,7 +1013,7 @@ async fn sigkill_mid_delivery_then_restart() {
             "--test-threads=1",
         ])
         .env(CHILD_STATE, state.path())
-        .env(CHILD_URL, rx.url("/k"))
+        .env(CHILD_URL, rx.url_for("/k"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -1194,7 +1031,7 @@ async fn sigkill_mid_delivery_then_restart() {
     rx.set_default(ok());
     let cfg = parse_cfg(&format!(
         "[[alerts.webhook]]\nname = \"r\"\nurl = \"{}\"\nformat = \"json\"\n",
-        rx.url("/k")
+        rx.url_for("/k")
     ));
     let run = Running::start(&cfg, state.path());
     wait_until("delivered by the restarted dispatcher", 15, || {
@@ -1245,6 +1082,39 @@ fn example_config_parses_and_validates() {
     });
     let cfg = parse_cfg(&text);
     assert!(cfg.channels().len() >= 4);
+}
+
+/// Email through the toolkit's SMTP sink (no server to set up, so it runs everywhere): one
+/// message to every recipient, with the page's subject and the incident's header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn email_reaches_an_smtp_sink() {
+    let sink = super::support::SmtpSink::start();
+    let id = unique("mail");
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.email]]\nname = \"mail\"\nsmtp_url = \"smtp://{}\"\nfrom = \"xidwatch <xidwatch@gpu-node-7.example>\"\nto = [\"oncall@example.com\", \"Second <second@example.com>\"]\n",
+        sink.addr()
+    ));
+    let run = Running::start(&cfg, state.path());
+    run.sender
+        .send(alert_with_id(&id, Severity::Critical))
+        .await
+        .unwrap();
+    run.wait("mail delivered", 20, |s| s.channels[0].delivered_total == 1)
+        .await;
+    let mails = sink.mails();
+    assert_eq!(mails.len(), 1, "{mails:#?}");
+    assert_eq!(mails[0].from, "xidwatch@gpu-node-7.example");
+    assert_eq!(mails[0].to, ["oncall@example.com", "second@example.com"]);
+    let msg = mails[0].unfolded();
+    assert!(
+        msg.contains(
+            "Subject: [xidwatch] gpu-node-7: GPU 3 (0000:17:00.0) fell off the bus - Xid 79,"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains(&format!("X-Xidwatch-Incident: {id}")), "{msg}");
+    run.stop().await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1407,7 +1277,7 @@ async fn alertmanager_shows_the_alert_active() {
             Instant::now() < deadline,
             "alert not active in Alertmanager: {list}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let l = &found["labels"];
     assert_eq!(l["alertname"], "XidwatchXid");
@@ -1462,7 +1332,7 @@ async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
             "never active: {:?}",
             states().await
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     alert.incident.phase = IncidentPhase::Resolved;
@@ -1478,7 +1348,7 @@ async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
             "still listed as active after the resolved notice: {:?}",
             states().await
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     run.stop().await;
 }
@@ -1488,15 +1358,15 @@ async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
 /// `send_resolved` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolved_notices_reach_webhooks_per_channel() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "{FAST_RETRY}[[alerts.webhook]]\nname = \"hook\"\nurl = \"{}\"\nformat = \"json\"\n\
          [[alerts.webhook]]\nname = \"slack\"\nurl = \"{}\"\nformat = \"slack\"\n\
          [[alerts.webhook]]\nname = \"quiet\"\nurl = \"{}\"\nformat = \"json\"\nsend_resolved = false\n",
-        rx.url("/hook"),
-        rx.url("/slack"),
-        rx.url("/quiet"),
+        rx.url_for("/hook"),
+        rx.url_for("/slack"),
+        rx.url_for("/quiet"),
     ));
     let run = Running::start(&cfg, state.path());
     let mut alert = xid79_alert();
@@ -1590,13 +1460,13 @@ fn page_details_say_each_thing_once() {
 /// names the report file kept on the host, and that file holds the attached evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_alert_with_attached_evidence_names_its_report() {
-    let rx = Receiver::start().await;
+    let rx = Receiver::start();
     let state = tempfile::tempdir().unwrap();
     let cfg = parse_cfg(&format!(
         "{FAST_RETRY}[[alerts.webhook]]\nname = \"hook\"\nurl = \"{}\"\nformat = \"json\"\n\
          [[alerts.webhook]]\nname = \"slack\"\nurl = \"{}\"\nformat = \"slack\"\n",
-        rx.url("/hook"),
-        rx.url("/slack"),
+        rx.url_for("/hook"),
+        rx.url_for("/slack"),
     ));
     let run = Running::start(&cfg, state.path());
     let mut bare = alert_with_id("held-then-attached", Severity::Critical);

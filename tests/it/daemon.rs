@@ -3,102 +3,50 @@
 //! No root, no GPU. The tests on the real `/dev/kmsg` and as another user need root and are
 //! `#[ignore]`d (`cargo test -- --include-ignored` runs them, as `.ci/run` does).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::support;
+
 const LIMIT: Duration = Duration::from_secs(20);
 
-struct Daemon {
-    child: Child,
-    lines: Arc<Mutex<Vec<Value>>>,
-    stderr: Arc<Mutex<String>>,
+/// The toolkit's harness, with `--json`: incidents as JSON on stdout.
+struct Daemon(support::Daemon);
+
+impl std::ops::Deref for Daemon {
+    type Target = support::Daemon;
+    fn deref(&self) -> &support::Daemon {
+        &self.0
+    }
 }
 
 impl Daemon {
     fn start(config: &Path, env: &[(&str, &str)]) -> Daemon {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
-        cmd.args(["run", "--json", "--config"]).arg(config);
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null());
-        cmd.env_remove("NOTIFY_SOCKET");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn xidwatch run");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let out = child.stdout.take().unwrap();
-        let l2 = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let v: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
-                l2.lock().unwrap().push(v);
-            }
-        });
-        let err = child.stderr.take().unwrap();
-        let e2 = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut s = e2.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        Daemon {
-            child,
-            lines,
-            stderr,
-        }
+        let run = env
+            .iter()
+            .fold(support::Run::new(config).json(), |r, (k, v)| r.env(k, v));
+        Daemon(run.spawn())
     }
 
     /// Waits until `pred` holds for the incidents seen so far.
     fn wait_for(&self, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let start = Instant::now();
-        loop {
-            {
-                let l = self.lines.lock().unwrap();
-                if pred(&l) {
-                    return l.clone();
-                }
-            }
-            if start.elapsed() > LIMIT {
-                panic!(
-                    "timed out waiting for {what}; incidents: {:#?}\nstderr:\n{}",
-                    self.lines.lock().unwrap(),
-                    self.stderr.lock().unwrap()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.0.wait_json_within(LIMIT, what, pred)
     }
 
     fn wait_stderr(&self, what: &str) {
-        let start = Instant::now();
-        while !self.stderr.lock().unwrap().contains(what) {
-            assert!(
-                start.elapsed() < LIMIT,
-                "no {what:?} in stderr:\n{}",
-                self.stderr.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.0.wait_stderr_within(LIMIT, what)
     }
 
     /// SIGTERM, then the exit status and everything printed.
-    fn stop(mut self) -> (Option<i32>, Vec<Value>, String) {
-        super::support::sigterm(&self.child);
-        let status = self.child.wait().unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let lines = self.lines.lock().unwrap().clone();
-        let err = self.stderr.lock().unwrap().clone();
-        (status.code(), lines, err)
+    fn stop(self) -> (Option<i32>, Vec<Value>, String) {
+        let s = self.0.stop();
+        let lines = s.json();
+        (s.code, lines, s.stderr)
     }
 }
 
@@ -403,11 +351,7 @@ fn a_storm_is_one_incident_with_exact_counts() {
 #[test]
 fn config_errors_name_the_key_and_exit_78() {
     let s = Setup::new("[kmsg]\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .arg(s.config())
-        .output()
-        .unwrap();
+    let out = support::Run::new(&s.config()).output();
     assert_eq!(out.status.code(), Some(78));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -876,6 +820,10 @@ fn as_an_ordinary_user() {
             .env_clear()
             .env("HOME", &home)
             .env("PATH", "/usr/bin:/bin")
+            .env(
+                "XIDWATCH_BOOT_TIME_PATH",
+                super::support::recent_boot_stat(),
+            )
             .stdin(Stdio::null());
         c
     };
@@ -1047,18 +995,10 @@ fn a_second_daemon_on_the_same_state_directory_is_refused_naming_the_first() {
     let s = Setup::new("");
     let first = s.start();
     first.wait_stderr("caught up");
-    let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--json", "--config"])
-        .arg(s.config())
+    let out = support::Run::new(&s.config())
+        .json()
         .env("XIDWATCH_BOOT_ID_PATH", s.boot())
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{err}");
     assert!(
@@ -1330,7 +1270,7 @@ fn config_errors_never_echo_a_value_through_check_or_a_reload() {
         super::support::signal(&d.child, libc::SIGHUP);
         let start = Instant::now();
         let refused = loop {
-            let err = d.stderr.lock().unwrap().clone();
+            let err = d.stderr();
             let refused: Vec<String> = err
                 .lines()
                 .filter(|l| l.contains("config reload refused"))

@@ -2,58 +2,25 @@
 //! the xidwatch.alert/v1 document, and the document holds the runbook's evidence gathered with
 //! the fake tools and the fake sysfs tree (a degraded link under a root port with AER errors).
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Requests received: headers (lower-case names) and body.
-type Received = Arc<Mutex<Vec<(Vec<(String, String)>, String)>>>;
+use super::support::{self, wait_until, Receiver};
 
-/// A minimal HTTP/1.1 receiver: records each POST body and answers 200.
-fn receiver() -> (String, Received) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got: Received = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    std::thread::spawn(move || serve(listener, g));
-    (url, got)
+/// The toolkit's webhook receiver and its URL.
+fn receiver() -> (String, Receiver) {
+    let rx = Receiver::start();
+    (rx.url(), rx)
 }
 
-fn serve(listener: TcpListener, got: Received) {
-    for conn in listener.incoming() {
-        let Ok(mut conn) = conn else { continue };
-        let mut r = BufReader::new(conn.try_clone().unwrap());
-        let mut headers = Vec::new();
-        let mut len = 0usize;
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            continue;
-        }
-        loop {
-            line.clear();
-            if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                break;
-            }
-            if let Some((k, v)) = line.trim_end().split_once(": ") {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.parse().unwrap_or(0);
-                }
-                headers.push((k.to_ascii_lowercase(), v.to_string()));
-            }
-        }
-        let mut body = vec![0; len];
-        if r.read_exact(&mut body).is_err() {
-            continue;
-        }
-        got.lock()
-            .unwrap()
-            .push((headers, String::from_utf8_lossy(&body).into_owned()));
-        let _ =
-            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-    }
+/// Every answered request: headers (lower-case names) and body.
+fn pairs(rx: &Receiver) -> Vec<(Vec<(String, String)>, String)> {
+    rx.answered()
+        .iter()
+        .map(|r| (r.headers.clone(), r.text()))
+        .collect()
 }
 
 #[test]
@@ -72,38 +39,20 @@ fn xid_79_reaches_the_webhook_with_runbook_evidence() {
         &url,
         "[incidents]\nhost = \"gpu-node-7\"\n",
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config_path)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = support::Run::new(&config_path).spawn();
 
     let start = Instant::now();
-    while got.lock().unwrap().is_empty() {
+    while got.answered().is_empty() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "no alert reached the receiver"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    super::support::sigterm(&child);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = child.stop();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
 
-    let (headers, body) = got.lock().unwrap()[0].clone();
+    let (headers, body) = pairs(&got)[0].clone();
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(doc["schema"], "xidwatch.alert/v1");
     assert_eq!(doc["xid"], 79);
@@ -176,7 +125,7 @@ fn test_alert_goes_through_every_channel_and_says_so() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "one channel is down: {text}");
     assert!(text.contains("hook") && text.contains("dead"), "{text}");
-    let (_, body) = got.lock().unwrap()[0].clone();
+    let (_, body) = pairs(&got)[0].clone();
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(doc["test"], true);
     assert_eq!(
@@ -213,14 +162,6 @@ fn webhook_config(dir: &Path, kmsg: &Path, url: &str, extra: &str) -> std::path:
     path
 }
 
-fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,28 +183,23 @@ fn a_storm_sends_one_alert_with_evidence_and_one_digest() {
         &url,
         "[incidents]\nwindow_secs = 3\nsettle_ms = 0\n",
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("two alerts", Duration::from_secs(30), || {
-        got.lock().unwrap().len() >= 2
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    super::support::sigterm(&child);
-    child.wait().unwrap();
-    let docs: Vec<serde_json::Value> = got
-        .lock()
-        .unwrap()
+    let d = support::Run::new(&config)
+        .state_dir(&dir.path().join("state"))
+        .spawn();
+    // Nothing more is coming once the storm is read, its incident closed (the digest is its
+    // last word) and the outbox empty.
+    let status = d.wait_status(
+        "the storm read, its incident closed, the outbox empty",
+        |s| {
+            support::daemon::kmsg_records(s) >= 2000
+                && s["open_incidents_total"] == 0
+                && support::daemon::outbox_count(s) == 0
+                && support::daemon::delivered(s, "hook") >= 2
+        },
+    );
+    assert_eq!(status["alerts"]["accepted_total"], 2, "{status:#}");
+    d.stop();
+    let docs: Vec<serde_json::Value> = pairs(&got)
         .iter()
         .map(|(_, b)| serde_json::from_str(b).unwrap())
         .collect();
@@ -295,22 +231,8 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
     drop(listener);
     let url = format!("http://127.0.0.1:{port}/alerts");
     let config = webhook_config(dir.path(), &kmsg, &url, "");
-    let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .arg(&config)
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let mut first = spawn();
+    let spawn = || support::Run::new(&config).spawn();
+    let first = spawn();
     let outbox = dir.path().join("state/alert-outbox");
     let queued = || {
         std::fs::read_dir(&outbox)
@@ -324,29 +246,24 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
             })
             .unwrap_or(0)
     };
-    wait_until("the alert in the outbox", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the alert in the outbox", || {
         queued() >= 1
     });
-    first.kill().unwrap(); // SIGKILL: no chance to clean up
-    first.wait().unwrap();
+    first.kill(); // SIGKILL: no chance to clean up
     assert!(queued() >= 1, "the outbox keeps the alert across a SIGKILL");
 
     // The receiver comes up on that port; a restarted daemon delivers what the outbox holds, and
     // the kernel log is not re-read (the position was saved), so there is exactly one alert.
-    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
-    let got: Received = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    std::thread::spawn(move || serve(listener, g));
-    let mut second = spawn();
-    wait_until("the redelivered alert", Duration::from_secs(30), || {
-        !got.lock().unwrap().is_empty()
+    let got = Receiver::start_on(port);
+    let second = spawn();
+    wait_until(Duration::from_secs(30), "the redelivered alert", || {
+        !got.answered().is_empty()
     });
     // Delivered alerts leave the outbox (the restarted daemon may also re-alert the incident
     // under the same id, at least once being the promise).
-    wait_until("an empty outbox", Duration::from_secs(30), || queued() == 0);
-    super::support::sigterm(&second);
-    second.wait().unwrap();
-    let bodies = got.lock().unwrap().clone();
+    wait_until(Duration::from_secs(30), "an empty outbox", || queued() == 0);
+    second.stop();
+    let bodies = pairs(&got);
     let ids: std::collections::BTreeSet<String> = bodies
         .iter()
         .map(|(_, b)| {
@@ -418,21 +335,7 @@ fn a_crash_during_the_runbook_loses_no_alert() {
         ),
     )
     .unwrap();
-    let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .arg(&config)
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = || support::Run::new(&config).spawn();
     let open_incidents = || -> u64 {
         let out = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
             .args(["status", "--json", "--config"])
@@ -444,15 +347,15 @@ fn a_crash_during_the_runbook_loses_no_alert() {
             .and_then(|v| v["status"]["open_incidents_total"].as_u64())
             .unwrap_or(0)
     };
-    let mut first = spawn();
-    wait_until("the incident to open", Duration::from_secs(30), || {
+    let first = spawn();
+    wait_until(Duration::from_secs(30), "the incident to open", || {
         open_incidents() >= 1
     });
     // The alert is durable (held in the outbox for its runbook's evidence) before the kill.
     let outbox = dir.path().join("state/alert-outbox");
     wait_until(
-        "the held alert in the outbox",
         Duration::from_secs(30),
+        "the held alert in the outbox",
         || {
             std::fs::read_dir(&outbox).is_ok_and(|d| {
                 d.filter_map(Result::ok).any(|e| {
@@ -462,22 +365,17 @@ fn a_crash_during_the_runbook_loses_no_alert() {
             })
         },
     );
-    first.kill().unwrap(); // SIGKILL while the runbook waits
-    first.wait().unwrap();
-    assert!(
-        got.lock().unwrap().is_empty(),
-        "the runbook was still running"
-    );
+    first.kill(); // SIGKILL while the runbook waits
+    assert!(got.answered().is_empty(), "the runbook was still running");
 
-    let mut second = spawn();
+    let second = spawn();
     wait_until(
-        "the alert after the restart",
         Duration::from_secs(30),
-        || !got.lock().unwrap().is_empty(),
+        "the alert after the restart",
+        || !got.answered().is_empty(),
     );
-    super::support::sigterm(&second);
-    second.wait().unwrap();
-    let bodies = got.lock().unwrap().clone();
+    second.stop();
+    let bodies = pairs(&got);
     assert_eq!(bodies.len(), 1, "sent once: {bodies:#?}");
     let doc: serde_json::Value = serde_json::from_str(&bodies[0].1).unwrap();
     assert_eq!(doc["xid"], 48);
@@ -523,26 +421,14 @@ fn a_secret_in_runbook_output_is_stored_and_sent_redacted() {
         format!("{text}headers = {{ Authorization = \"env:XW_E2E_TOKEN\" }}\n"),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
+    let child = support::Run::new(&config)
         .env("XW_E2E_TOKEN", secret)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("the alert", Duration::from_secs(30), || {
-        !got.lock().unwrap().is_empty()
+        .spawn();
+    wait_until(Duration::from_secs(30), "the alert", || {
+        !got.answered().is_empty()
     });
-    super::support::sigterm(&child);
-    child.wait().unwrap();
-    let (headers, body) = got.lock().unwrap()[0].clone();
+    child.stop();
+    let (headers, body) = pairs(&got)[0].clone();
     assert!(
         headers
             .iter()
@@ -603,29 +489,16 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         "[incidents]\nhost = \"gpu-node-7\"\nwindow_secs = 2\nquiet_secs = 1\nsettle_ms = 500\n\
          [handoff]\nscheduler = \"slurm\"\n",
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = support::Run::new(&config).spawn();
     let docs = || -> Vec<serde_json::Value> {
-        got.lock()
-            .unwrap()
+        pairs(&got)
             .iter()
             .map(|(_, b)| serde_json::from_str(b).unwrap())
             .collect()
     };
     // The Xid 79 is a lost GPU: it never resolves on silence (nothing verifies it back here,
     // without NVML). An application's Xid 13 on another GPU does, after its quiet period.
-    wait_until("the page", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the page", || {
         docs()
             .iter()
             .any(|d| d["phase"] == "opened" && d["xid"] == 79)
@@ -639,7 +512,7 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
         f.write_all(b"3,4,9513000000,-;NVRM: Xid (PCI:0000:2a:00): 13, pid=2207, name=python3, Graphics Exception\n")
             .unwrap();
     }
-    wait_until("the resolved notice", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the resolved notice", || {
         docs().iter().any(|d| d["phase"] == "resolved")
     });
     // `status` lists it among the recently resolved incidents, in words and in JSON.
@@ -657,19 +530,13 @@ fn one_fault_is_one_page_led_by_its_cause_then_resolved() {
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{st:#}");
     let text = status(false);
     assert!(text.contains("recently resolved: 1"), "{text}");
-    super::support::sigterm(&child);
-    let out = child.wait_with_output().unwrap();
+    let out = child.stop();
     let docs = docs();
     let opened: Vec<_> = docs
         .iter()
         .filter(|d| d["phase"] == "opened" && d["xid"] != 13)
         .collect();
-    assert_eq!(
-        opened.len(),
-        1,
-        "one page: {docs:#?}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(opened.len(), 1, "one page: {docs:#?}\n{}", out.stderr);
     let page = opened[0];
     assert_eq!(page["xid"], 79, "led by the cause: {page:#}");
     assert_eq!(page["severity"], "critical");
@@ -719,30 +586,8 @@ fn a_refused_config_page_names_the_key_not_the_value() {
     std::fs::write(&kmsg, "").unwrap();
     let (url, got) = receiver();
     let config = webhook_config(dir.path(), &kmsg, &url, "");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let l2 = log.clone();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            l2.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    wait_until("the daemon to watch", Duration::from_secs(30), || {
-        log.lock().unwrap().contains("caught up")
-    });
+    let child = support::Run::new(&config).spawn();
+    child.wait_stderr("caught up");
     let good = std::fs::read_to_string(&config).unwrap();
     let bad = good.replace(
         "[[alerts.webhook]]",
@@ -754,13 +599,12 @@ fn a_refused_config_page_names_the_key_not_the_value() {
         .position(|l| l.starts_with("window_secs"))
         .unwrap()
         + 1;
-    super::support::signal(&child, libc::SIGHUP);
-    wait_until("the refusal page", Duration::from_secs(30), || {
-        !got.lock().unwrap().is_empty()
+    child.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(30), "the refusal page", || {
+        !got.answered().is_empty()
     });
-    super::support::sigterm(&child);
-    child.wait().unwrap();
-    let (_, body) = got.lock().unwrap()[0].clone();
+    child.stop();
+    let (_, body) = pairs(&got)[0].clone();
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(doc["kind"], "config_rejected", "{doc:#}");
     let headline = doc["headline"].as_str().unwrap();
@@ -795,31 +639,17 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
     .unwrap();
     let (url, got) = receiver();
     let config = webhook_config(dir.path(), &kmsg, &url, "");
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = support::Run::new(&config).spawn();
     let overrun = || {
-        got.lock()
-            .unwrap()
+        pairs(&got)
             .iter()
             .map(|(_, b)| serde_json::from_str::<serde_json::Value>(b).unwrap())
             .find(|d| d["kind"] == "kmsg_overrun")
     };
-    wait_until("the overrun page", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the overrun page", || {
         overrun().is_some()
     });
-    super::support::sigterm(&child);
-    child.wait_with_output().unwrap();
+    child.stop();
     let doc = overrun().unwrap();
     assert!(
         doc["headline"]
@@ -846,4 +676,42 @@ fn an_overrun_page_has_its_own_words_and_evidence() {
         !excerpt.contains("Xid"),
         "no unrelated Xid lines: {excerpt}"
     );
+}
+
+/// The toolkit end to end: a scenario written from typed values, one Xid 79 paged to a webhook
+/// and by email to an SMTP sink, the daemon's progress read from its status socket.
+#[test]
+fn one_fault_pages_the_webhook_and_email_alike() {
+    let mail = support::SmtpSink::start();
+    let hook = Receiver::start();
+    let mut s = support::Scenario::new();
+    s.set("incidents.settle_ms", 0)
+        .set("incidents.host", "gpu-node-7")
+        .fixture_runbooks()
+        .webhook("hook", &hook.url())
+        .email("mail", mail.addr(), "oncall@example.com")
+        .fast_retry();
+    s.append_kmsg(
+        "3,0,9512238711,-;NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n",
+    );
+    let d = s.spawn();
+    let status = d.wait_status("both channels delivered", |st| {
+        support::daemon::delivered(st, "hook") >= 1 && support::daemon::delivered(st, "mail") >= 1
+    });
+    assert_eq!(support::daemon::kmsg_records(&status), 1, "{status:#}");
+    let page = &hook.docs()[0];
+    assert_eq!(page["xid"], 79);
+    assert_eq!(page["host"], "gpu-node-7");
+    let mails = mail.wait_mails(1);
+    assert_eq!(mails[0].to, ["oncall@example.com"]);
+    let id = page["id"].as_str().unwrap();
+    assert!(
+        mails[0]
+            .unfolded()
+            .contains(&format!("X-Xidwatch-Incident: {id}")),
+        "{}",
+        mails[0].data
+    );
+    let stopped = d.stop();
+    assert_eq!(stopped.code, Some(0), "{}", stopped.stderr);
 }

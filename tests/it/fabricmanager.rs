@@ -3,13 +3,11 @@
 //! place); incidents are read from `run --json`. Every wait is on progress: a log line of the
 //! daemon's or an incident on its standard output.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-type Got = Arc<Mutex<Vec<serde_json::Value>>>;
+use super::support;
 
 /// A Fabric Manager ERROR record for `sxid` on the switch at bus `bus` (each test's switches
 /// differ, so that every record is an incident of its own).
@@ -24,11 +22,8 @@ struct Host {
     dir: tempfile::TempDir,
 }
 
-struct Daemon {
-    child: Child,
-    incidents: Got,
-    log: Arc<Mutex<String>>,
-}
+/// The toolkit's harness, with `--json`.
+struct Daemon(support::Daemon);
 
 impl Host {
     fn new() -> Host {
@@ -71,44 +66,12 @@ impl Host {
             ),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--json", "--config"])
-            .arg(&config)
-            .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn xidwatch run");
-        let incidents: Got = Arc::default();
-        let log: Arc<Mutex<String>> = Arc::default();
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let i2 = incidents.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    i2.lock().unwrap().push(v);
-                }
-            }
-        });
-        let l2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut l = l2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        Daemon {
-            child,
-            incidents,
-            log,
-        }
+        Daemon(
+            support::Run::new(&config)
+                .json()
+                .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
+                .spawn(),
+        )
     }
 }
 
@@ -116,11 +79,11 @@ impl Daemon {
     /// Waits until the daemon's log holds `text` `n` times.
     fn wait_log(&self, text: &str, n: usize) {
         let start = Instant::now();
-        while self.log.lock().unwrap().matches(text).count() < n {
+        while self.0.stderr().matches(text).count() < n {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "no {text:?} in the log:\n{}",
-                self.log.lock().unwrap()
+                self.0.stderr()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -131,19 +94,18 @@ impl Daemon {
         let start = Instant::now();
         loop {
             if let Some(v) = self
-                .incidents
-                .lock()
-                .unwrap()
-                .iter()
+                .0
+                .json()
+                .into_iter()
                 .find(|v| v["phase"] == "opened" && v["xid"] == sxid)
             {
-                return v.clone();
+                return v;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "no incident for SXid {sxid}; got: {:#?}\nlog:\n{}",
-                self.incidents.lock().unwrap(),
-                self.log.lock().unwrap()
+                self.0.json(),
+                self.0.stderr()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -151,9 +113,8 @@ impl Daemon {
 
     /// The SXids of the opened incidents so far.
     fn opened(&self) -> Vec<u64> {
-        self.incidents
-            .lock()
-            .unwrap()
+        self.0
+            .json()
             .iter()
             .filter(|v| v["phase"] == "opened")
             .filter_map(|v| v["xid"].as_u64())
@@ -161,19 +122,11 @@ impl Daemon {
     }
 
     /// Stops it (SIGTERM) and returns what it logged; it must exit 0.
-    fn stop(mut self) -> (Vec<u64>, String) {
-        super::support::sigterm(&self.child);
-        let status = self.child.wait().unwrap();
-        let log = self.log.lock().unwrap().clone();
-        assert_eq!(status.code(), Some(0), "{log}");
-        (self.opened(), log)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn stop(self) -> (Vec<u64>, String) {
+        let opened = self.opened();
+        let s = self.0.stop();
+        assert_eq!(s.code, Some(0), "{}", s.stderr);
+        (opened, s.stderr)
     }
 }
 

@@ -143,7 +143,7 @@ impl Node {
                 "npd-check never exited {code}; last {got:?}: {text}{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
     fn get(&self, path: &str) -> String {

@@ -3,53 +3,18 @@
 //! readings over time; incidents are read from `run --json`, pages from a webhook receiver on
 //! loopback, and the stored state through `xidwatch inventory` and `xidwatch history`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use super::support::{self, wait_until, Receiver};
 
 const SERIAL0: &str = "1650923011234";
 
-/// Received webhook bodies.
-type Received = Arc<Mutex<Vec<serde_json::Value>>>;
-
-/// A minimal HTTP/1.1 receiver on loopback: records each POSTed JSON body and answers 200.
-fn receiver() -> (String, Received) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got: Received = Arc::default();
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let mut len = 0usize;
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.parse().unwrap_or(0);
-                    }
-                }
-            }
-            let mut body = vec![0; len];
-            if r.read_exact(&mut body).is_err() {
-                continue;
-            }
-            if let Ok(v) = serde_json::from_slice(&body) {
-                g.lock().unwrap().push(v);
-            }
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
-    (url, got)
+/// The toolkit's webhook receiver and its URL.
+fn receiver() -> (String, Receiver) {
+    let rx = Receiver::start();
+    (rx.url(), rx)
 }
 
 /// One machine: a directory with the state, the boot id, the fake NVML script and the kernel log.
@@ -57,11 +22,11 @@ struct Machine {
     dir: tempfile::TempDir,
 }
 
-/// A running daemon and what it printed.
+/// The toolkit's harness, with `--json`: incidents on stdout, the log on stderr.
 struct Daemon {
-    child: Child,
-    incidents: Arc<Mutex<Vec<serde_json::Value>>>,
-    log: Arc<Mutex<String>>,
+    d: support::Daemon,
+    /// Where the fake NVML counts its calls.
+    calls: PathBuf,
 }
 
 impl Machine {
@@ -108,44 +73,16 @@ impl Machine {
     }
 
     fn start(&self, config: &Path) -> Daemon {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--json", "--config"])
-            .arg(config)
+        let d = support::Run::new(config)
+            .json()
             .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .env("XIDWATCH_FAKE_NVML_SCRIPT", self.p("nvml.script"))
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn xidwatch run");
-        let incidents: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
-        let log: Arc<Mutex<String>> = Arc::default();
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let i2 = incidents.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    i2.lock().unwrap().push(v);
-                }
-            }
-        });
-        let l2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut l = l2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
+            .nvml_script(&self.p("nvml.script"))
+            .env("XIDWATCH_FAKE_NVML_CALLS", self.p("nvml.calls"))
+            .state_dir(&self.p("state"))
+            .spawn();
         Daemon {
-            child,
-            incidents,
-            log,
+            d,
+            calls: self.p("nvml.calls"),
         }
     }
 
@@ -174,67 +111,51 @@ impl Daemon {
         limit: Duration,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = self.incidents.lock().unwrap().iter().find(|v| pred(v)) {
-                return v.clone();
-            }
-            assert!(
-                start.elapsed() < limit,
-                "no {what} within {limit:?}; incidents: {:#?}\nlog:\n{}",
-                self.incidents.lock().unwrap(),
-                self.log.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let all = self
+            .d
+            .wait_json_within(limit, what, |l| l.iter().any(&pred));
+        all.into_iter().find(|v| pred(v)).unwrap()
+    }
+
+    /// Every incident so far.
+    fn incidents(&self) -> Vec<serde_json::Value> {
+        self.d.json()
     }
 
     /// Every incident of `kind` so far.
     fn of_kind(&self, kind: &str) -> Vec<serde_json::Value> {
-        self.incidents
-            .lock()
-            .unwrap()
-            .iter()
+        self.incidents()
+            .into_iter()
             .filter(|v| v["kind"] == kind)
-            .cloned()
             .collect()
     }
 
     /// Waits until the log says `text` (the health task has polled at least that far).
     fn wait_log(&self, text: &str, limit: Duration) {
-        let start = Instant::now();
-        while !self.log.lock().unwrap().contains(text) {
-            assert!(
-                start.elapsed() < limit,
-                "the log never said {text:?}:\n{}",
-                self.log.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.d.wait_stderr_within(limit, text)
+    }
+
+    /// Health polls so far: each reads every GPU's temperature once.
+    fn temperature_reads(&self) -> usize {
+        support::nvml_calls(&self.calls, "nvmlDeviceGetTemperature")
+    }
+
+    /// Waits until `polls` more health polls of `gpus` GPUs were read and the next one has
+    /// begun, so what the last of them found has been handed on.
+    fn wait_polls(&self, polls: usize, gpus: usize) {
+        let seen = self.temperature_reads();
+        wait_until(
+            support::LIMIT,
+            &format!("{polls} more health polls"),
+            || self.temperature_reads() > seen + polls * gpus,
+        );
     }
 
     /// SIGTERM, and the exit must be clean.
-    fn stop(mut self) -> String {
-        super::support::sigterm(&self.child);
-        let status = self.child.wait().unwrap();
-        let log = self.log.lock().unwrap().clone();
-        assert_eq!(status.code(), Some(0), "{log}");
-        log
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
+    fn stop(self) -> String {
+        let s = self.d.stop();
+        assert_eq!(s.code, Some(0), "{}", s.stderr);
+        s.stderr
     }
 }
 
@@ -272,7 +193,7 @@ fn a_sustained_temperature_opens_one_incident_and_a_spike_does_not() {
         "{hot:#}"
     );
     // Three more polls: still one incident, and none for the spike.
-    std::thread::sleep(Duration::from_millis(3200));
+    d.wait_polls(3, 2);
     let all = d.of_kind("gpu_temperature");
     assert_eq!(all.len(), 1, "{all:#?}");
     // The gauge names the failing check and its GPU, and nothing else.
@@ -303,11 +224,12 @@ fn a_sustained_temperature_opens_one_incident_and_a_spike_does_not() {
     .unwrap();
     let d = m.start(&config);
     d.wait_log("xidwatch watching", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(5500));
+    // The sustain window (3 s at one poll a second) and two more polls.
+    d.wait_polls(5, 2);
     assert!(
         d.of_kind("gpu_temperature").is_empty(),
         "{:#?}",
-        d.incidents.lock().unwrap()
+        d.incidents()
     );
     let status: serde_json::Value =
         serde_json::from_str(&m.cli(&config, &["status", "--json"])).unwrap();
@@ -344,7 +266,8 @@ fn a_link_drop_to_x4_under_load_is_found_and_an_idle_link_is_not() {
         title.contains("Gen4 x4") && title.contains("x16"),
         "{title}"
     );
-    std::thread::sleep(Duration::from_millis(2500));
+    // Two more polls.
+    d.wait_polls(2, 2);
     let all = d.of_kind("pcie_link_degraded");
     assert_eq!(all.len(), 1, "the idle GPU is not reported: {all:#?}");
     d.stop();
@@ -447,16 +370,10 @@ fn a_serial_changed_between_two_boots_is_reported_and_attached_to_the_gpus_incid
         .unwrap()
         .contains("serial changed from 1650923011234 to 1650923019999"));
     // The Xid's page carries the diff of its GPU.
-    wait_until("the Xid 79 page", Duration::from_secs(30), || {
-        got.lock().unwrap().iter().any(|d| d["xid"] == 79)
+    wait_until(Duration::from_secs(30), "the Xid 79 page", || {
+        got.docs().iter().any(|d| d["xid"] == 79)
     });
-    let page = got
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|d| d["xid"] == 79)
-        .cloned()
-        .unwrap();
+    let page = got.docs().iter().find(|d| d["xid"] == 79).cloned().unwrap();
     let diff = page["evidence"]
         .as_array()
         .unwrap()
@@ -501,16 +418,10 @@ fn history_counts_across_restarts_and_reboots_and_a_repeat_offender_is_escalated
             .join(" | ")
     };
     let pages = |n: usize| {
-        wait_until(&format!("{n} pages"), Duration::from_secs(30), || {
-            got.lock()
-                .unwrap()
-                .iter()
-                .filter(|d| d["xid"] == 79)
-                .count()
-                >= n
+        wait_until(Duration::from_secs(30), &format!("{n} pages"), || {
+            got.docs().iter().filter(|d| d["xid"] == 79).count() >= n
         });
-        got.lock()
-            .unwrap()
+        got.docs()
             .iter()
             .filter(|d| d["xid"] == 79)
             .cloned()
@@ -625,11 +536,9 @@ fn every_other_check_reaches_an_incident_with_its_severity() {
         "{dbe:#}"
     );
     // The healthy GPU (software power cap only, a DBE count left from before) raised nothing.
-    std::thread::sleep(Duration::from_millis(1200));
+    d.wait_polls(1, 2);
     let on_other: Vec<_> = d
-        .incidents
-        .lock()
-        .unwrap()
+        .incidents()
         .iter()
         .filter(|v| v["pci"] == "0000:2a:00.0")
         .cloned()
@@ -674,7 +583,7 @@ fn without_nvml_the_count_is_taken_from_the_pci_bus() {
 
 /// The incidents so far, with the time each first arrived.
 fn arrivals(d: &Daemon) -> Vec<serde_json::Value> {
-    d.incidents.lock().unwrap().clone()
+    d.incidents()
 }
 
 #[test]
@@ -899,7 +808,7 @@ fn a_pending_row_remap_is_resolved_only_when_the_check_verifies_it_done() {
     assert_eq!(opened["pci"], "0000:17:00.0", "{opened:#}");
     // Past its window and quiet period (2 s) with room to spare: an event would be resolved by
     // now; this one stays open while the check still fails.
-    wait_until("three seconds past the page", limit, || {
+    wait_until(limit, "three seconds past the page", || {
         assert!(
             !arrivals(&d).iter().any(|v| v["phase"] == "resolved"),
             "resolved while the remap is still pending: {:#?}",
@@ -922,10 +831,10 @@ fn a_pending_row_remap_is_resolved_only_when_the_check_verifies_it_done() {
         "health check memory_repair passes again on 0000:17:00.0",
         limit,
     );
-    wait_until("the resolved notice on the webhook", limit, || {
-        got.lock().unwrap().iter().any(|v| v["phase"] == "resolved")
+    wait_until(limit, "the resolved notice on the webhook", || {
+        got.docs().iter().any(|v| v["phase"] == "resolved")
     });
-    let hooks = got.lock().unwrap().clone();
+    let hooks = got.docs().clone();
     let notice = hooks.iter().find(|v| v["phase"] == "resolved").unwrap();
     let headline = notice["headline"].as_str().unwrap();
     assert!(

@@ -1,35 +1,17 @@
 //! End to end: GPUs that fall off the bus together are one page for the host, naming every GPU
 //! and the PCIe port they share, while a single GPU's fault is still its own ordinary page.
 
-use std::io::{BufReader, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A loopback receiver that keeps each POST body and answers 200.
-fn receiver() -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let Some((_, body)) = super::support::read_request(&mut r) else {
-                continue;
-            };
-            g.lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(&body).into_owned());
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
-    (url, got)
+use super::support::{self, Receiver};
+
+/// The toolkit's webhook receiver and its URL.
+fn receiver() -> (String, Receiver) {
+    let rx = Receiver::start();
+    (rx.url(), rx)
 }
 
 /// A sysfs tree with two GPUs (19:00.0, 1a:00.0) behind one PCIe switch (upstream port
@@ -56,8 +38,8 @@ fn xid(seq: u64, usecs: u64, bus: &str, xid: u32) -> String {
 struct Run {
     _dir: tempfile::TempDir,
     kmsg: std::path::PathBuf,
-    got: Arc<Mutex<Vec<String>>>,
-    child: Child,
+    got: Receiver,
+    daemon: support::Daemon,
 }
 
 impl Run {
@@ -85,24 +67,12 @@ impl Run {
         );
         let config_path = dir.path().join("xidwatch.toml");
         std::fs::write(&config_path, config).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .arg(&config_path)
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let daemon = support::Run::new(&config_path).spawn();
         Run {
             _dir: dir,
             kmsg,
             got,
-            child,
+            daemon,
         }
     }
 
@@ -125,8 +95,7 @@ impl Run {
         loop {
             let pages: Vec<serde_json::Value> = self
                 .got
-                .lock()
-                .unwrap()
+                .bodies()
                 .iter()
                 .map(|b| serde_json::from_str(b).unwrap())
                 .collect();
@@ -142,14 +111,8 @@ impl Run {
     }
 
     fn stop(self) {
-        super::support::sigterm(&self.child);
-        let out = self.child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let s = self.daemon.stop();
+        assert_eq!(s.code, Some(0), "{}", s.stderr);
     }
 }
 

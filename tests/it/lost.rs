@@ -6,16 +6,15 @@
 //! test asserts on what a webhook receiver got; two also on what follows from it: the alert in a
 //! real Alertmanager, and `xidwatch npd-check`'s verdict.
 
-use std::io::{BufReader, Write};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::support::{fake_nvml_library, read_request};
+use crate::support::{self, fake_nvml_library, Receiver};
 
 /// The fake reads its script from a process-wide variable: one daemon with it at a time.
 static LOCK: Mutex<()> = Mutex::new(());
@@ -27,9 +26,8 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// A daemon with a webhook receiver; what the receiver got, in order.
 struct Lost {
     dir: TempDir,
-    child: Child,
-    docs: Arc<Mutex<Vec<(Instant, Value)>>>,
-    log: Arc<Mutex<String>>,
+    daemon: support::Daemon,
+    rx: Receiver,
     /// Just before the daemon was spawned: the fake's `at_ms` times count from its NVML init,
     /// which is later, so a script's `set at_ms=T` has not happened before `started + T`.
     started: Instant,
@@ -68,31 +66,14 @@ impl Lost {
         };
         std::fs::write(p("nvml.script"), script.unwrap_or("")).unwrap();
 
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let docs: Arc<Mutex<Vec<(Instant, Value)>>> = Arc::default();
-        let d2 = docs.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming().map_while(Result::ok) {
-                let d3 = d2.clone();
-                std::thread::spawn(move || {
-                    let mut w = conn.try_clone().unwrap();
-                    let mut r = BufReader::new(conn);
-                    while let Some((_, body)) = read_request(&mut r) {
-                        if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                            d3.lock().unwrap().push((Instant::now(), v));
-                        }
-                        let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
-                    }
-                });
-            }
-        });
+        let rx = Receiver::start();
+        let url = rx.url_for("/hook");
         std::fs::write(
             p("xidwatch.toml"),
             format!(
                 "[kmsg]\npath = {:?}\n[nvml]\nenabled = {}\nlibrary = {:?}\nprobe_interval_secs = 1\ncall_timeout_secs = 1\nsysfs_root = {:?}\n[state]\ndir = {:?}\n\
                  [incidents]\n{settle}window_secs = 1\nquiet_secs = 1\n{incidents}\
-                 [[alerts.webhook]]\nname = \"hook\"\nurl = \"http://{addr}/hook\"\nformat = \"json\"\n{channels}",
+                 [[alerts.webhook]]\nname = \"hook\"\nurl = {url:?}\nformat = \"json\"\n{channels}",
                 p("kmsg"),
                 script.is_some(),
                 fake_nvml_library(),
@@ -102,35 +83,14 @@ impl Lost {
         )
         .unwrap();
         let started = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--config"])
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .arg(p("xidwatch.toml"))
+        let daemon = support::Run::new(&p("xidwatch.toml"))
             .env("XIDWATCH_BOOT_ID_PATH", p("boot_id"))
-            .env("XIDWATCH_FAKE_NVML_SCRIPT", p("nvml.script"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn xidwatch run");
-        let log: Arc<Mutex<String>> = Arc::default();
-        let (l2, err) = (log.clone(), child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut l = l2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
+            .nvml_script(&p("nvml.script"))
+            .spawn();
         Lost {
             dir,
-            child,
-            docs,
-            log,
+            daemon,
+            rx,
             started,
         }
     }
@@ -152,18 +112,32 @@ impl Lost {
         f.write_all(rec.as_bytes()).unwrap();
     }
 
+    /// What the receiver got, in order, and when each came.
+    fn docs(&self) -> Vec<(Instant, Value)> {
+        self.rx
+            .answered()
+            .iter()
+            .filter_map(|r| serde_json::from_slice(&r.body).ok().map(|v| (r.at, v)))
+            .collect()
+    }
+
+    /// The log so far.
+    fn log(&self) -> String {
+        self.daemon.stderr()
+    }
+
     /// The first document matching `pred`, and when it came; fails after [`LIMIT`].
     fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> (Instant, Value) {
         let start = Instant::now();
         loop {
-            if let Some(hit) = self.docs.lock().unwrap().iter().find(|(_, v)| pred(v)) {
-                return hit.clone();
+            if let Some(hit) = self.docs().into_iter().find(|(_, v)| pred(v)) {
+                return hit;
             }
             assert!(
                 start.elapsed() < LIMIT,
                 "no {what} within {LIMIT:?}; got: {:#?}\nlog:\n{}",
-                self.docs.lock().unwrap(),
-                self.log.lock().unwrap()
+                self.docs(),
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -171,11 +145,9 @@ impl Lost {
 
     /// Every resolved notice for the Xid 79 / lost GPU so far.
     fn resolved_lost(&self) -> Vec<Value> {
-        self.docs
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, v)| v.clone())
+        self.docs()
+            .into_iter()
+            .map(|(_, v)| v)
             .filter(|v| v["phase"] == "resolved" && is_lost(v))
             .collect()
     }
@@ -191,13 +163,6 @@ impl Lost {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-}
-
-impl Drop for Lost {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -337,9 +302,9 @@ impl Lost {
             assert!(
                 start.elapsed() < LIMIT,
                 "npd-check never exited {code} within {LIMIT:?}; last {got:?}: {text}\nlog:\n{}",
-                self.log.lock().unwrap()
+                self.log()
             );
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -423,9 +388,9 @@ fn a_lost_gpu_stays_active_in_alertmanager_until_the_same_board_is_back() {
         assert!(
             Instant::now() < deadline,
             "the Xid 79 and gpu_missing never both active in Alertmanager: {list:#}\nlog:\n{}",
-            d.log.lock().unwrap()
+            d.log()
         );
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(50));
     };
 
     // Several 1 s quiet periods: both still active every time (a resolved notice, or an
@@ -441,7 +406,7 @@ fn a_lost_gpu_stays_active_in_alertmanager_until_the_same_board_is_back() {
             shown.elapsed()
         );
         polls += 1;
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(100));
     }
     assert!(polls >= 4, "{polls} polls");
     assert!(d.resolved_lost().is_empty(), "{:#?}", d.resolved_lost());
@@ -462,7 +427,7 @@ fn a_lost_gpu_stays_active_in_alertmanager_until_the_same_board_is_back() {
             Instant::now() < deadline,
             "still active in Alertmanager after the GPU was back: {list:#}"
         );
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -484,7 +449,7 @@ fn npd_check_reports_a_lost_gpu_until_the_same_board_is_back() {
         assert_eq!(code, Some(1), "GPU still lost: {text}");
         assert!(text.starts_with("failed: "), "{text}");
         runs += 1;
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(100));
     }
     assert!(runs >= 4, "{runs} runs");
     assert!(d.resolved_lost().is_empty(), "{:#?}", d.resolved_lost());
@@ -562,7 +527,7 @@ fn a_host_page_is_one_alert_per_gpu_in_alertmanager_and_each_ends_on_its_own() {
             assert!(
                 Instant::now() < deadline,
                 "{what}: active {got:?}, want {want:?}: {list:#}\nlog:\n{}",
-                d.log.lock().unwrap()
+                d.log()
             );
             std::thread::sleep(Duration::from_millis(200));
         }

@@ -14,6 +14,7 @@ mod fleet;
 mod health;
 mod hostpage;
 mod install;
+mod layers;
 mod lost;
 mod nvml;
 mod ops;

@@ -260,8 +260,10 @@ fn health_readings_come_through_the_wrapper_and_change_on_the_scripts_time() {
     assert_eq!(vbios[2].as_deref(), Some("96.00.74.00.01"));
 
     // The script's `set` takes effect at its time.
-    std::thread::sleep(Duration::from_millis(450));
-    let g = w.health_readings().expect("readings").remove(2);
+    let g = super::support::wait_for(super::support::LIMIT, "the script's `set`", || {
+        let g = w.health_readings().expect("readings").remove(2);
+        (g.temp_c == Some(88)).then_some(g)
+    });
     assert_eq!((g.temp_c, g.link_width), (Some(88), Some(8)));
     assert_eq!((g.dbe_volatile, g.recovery), (Some(5), Some(0)));
 }
@@ -754,9 +756,7 @@ fn requests_queued_behind_slow_calls_time_out_without_crying_wolf() {
 /// `xidwatch run --json` with the fake library, a regular-file kmsg and a notify socket; its
 /// incidents (JSON lines) and log are collected as they come, with the time each incident came.
 struct Wedged {
-    child: std::process::Child,
-    incidents: std::sync::Arc<Mutex<Vec<(Instant, serde_json::Value)>>>,
-    log: std::sync::Arc<Mutex<String>>,
+    d: super::support::Daemon,
     /// sd_notify messages, with the time each came.
     notes: std::sync::Arc<Mutex<Vec<(Instant, String)>>>,
     started: Instant,
@@ -764,45 +764,27 @@ struct Wedged {
 
 impl Wedged {
     fn start(config: &Path, env: &[(&str, &Path)]) -> Wedged {
-        use std::io::BufRead;
-        use std::process::{Command, Stdio};
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xidwatch"));
-        cmd.args(["run", "--json", "--config"])
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("WATCHDOG_USEC", "200000");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn xidwatch run");
-        let incidents = std::sync::Arc::new(Mutex::new(Vec::new()));
-        let log = std::sync::Arc::new(Mutex::new(String::new()));
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let i2 = incidents.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                let v: serde_json::Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"));
-                i2.lock().unwrap().push((Instant::now(), v));
-            }
-        });
-        let l2 = log.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-                let mut l = l2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
+        let run = env.iter().fold(
+            super::support::Run::new(config)
+                .json()
+                .env("WATCHDOG_USEC", "200000"),
+            |r, (k, v)| r.env(k, v),
+        );
         Wedged {
-            child,
-            incidents,
-            log,
+            d: run.spawn(),
             notes: std::sync::Arc::default(),
             started: Instant::now(),
         }
+    }
+
+    /// The incidents so far, with the time each came.
+    fn incidents(&self) -> Vec<(Instant, serde_json::Value)> {
+        self.d.json_timed()
+    }
+
+    /// The log so far.
+    fn log(&self) -> String {
+        self.d.stderr()
     }
 
     /// The first incident matching `pred`, and when it came; panics after `limit`.
@@ -814,14 +796,14 @@ impl Wedged {
     ) -> (Instant, serde_json::Value) {
         let start = Instant::now();
         loop {
-            if let Some(hit) = self.incidents.lock().unwrap().iter().find(|(_, v)| pred(v)) {
-                return hit.clone();
+            if let Some(hit) = self.incidents().into_iter().find(|(_, v)| pred(v)) {
+                return hit;
             }
             assert!(
                 start.elapsed() < limit,
                 "no {what} within {limit:?}; incidents: {:#?}\nlog:\n{}",
-                self.incidents.lock().unwrap(),
-                self.log.lock().unwrap()
+                self.incidents(),
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -902,13 +884,6 @@ impl Wedged {
     }
 }
 
-impl Drop for Wedged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
     // The probe's device count (the call after init's) hangs 30 s, as on a wedged driver.
@@ -937,9 +912,8 @@ fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
         "{raw}"
     );
 
-    // While the call is still stuck (it returns 30 s after it began), an Xid in the kernel log
-    // is reported at its usual latency.
-    std::thread::sleep(Duration::from_millis(500));
+    // While the call is still stuck (it returns 30 s after it began; the incident above says it
+    // is), an Xid in the kernel log is reported at its usual latency.
     let written = Wedged::append_kmsg(
         dir.path(),
         "3,1,1000001,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, GPU has fallen off the bus.\n",
@@ -951,8 +925,21 @@ fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
     // With what NVML told at start: the inventory was read before the driver wedged.
     assert_eq!(xid["gpu"]["uuid"], UUID0);
 
-    // The watchdog was fed all along (every 100 ms asked; no gap near the call timeout).
-    std::thread::sleep(Duration::from_millis(300));
+    // The watchdog was fed all along (every 100 ms asked; no gap near the call timeout), up to
+    // after the Xid.
+    let fed_after = |t: Instant| {
+        notes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, m)| m == "WATCHDOG=1" && *at > t)
+            .count()
+    };
+    super::support::wait_until(
+        super::support::LIMIT,
+        "the watchdog fed after the Xid",
+        || fed_after(xid_at) >= 2,
+    );
     let pings: Vec<Instant> = notes
         .lock()
         .unwrap()
@@ -976,7 +963,7 @@ fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
 
     // Said once, not once per probe round; and the log says what happened.
     std::thread::sleep(Duration::from_millis(1500));
-    let all = d.incidents.lock().unwrap().clone();
+    let all = d.incidents();
     assert_eq!(
         all.iter()
             .filter(|(_, v)| v["kind"] == "driver_unresponsive")
@@ -984,18 +971,12 @@ fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
         1,
         "{all:#?}"
     );
-    assert!(
-        d.log.lock().unwrap().contains("NVML is unresponsive"),
-        "{}",
-        d.log.lock().unwrap()
-    );
+    assert!(d.log().contains("NVML is unresponsive"), "{}", d.log());
 
     // SIGTERM is honoured promptly with the worker still stuck in the driver.
-    super::support::sigterm(&d.child);
     let stopping = Instant::now();
-    let mut d = d;
-    let status = d.child.wait().unwrap();
-    assert_eq!(status.code(), Some(0), "{}", d.log.lock().unwrap());
+    let s = d.d.stop();
+    assert_eq!(s.code, Some(0), "{}", s.stderr);
     assert!(stopping.elapsed() < Duration::from_secs(5));
 }
 
@@ -1052,17 +1033,8 @@ fn an_init_that_hangs_holds_neither_ready_nor_the_kernel_log_longer_than_a_call(
 
     // When init answers, its GPUs are learnt: a later fault carries NVML's identity.
     let wait = Instant::now();
-    while !d
-        .log
-        .lock()
-        .unwrap()
-        .contains("NVML answered its init late")
-    {
-        assert!(
-            wait.elapsed() < Duration::from_secs(10),
-            "{}",
-            d.log.lock().unwrap()
-        );
+    while !d.log().contains("NVML answered its init late") {
+        assert!(wait.elapsed() < Duration::from_secs(10), "{}", d.log());
         std::thread::sleep(Duration::from_millis(10));
     }
     Wedged::append_kmsg(
@@ -1072,7 +1044,7 @@ fn an_init_that_hangs_holds_neither_ready_nor_the_kernel_log_longer_than_a_call(
     let (_, x48) = d.wait_for("the Xid 48", Duration::from_secs(10), |v| v["xid"] == 48);
     assert_eq!(x48["gpu"]["uuid"], UUID1, "{x48}");
     // 3 s is slow, not stuck: no driver_unresponsive.
-    let all = d.incidents.lock().unwrap().clone();
+    let all = d.incidents();
     assert!(
         all.iter().all(|(_, v)| v["kind"] != "driver_unresponsive"),
         "{all:#?}"
@@ -1083,30 +1055,21 @@ fn an_init_that_hangs_holds_neither_ready_nor_the_kernel_log_longer_than_a_call(
 fn a_stop_requested_while_nvml_opens_is_a_clean_shutdown() {
     // Init's device count takes 3 s (the open waits 1 s for it): SIGTERM comes in the middle of
     // the set-up, as when systemd stops a unit that is still starting.
-    let (_dir, mut d) = Wedged::launch(&format!(
+    let (_dir, d) = Wedged::launch(&format!(
         "{TWO_GPUS}hang nvmlDeviceGetCount_v2 3000 times=1\n"
     ));
     let wait = Instant::now();
-    while !d
-        .log
-        .lock()
-        .unwrap()
-        .contains("kernel log: first start in this boot")
-    {
-        assert!(
-            wait.elapsed() < Duration::from_secs(10),
-            "{}",
-            d.log.lock().unwrap()
-        );
+    while !d.log().contains("kernel log: first start in this boot") {
+        assert!(wait.elapsed() < Duration::from_secs(10), "{}", d.log());
         std::thread::sleep(Duration::from_millis(2));
     }
     assert!(d.noted("READY=1").is_none(), "still setting up");
-    super::support::sigterm(&d.child);
-    let status = d.child.wait().unwrap();
+    let s = d.d.stop();
     assert_eq!(
-        status.code(),
+        s.code,
         Some(0),
-        "not killed by the signal's default action: {status:?}\n{}",
-        d.log.lock().unwrap()
+        "not killed by the signal's default action: {:?}\n{}",
+        s.code,
+        s.stderr
     );
 }

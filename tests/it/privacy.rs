@@ -2,34 +2,14 @@
 //! names and its job go out; the values of its arguments never do, and a pid the kernel has given
 //! to another process is not quoted at all.
 
-use std::io::{BufReader, Write};
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-/// A loopback receiver that keeps each POST body and answers 200.
-fn receiver() -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let Some((_, body)) = super::support::read_request(&mut r) else {
-                continue;
-            };
-            g.lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(&body).into_owned());
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
-    (url, got)
+use super::support::{self, Receiver};
+
+/// The toolkit's webhook receiver and its URL.
+fn receiver() -> (String, Receiver) {
+    let rx = Receiver::start();
+    (rx.url(), rx)
 }
 
 /// A process under `proc/PID`: its command line, `comm`, start time (clock ticks) and cgroup.
@@ -70,19 +50,7 @@ fn page_for(record: &str, make_proc: impl Fn(&Path)) -> (String, String) {
     );
     let config_path = dir.path().join("xidwatch.toml");
     std::fs::write(&config_path, config).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config_path)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let d = support::Run::new(&config_path).spawn();
     let reports = state.join("alert-reports");
     let report = || {
         std::fs::read_dir(&reports).ok().and_then(|rd| {
@@ -91,23 +59,12 @@ fn page_for(record: &str, make_proc: impl Fn(&Path)) -> (String, String) {
                 .and_then(|e| std::fs::read_to_string(e.path()).ok())
         })
     };
-    let start = Instant::now();
-    while got.lock().unwrap().is_empty() || report().is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no alert and report"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    super::support::sigterm(&child);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let body = got.lock().unwrap()[0].clone();
+    support::wait_until(support::LIMIT, "an alert and its report", || {
+        !got.bodies().is_empty() && report().is_some()
+    });
+    let s = d.stop();
+    assert_eq!(s.code, Some(0), "{}", s.stderr);
+    let body = got.bodies()[0].clone();
     (body, report().unwrap_or_default())
 }
 

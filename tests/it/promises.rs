@@ -3,15 +3,14 @@
 //! receiver that accepts and never answers, a missing GPU across a restart.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::support::{self, wait_for, wait_until, Reply, LIMIT};
 
 /// One alert as a receiver got it.
 #[derive(Debug, Clone)]
@@ -21,32 +20,36 @@ struct Got {
     doc: Value,
 }
 
-/// A webhook receiver on loopback, one thread per connection. The first `hang` requests are
-/// read and never answered (the connection is held open), as a wedged receiver would.
+/// The toolkit's webhook receiver; the first `hang` requests are read and never answered (the
+/// connection is held open), as a wedged receiver would.
 struct Receiver {
     url: String,
-    got: Arc<Mutex<Vec<Got>>>,
+    rx: support::Receiver,
 }
 
 impl Receiver {
     fn start(hang: usize) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-        let got: Arc<Mutex<Vec<Got>>> = Arc::default();
-        let seen = Arc::new(AtomicUsize::new(0));
-        let g = got.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let (g, seen) = (g.clone(), seen.clone());
-                std::thread::spawn(move || serve(conn, &g, &seen, hang));
+        let rx = support::Receiver::answering(move |n, _| {
+            if n < hang {
+                Reply::Hang
+            } else {
+                Reply::Status(200)
             }
         });
-        Receiver { url, got }
+        Receiver { url: rx.url(), rx }
     }
 
+    /// The alerts answered so far.
     fn all(&self) -> Vec<Got> {
-        self.got.lock().unwrap().clone()
+        self.rx
+            .docs()
+            .into_iter()
+            .map(|doc| Got {
+                id: doc["id"].as_str().unwrap_or_default().to_string(),
+                phase: doc["phase"].as_str().unwrap_or_default().to_string(),
+                doc,
+            })
+            .collect()
     }
 
     /// Distinct incident ids of opened alerts.
@@ -56,54 +59,6 @@ impl Receiver {
             .filter(|g| g.phase == "opened")
             .map(|g| g.id)
             .collect()
-    }
-}
-
-fn serve(conn: TcpStream, got: &Mutex<Vec<Got>>, seen: &AtomicUsize, hang: usize) {
-    let Ok(mut w) = conn.try_clone() else { return };
-    let mut r = BufReader::new(conn);
-    let mut line = String::new();
-    if r.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let mut len = 0usize;
-    loop {
-        line.clear();
-        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-            break;
-        }
-        if let Some((k, v)) = line.trim_end().split_once(": ") {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0; len];
-    if r.read_exact(&mut body).is_err() {
-        return;
-    }
-    if seen.fetch_add(1, Ordering::SeqCst) < hang {
-        // Accept, read, never answer.
-        std::thread::sleep(Duration::from_secs(120));
-        return;
-    }
-    let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    got.lock().unwrap().push(Got {
-        id: doc["id"].as_str().unwrap_or_default().to_string(),
-        phase: doc["phase"].as_str().unwrap_or_default().to_string(),
-        doc,
-    });
-    let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-}
-
-fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -213,8 +168,8 @@ fn sigkill_during_a_burst_of_2000_incidents_loses_none() {
     s.append(&burst);
     let mut first = s.spawn(&[]);
     wait_until(
-        "a first part of the alerts",
         Duration::from_secs(60),
+        "a first part of the alerts",
         || rx.opened().len() >= 150,
     );
     first.kill().unwrap();
@@ -227,8 +182,8 @@ fn sigkill_during_a_burst_of_2000_incidents_loses_none() {
 
     let mut second = s.spawn(&[]);
     wait_until(
-        "every incident after the restart",
         Duration::from_secs(90),
+        "every incident after the restart",
         || rx.opened().len() >= N as usize,
     );
     super::support::sigterm(&second);
@@ -266,11 +221,11 @@ fn sighup_while_a_runbook_runs_delivers_the_alert_once_with_its_evidence() {
     let allow = format!("allow = [[\"barrier\", {name:?}, \"2\"]]");
     let s = Setup::with_allow(&slow, "", &rx.url, &allow);
     let mut d = s.spawn(&[]);
-    wait_until("start-up", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "start-up", || {
         s.stderr().contains("caught up")
     });
     s.append(&xid_on(0, 0x2a, 48));
-    wait_until("the runbook to start", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "the runbook to start", || {
         std::fs::read_dir("/proc").is_ok_and(|rd| {
             rd.flatten().any(|e| {
                 std::fs::read(e.path().join("cmdline"))
@@ -293,8 +248,16 @@ fn sighup_while_a_runbook_runs_delivers_the_alert_once_with_its_evidence() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Nothing else is coming: give a duplicate time to show.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Nothing else is coming once the reload is done and the outbox is empty: everything the
+    // daemon accepted was delivered.
+    let status = wait_for(LIMIT, "the reload and an empty outbox", || {
+        support::status_of(&s.path("state")).filter(|st| {
+            s.stderr().contains("config reloaded")
+                && st["alerts"]["outbox_count"] == 0
+                && support::daemon::delivered(st, "hook") >= 1
+        })
+    });
+    assert_eq!(status["alerts"]["accepted_total"], 1, "{status:#}");
     super::support::sigterm(&d);
     d.wait().unwrap();
     let all = rx.all();
@@ -318,16 +281,19 @@ fn a_hung_receiver_does_not_hold_back_the_next_alert() {
     let rx = Receiver::start(1);
     let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
     let mut d = s.spawn(&[]);
-    wait_until("start-up", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "start-up", || {
         s.stderr().contains("caught up")
     });
     s.append(&xid_on(0, 1, 79));
-    std::thread::sleep(Duration::from_millis(300));
+    // The first alert is at the receiver, which holds it, before the second fault comes.
+    wait_until(LIMIT, "the first alert to reach the receiver", || {
+        !rx.rx.requests().is_empty()
+    });
     // Another fault (an Xid 79 on a second GPU this close would share the first one's host page).
     s.append(&xid_on(1, 2, 48));
     // The first request hangs for 120 s (and the channel's timeout is 60 s); the second alert
     // must not wait for either.
-    wait_until("the second alert", Duration::from_secs(15), || {
+    wait_until(Duration::from_secs(15), "the second alert", || {
         !rx.all().is_empty()
     });
     super::support::sigterm(&d);
@@ -363,7 +329,13 @@ fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
             &format!("[nvml]\nenabled = true\nlibrary = {lib:?}\nprobe_interval_secs = 1\n"),
         );
     std::fs::write(s.path("xidwatch.toml"), cfg).unwrap();
-    let env: [(&str, &Path); 1] = [("XIDWATCH_FAKE_NVML_SCRIPT", &script)];
+    let calls = s.path("nvml-calls.txt");
+    let env: [(&str, &Path); 2] = [
+        ("XIDWATCH_FAKE_NVML_SCRIPT", &script),
+        ("XIDWATCH_FAKE_NVML_CALLS", &calls),
+    ];
+    // Probe rounds so far: each asks NVML for its GPU count.
+    let rounds = || support::nvml_calls(&calls, "nvmlDeviceGetCount_v2");
 
     let missing = |all: &[Got]| -> Vec<String> {
         all.iter()
@@ -372,7 +344,7 @@ fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
             .collect()
     };
     let mut d = s.spawn(&env);
-    wait_until("the missing GPU's page", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the missing GPU's page", || {
         !missing(&rx.all()).is_empty()
     });
     for _ in 0..2 {
@@ -380,10 +352,11 @@ fn a_gpu_that_stays_missing_is_paged_once_across_restarts() {
         d.wait().unwrap();
         d = s.spawn(&env);
         // Several probe rounds after the restart.
-        wait_until("start-up", Duration::from_secs(20), || {
+        wait_until(Duration::from_secs(20), "start-up", || {
             s.stderr().contains("caught up")
         });
-        std::thread::sleep(Duration::from_millis(2500));
+        let seen = rounds();
+        wait_until(LIMIT, "three more probe rounds", || rounds() >= seen + 3);
     }
     super::support::sigterm(&d);
     d.wait().unwrap();
@@ -405,7 +378,7 @@ fn a_crash_loop_does_not_send_an_alert_again() {
     let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
     s.append(&xid_on(0, 7, 79));
     let mut d = s.spawn(&[]);
-    wait_until("the alert", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "the alert", || {
         !rx.all().is_empty()
     });
     for i in 0..6u64 {
@@ -415,10 +388,13 @@ fn a_crash_loop_does_not_send_an_alert_again() {
         d.wait().unwrap();
         d = s.spawn(&[]);
     }
-    wait_until("start-up", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "start-up", || {
         s.stderr().contains("caught up")
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // Nothing is waiting to be sent again: the outbox is empty.
+    wait_for(LIMIT, "an empty outbox", || {
+        support::status_of(&s.path("state")).filter(|st| st["alerts"]["outbox_count"] == 0)
+    });
     super::support::sigterm(&d);
     d.wait().unwrap();
     let all = rx.all();
@@ -432,7 +408,7 @@ fn only_a_real_change_of_what_is_in_force_reloads() {
     let rx = Receiver::start(0);
     let s = Setup::new(CHEAP_RUNBOOK, "", &rx.url);
     let mut d = s.spawn(&[]);
-    wait_until("start-up", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "start-up", || {
         s.stderr().contains("caught up")
     });
     let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap();
@@ -444,7 +420,7 @@ fn only_a_real_change_of_what_is_in_force_reloads() {
     assert!(!s.stderr().contains("config reloaded"), "{}", s.stderr());
     std::fs::write(s.path("xidwatch.toml.new"), format!("{cfg}\n# edited\n")).unwrap();
     std::fs::rename(s.path("xidwatch.toml.new"), s.path("xidwatch.toml")).unwrap();
-    wait_until("the reload", Duration::from_secs(10), || {
+    wait_until(Duration::from_secs(10), "the reload", || {
         s.stderr().contains("config reloaded")
     });
     super::support::sigterm(&d);
@@ -499,12 +475,12 @@ fn an_allowed_step_cannot_touch_the_daemon_that_runs_it() {
     )
     .unwrap();
     let mut d = s.spawn(&[]);
-    wait_until("start-up", Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "start-up", || {
         s.stderr().contains("caught up")
     });
     let position = std::fs::read(s.path("state/position.json")).unwrap_or_default();
     s.append(&xid_on(0, 0x2a, 48));
-    wait_until("the page", Duration::from_secs(30), || !rx.all().is_empty());
+    wait_until(Duration::from_secs(30), "the page", || !rx.all().is_empty());
     let page = rx.all()[0].doc.clone();
     let out = page["evidence"][0]["steps"][0]["output"]
         .as_str()

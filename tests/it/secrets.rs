@@ -3,13 +3,14 @@
 //! `xidwatch status`, `status.json`, `alert-status.json` or the outbox; an `env:` secret is not
 //! in `/proc/PID/environ`, the daemon is not dumpable, and a reload still resolves the secret.
 
+use super::support::{self, wait_until};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Every secret of these tests has this in it: none of the daemon's outputs may.
 const MARK: &str = "SECRET";
@@ -56,14 +57,6 @@ fn collect_log(child: &mut Child) -> Arc<Mutex<String>> {
         }
     });
     log
-}
-
-fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Every `last_error` string anywhere in `v`.
@@ -147,38 +140,24 @@ fn an_echoing_receiver_puts_no_secret_in_logs_status_or_outbox() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-        .args(["run", "--config"])
-        .env(
-            "XIDWATCH_BOOT_TIME_PATH",
-            super::support::recent_boot_stat(),
-        )
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .env("RUST_LOG", "debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = collect_log(&mut child);
+    let child = support::Run::new(&config).env("RUST_LOG", "debug").spawn();
 
     wait_until(
-        "the 400 and a few 500 answers",
         Duration::from_secs(30),
+        "the 400 and a few 500 answers",
         || bad_count.load(Ordering::SeqCst) >= 1 && down_count.load(Ordering::SeqCst) >= 3,
     );
     // Both failures recorded: in the outbox entry (still pending for "down") and the status.
     wait_until(
-        "both channels' errors in the outbox entry",
         Duration::from_secs(30),
+        "both channels' errors in the outbox entry",
         || outbox(&state).1.len() >= 2,
     );
     let alert_status =
         || std::fs::read_to_string(state.join("alert-status.json")).unwrap_or_default();
     wait_until(
-        "both channels' errors in alert-status.json",
         Duration::from_secs(30),
+        "both channels' errors in alert-status.json",
         || {
             let mut errs = Vec::new();
             if let Ok(v) = serde_json::from_str(&alert_status()) {
@@ -192,10 +171,8 @@ fn an_echoing_receiver_puts_no_secret_in_logs_status_or_outbox() {
     let status_json = xidwatch(&config, &["status", "--json"]);
     let (outbox_text, outbox_errors) = outbox(&state);
     let alert_status = alert_status();
-    super::support::sigterm(&child);
-    child.wait().unwrap();
+    let log = child.stop().stderr;
     let status_file = std::fs::read_to_string(state.join("status.json")).unwrap();
-    let log = log.lock().unwrap().clone();
 
     // The answers were seen, and what came from the request in them was cut out.
     assert!(
@@ -284,7 +261,7 @@ fn an_env_secret_is_not_in_proc_environ_the_daemon_is_not_dumpable_and_reload_re
     }
     let mut child = cmd.spawn().unwrap();
     let log = collect_log(&mut child);
-    wait_until("the daemon to watch", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the daemon to watch", || {
         if let Ok(Some(st)) = child.try_wait() {
             panic!("the daemon exited ({st}):\n{}", log.lock().unwrap());
         }
@@ -315,7 +292,7 @@ fn an_env_secret_is_not_in_proc_environ_the_daemon_is_not_dumpable_and_reload_re
 
     // A reload reads the config again, and the secret with it.
     super::support::signal(&child, libc::SIGHUP);
-    wait_until("the reload", Duration::from_secs(30), || {
+    wait_until(Duration::from_secs(30), "the reload", || {
         log.lock().unwrap().contains("config reloaded")
     });
     super::support::sigterm(&child);

@@ -3,60 +3,23 @@
 //! are read from `run --json`, pages from a webhook receiver on loopback. Every wait is on
 //! progress: the fake counts the polls it answered.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-type Got = Arc<Mutex<Vec<serde_json::Value>>>;
+use super::support::{self, Receiver};
 
-/// Records each POSTed JSON body and answers 200.
-fn receiver() -> (String, Got) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
-    let got: Got = Arc::default();
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut r = BufReader::new(conn.try_clone().unwrap());
-            let (mut len, mut line) = (0usize, String::new());
-            loop {
-                line.clear();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.parse().unwrap_or(0);
-                    }
-                }
-            }
-            let mut body = vec![0; len];
-            if r.read_exact(&mut body).is_err() {
-                continue;
-            }
-            if let Ok(v) = serde_json::from_slice(&body) {
-                g.lock().unwrap().push(v);
-            }
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
-    (url, got)
+/// The toolkit's webhook receiver and its URL.
+fn receiver() -> (String, Receiver) {
+    let rx = Receiver::start();
+    (rx.url(), rx)
 }
 
 struct Host {
     dir: tempfile::TempDir,
 }
 
-struct Daemon {
-    child: Child,
-    incidents: Got,
-    log: Arc<Mutex<String>>,
-}
+/// The toolkit's harness, with `--json`: incidents on stdout, the log on stderr.
+struct Daemon(support::Daemon);
 
 const FM: &str = "nvidia-fabricmanager.service";
 const PD: &str = "nvidia-persistenced.service";
@@ -124,86 +87,63 @@ impl Host {
             ),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_xidwatch"))
-            .args(["run", "--json", "--config"])
-            .arg(&config)
-            .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
-            .env(
-                "XIDWATCH_BOOT_TIME_PATH",
-                super::support::recent_boot_stat(),
-            )
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn xidwatch run");
-        let incidents: Got = Arc::default();
-        let log: Arc<Mutex<String>> = Arc::default();
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let i2 = incidents.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    i2.lock().unwrap().push(v);
-                }
-            }
-        });
-        let l2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut l = l2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        Daemon {
-            child,
-            incidents,
-            log,
-        }
+        Daemon(
+            support::Run::new(&config)
+                .json()
+                .env("XIDWATCH_BOOT_ID_PATH", self.p("boot_id"))
+                .spawn(),
+        )
+    }
+}
+
+/// What a test waits on: the incidents printed, or the pages the receiver got.
+trait Docs {
+    fn docs(&self) -> Vec<serde_json::Value>;
+}
+
+impl Docs for Receiver {
+    fn docs(&self) -> Vec<serde_json::Value> {
+        Receiver::docs(self)
+    }
+}
+
+impl Docs for Daemon {
+    fn docs(&self) -> Vec<serde_json::Value> {
+        self.0.json()
     }
 }
 
 fn wait_for(
     what: &str,
-    got: &Got,
-    log: &Mutex<String>,
+    got: &impl Docs,
+    d: &Daemon,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     let start = Instant::now();
     loop {
-        if let Some(v) = got.lock().unwrap().iter().find(|v| pred(v)) {
+        if let Some(v) = got.docs().iter().find(|v| pred(v)) {
             return v.clone();
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "no {what}; got: {:#?}\nlog:\n{}",
-            got.lock().unwrap(),
-            log.lock().unwrap()
+            got.docs(),
+            d.0.stderr()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-fn count(got: &Got, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
-    got.lock().unwrap().iter().filter(|v| pred(v)).count()
+fn count(got: &Receiver, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
+    got.docs().iter().filter(|v| pred(v)).count()
 }
 
 impl Daemon {
-    fn stop(mut self) -> String {
-        super::support::sigterm(&self.child);
-        let status = self.child.wait().unwrap();
-        let log = self.log.lock().unwrap().clone();
-        assert_eq!(status.code(), Some(0), "{log}");
-        log
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// SIGTERM, and the exit must be clean; the log.
+    fn stop(self) -> String {
+        let s = self.0.stop();
+        assert_eq!(s.code, Some(0), "{}", s.stderr);
+        s.stderr
     }
 }
 
@@ -235,11 +175,11 @@ fn a_failed_unit_is_one_incident_paged_once_and_ends_when_verified_active() {
     let d = h.start(&url);
     h.wait_polls(2);
     h.unit(PD, "failed", "failed", "exit-code", 0);
-    let inc = wait_for("an incident", &d.incidents, &d.log, |v| {
+    let inc = wait_for("an incident", &d, &d, |v| {
         v["kind"] == "service_down" && v["phase"] == "opened"
     });
     assert!(inc["title"].as_str().unwrap().contains(PD), "{inc:#}");
-    let page = wait_for("a page", &pages, &d.log, |v| {
+    let page = wait_for("a page", &pages, &d, |v| {
         v["kind"] == "service_down" && v["phase"] == "opened"
     });
     assert_eq!(page["severity"], "warning", "{page:#}");
@@ -250,7 +190,7 @@ fn a_failed_unit_is_one_incident_paged_once_and_ends_when_verified_active() {
     // Still failed for a few more polls: nothing new.
     h.wait_polls(3);
     h.unit(PD, "active", "running", "success", 0);
-    let done = wait_for("a resolved notice", &pages, &d.log, |v| {
+    let done = wait_for("a resolved notice", &pages, &d, |v| {
         v["kind"] == "service_down" && v["phase"] == "resolved"
     });
     assert!(
@@ -277,7 +217,7 @@ fn fabric_manager_restarting_in_a_loop_is_critical_with_the_fabric_state() {
         h.wait_polls(2);
         h.unit(FM, "active", "running", "success", n);
     }
-    let page = wait_for("a page", &pages, &d.log, |v| {
+    let page = wait_for("a page", &pages, &d, |v| {
         v["kind"] == "service_down" && v["phase"] == "opened"
     });
     assert!(
@@ -294,7 +234,7 @@ fn fabric_manager_restarting_in_a_loop_is_critical_with_the_fabric_state() {
     );
     step(&page, "fabric-manager", "fabric state of every GPU");
     // The restarts stop: active with the counter still, verified at the next poll.
-    let done = wait_for("a resolved notice", &pages, &d.log, |v| {
+    let done = wait_for("a resolved notice", &pages, &d, |v| {
         v["kind"] == "service_down" && v["phase"] == "resolved"
     });
     assert_eq!(done["id"], page["id"]);
@@ -316,5 +256,5 @@ fn units_not_installed_are_silent_and_a_missing_fabric_manager_is_said_once() {
         "{log}"
     );
     assert!(!log.contains("dcgm.service"), "{log}");
-    assert!(pages.lock().unwrap().is_empty());
+    assert!(pages.docs().is_empty());
 }

@@ -2,14 +2,15 @@
 //! planted where the daemon keeps its files. The daemon as a process, a regular-file kernel log.
 //! Each time it must say what it refused, set it aside, go on working and stop on SIGTERM.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::support;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -71,35 +72,12 @@ impl Setup {
     }
 
     fn start(&self) -> Daemon {
-        let mut child = self
-            .command()
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn xidwatch run");
-        let lines: Arc<Mutex<Vec<Value>>> = Arc::default();
-        let stderr: Arc<Mutex<String>> = Arc::default();
-        let (out, l) = (child.stdout.take().unwrap(), lines.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    l.lock().unwrap().push(v);
-                }
-            }
-        });
-        let (err, e) = (child.stderr.take().unwrap(), stderr.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut s = e.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        Daemon {
-            child: Some(child),
-            lines,
-            stderr,
-        }
+        Daemon(
+            support::Run::new(&self.path("xidwatch.toml"))
+                .json()
+                .env("XIDWATCH_BOOT_ID_PATH", self.path("boot_id"))
+                .spawn(),
+        )
     }
 
     /// Names in the state directory (or `sub` of it) starting `NAME.refused-`.
@@ -118,15 +96,12 @@ impl Setup {
     }
 }
 
-struct Daemon {
-    child: Option<Child>,
-    lines: Arc<Mutex<Vec<Value>>>,
-    stderr: Arc<Mutex<String>>,
-}
+/// The toolkit's harness, with `--json`.
+struct Daemon(support::Daemon);
 
 impl Daemon {
     fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.0.stderr()
     }
 
     fn wait_until(&self, what: &str, cond: impl Fn(&Daemon) -> bool) {
@@ -150,42 +125,15 @@ impl Daemon {
 
     fn wait_xid(&self, xid: u32) {
         self.wait_until(&format!("the Xid {xid} incident"), |d| {
-            d.lines.lock().unwrap().iter().any(|i| i["xid"] == xid)
+            d.0.json().iter().any(|i| i["xid"] == xid)
         });
     }
 
-    /// SIGTERM, then the exit status, within a bounded time.
-    fn stop(mut self) -> (Option<i32>, String) {
-        let mut child = self.child.take().unwrap();
-        super::support::sigterm(&child);
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no exit within 10 s of SIGTERM; stderr:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // The stderr reader has the last lines once the pipe closes.
-        let start = Instant::now();
-        while !self.stderr().contains("stopped") && start.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        (status.code(), self.stderr())
-    }
-}
-
-impl Drop for Daemon {
-    /// A daemon stuck where the test gave up on it (in `open`, deaf to SIGTERM) is not left behind.
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    /// SIGTERM, then the exit status, within a bounded time (a daemon stuck where the test gave
+    /// up on it, in `open`, deaf to SIGTERM, is killed, not left behind).
+    fn stop(self) -> (Option<i32>, String) {
+        let s = self.0.stop_within(Duration::from_secs(10));
+        (s.code, s.stderr)
     }
 }
 
@@ -268,7 +216,7 @@ fn a_linked_lock_file_does_not_carry_the_pid_to_its_target() {
     d.wait_stderr(&["xidwatch.lock", "symbolic link", "refused", "caught up"]);
     d.wait_xid(13);
     d.wait_until("the position saved", |_| saved_seq(&s.state()) == Some(0));
-    let pid = d.child.as_ref().unwrap().id();
+    let pid = d.0.child.id();
     let held = std::fs::read_to_string(&lock).unwrap();
     assert_eq!(
         held.trim(),

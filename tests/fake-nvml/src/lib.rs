@@ -48,6 +48,9 @@
 //! list; `PID:-`: memory not available; never given: NOT_SUPPORTED). The pids mean nothing to
 //! the fake; the test lays out the procfs fixture they are looked up in.
 //!
+//! Calls: with `XIDWATCH_FAKE_NVML_CALLS=FILE`, the name of every call that a `hang` directive
+//! can name is appended to FILE as it comes in, one a line (a test counts polls with it).
+//!
 //! `device` lines define GPUs 0, 1, ... in order. Keys: `pci` (required, any width of domain),
 //! `uuid`, `serial`, `name` (`_` stands for a space) — a missing one makes its getter return
 //! NOT_SUPPORTED, as NVML does for a serial on boards without one —, `events` (the supported event
@@ -610,9 +613,29 @@ fn parse_hang(words: &[&str]) -> Result<Hang, String> {
     Ok(hang)
 }
 
+/// Appends `call` to the file named by `XIDWATCH_FAKE_NVML_CALLS`, one call a line: the
+/// progress a test waits on ("two more polls have read the temperature") instead of sleeping.
+fn record_call(call: &str) {
+    use std::io::Write;
+    static CALLS: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let Some(path) =
+        CALLS.get_or_init(|| std::env::var_os("XIDWATCH_FAKE_NVML_CALLS").map(Into::into))
+    else {
+        return;
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = f.write_all(format!("{call}\n").as_bytes());
+    }
+}
+
 /// Counts a call to `call` and, if a `hang` directive says so, sleeps before it is answered.
 /// The state lock is released before sleeping.
 fn hang_point(call: &str) {
+    record_call(call);
     let delay = catch_unwind(AssertUnwindSafe(|| {
         let mut guard = state();
         let Some(s) = guard.as_mut() else { return 0 };

@@ -1,4 +1,25 @@
-//! Helpers shared by the integration tests.
+//! The integration tests' toolkit: one harness for `xidwatch run` ([`Run`], [`Daemon`]), one
+//! HTTP receiver ([`Receiver`]), one SMTP sink ([`SmtpSink`]), a scenario that writes the config
+//! from typed values ([`Scenario`]), and [`wait_until`], which polls progress (the daemon's
+//! status counters, what a receiver got, the log) instead of sleeping.
+//!
+//! Every `xidwatch run` a test starts takes its boot's time from [`recent_boot_stat`] (or a file
+//! the test writes with [`write_boot_stat`]).
+
+// A toolkit: each test uses the part it needs.
+#![allow(dead_code, unused_imports)]
+
+pub mod daemon;
+pub mod http;
+pub mod scenario;
+pub mod smtp;
+pub mod wait;
+
+pub use daemon::{status_of, Daemon, Run, Stopped};
+pub use http::{Receiver, Reply, Request};
+pub use scenario::{table, Scenario};
+pub use smtp::{Mail, SmtpSink};
+pub use wait::{wait_for, wait_until, LIMIT};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -113,4 +134,14 @@ pub fn write_boot_stat(path: &Path, secs_ago: u64) {
         .unwrap()
         .as_secs();
     std::fs::write(path, format!("cpu  1 2 3 4\nbtime {}\n", now - secs_ago)).unwrap();
+}
+
+/// How many times the fake NVML was called as `call`, from the file named by
+/// `XIDWATCH_FAKE_NVML_CALLS` (tests/fake-nvml): polls and probe rounds, counted.
+pub fn nvml_calls(file: &Path, call: &str) -> usize {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == call)
+        .count()
 }
