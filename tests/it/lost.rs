@@ -99,6 +99,31 @@ impl Lost {
         self.append_xid_on("17", seq, xid);
     }
 
+    /// A reboot: the daemon stops, the boot id changes, the kernel log starts empty, the fake
+    /// NVML plays `script` from its new init; the same state directory, config and receiver.
+    fn reboot(self, script: &str) -> Lost {
+        let Lost {
+            dir, daemon, rx, ..
+        } = self;
+        let stopped = daemon.stop();
+        assert_eq!(stopped.code, Some(0), "{}", stopped.stderr);
+        let p = |name: &str| dir.path().join(name);
+        std::fs::write(p("boot_id"), "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0\n").unwrap();
+        std::fs::write(p("kmsg"), "").unwrap();
+        std::fs::write(p("nvml.script"), script).unwrap();
+        let started = Instant::now();
+        let daemon = support::Run::new(&p("xidwatch.toml"))
+            .env("XIDWATCH_BOOT_ID_PATH", p("boot_id"))
+            .nvml_script(&p("nvml.script"))
+            .spawn();
+        Lost {
+            dir,
+            daemon,
+            rx,
+            started,
+        }
+    }
+
     /// An Xid on the GPU at bus `bus` (`0000:<bus>:00.0`).
     fn append_xid_on(&self, bus: &str, seq: u64, xid: u32) {
         let mut f = std::fs::OpenOptions::new()
@@ -215,6 +240,46 @@ fn a_lost_gpu_never_resolves_while_lost_and_resolves_when_the_same_board_is_back
         "{h}"
     );
     assert!(!h.contains("quiet"), "{h}");
+    assert_eq!(d.resolved_lost().len(), 1, "{:#?}", d.resolved_lost());
+}
+
+/// A reboot ends no state: the GPU lost in the first boot stays the same open incident across
+/// it, and only the new boot's probe finding the same board reachable ends it, saying so.
+#[test]
+fn a_gpu_lost_before_a_reboot_ends_only_when_the_new_boot_verifies_it() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Lost for the rest of the first boot.
+    let d = Lost::start(Some(&script(600_000, "")));
+    lose(&d);
+    let (_, page) = d.wait_for("the Xid 79 page", |v| {
+        v["xid"] == 79 && v["phase"] == "opened"
+    });
+    assert!(d.resolved_lost().is_empty(), "{:#?}", d.resolved_lost());
+    // The new boot: the board is there, NVML reaches it.
+    let d = d.reboot(&format!(
+        "init ok\ndriver_version 550.54.14\n\
+         device pci=0000:17:00.0 uuid={UUID0} serial=1650923011234 name=NVIDIA_H100\n"
+    ));
+    let (_, resolved) = d.wait_for("the verified recovery after the reboot", |v| {
+        v["phase"] == "resolved" && v["xid"] == 79
+    });
+    assert_eq!(
+        resolved["id"], page["id"],
+        "the same incident: {resolved:#}"
+    );
+    let h = headline(&resolved);
+    assert!(
+        h.contains(&format!(
+            "recovered after the reboot: {UUID0} reachable again (same board)"
+        )),
+        "{h}"
+    );
+    // The probe's gpu_missing, superseded by the Xid 79 in the first boot, ends with it.
+    let ids: Vec<&Value> = resolved["supersedes"]
+        .as_array()
+        .map(|a| a.iter().map(|s| &s["kind"]).collect())
+        .unwrap_or_default();
+    assert!(ids.iter().any(|k| *k == "gpu_missing"), "{resolved:#}");
     assert_eq!(d.resolved_lost().len(), 1, "{:#?}", d.resolved_lost());
 }
 
