@@ -282,12 +282,22 @@ impl Pipeline {
         self.engine.tick(Now::read(), &mut self.out_buf);
     }
 
+    /// Hands what the engine released over. The pages report each GPU's state as of these
+    /// incidents (`handover::state_doc`), so the open set is refreshed first.
+    async fn hand_over(&mut self) {
+        if !self.out_buf.is_empty() {
+            self.tel
+                .set_open_incidents_from(self.engine.open_incidents());
+        }
+        self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
+    }
+
     /// The pipeline's part of the stop, once the sources are stopped: what is in flight is
     /// reported, runbooks still running give up (their alerts go out without evidence rather
     /// than not at all), and the checkpoint is saved behind the last hand-over.
     pub(super) async fn shut_down(&mut self) {
         self.fold_quiet();
-        self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
+        self.hand_over().await;
         self.out.finish().await;
         if !self.flush(true).await {
             tracing::warn!("some alerts were not written to the outbox in time; the kernel log position stays before them and they are raised again at the next start");
@@ -447,12 +457,7 @@ impl Pipeline {
     /// Hands what the engine produced over, then writes the checkpoint if it is due and every
     /// alert is durable. False when an alert is still not durable.
     pub(super) async fn flush(&mut self, force: bool) -> bool {
-        if !self.out_buf.is_empty() {
-            // The pages report the GPU's state as of these incidents (`handover::state_doc`).
-            self.tel
-                .set_open_incidents_from(self.engine.open_incidents());
-        }
-        self.out.emit_all(&mut self.out_buf, &mut self.acks).await;
+        self.hand_over().await;
         // The probe's memory is part of the checkpoint: saved promptly when it moved.
         let force = force || self.probe_memory != self.ckpt.saved_probe;
         let durable = self
