@@ -18,9 +18,8 @@ pub(super) fn temperature(
     if t < limit {
         st.hot_since = None;
         let window = Duration::from_secs(cfg.temperature.sustain_secs);
-        if st.hot_told && st.hot_clear.passes(now, window, 1) {
+        if st.hot_clear.passed(st.hot_told, now, window, 1) {
             st.hot_told = false;
-            st.hot_clear.reset();
             ended(FindingKind::GpuTemperature, r, ends);
         }
         return;
@@ -57,13 +56,13 @@ pub(super) fn throttling(
     let hw = bits & (THROTTLE_HW_SLOWDOWN | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE);
     if hw == 0 {
         st.throttle_polls = 0;
-        if st.throttle_told
-            && st
-                .throttle_clear
-                .passes(Duration::ZERO, Duration::ZERO, cfg.throttling.polls)
-        {
+        if st.throttle_clear.passed(
+            st.throttle_told,
+            Duration::ZERO,
+            Duration::ZERO,
+            cfg.throttling.polls,
+        ) {
             st.throttle_told = false;
-            st.throttle_clear.reset();
             ended(FindingKind::GpuThrottling, r, ends);
         }
         return;
@@ -120,13 +119,13 @@ pub(super) fn pcie_link(
     if g >= gm && w >= wm {
         st.link_polls = 0;
         // Busy polls at the maximum, as many in a row as it took to raise it.
-        if st.link_told
-            && st
-                .link_clear
-                .passes(Duration::ZERO, Duration::ZERO, cfg.pcie_link.polls)
-        {
+        if st.link_clear.passed(
+            st.link_told,
+            Duration::ZERO,
+            Duration::ZERO,
+            cfg.pcie_link.polls,
+        ) {
             st.link_told = false;
-            st.link_clear.reset();
             ended(FindingKind::PcieLinkDegraded, r, ends);
         }
         return;
@@ -162,13 +161,13 @@ pub(super) fn memory_repair(
     let pages = r.pages_pending == Some(true);
     let now = (pending, failed, pages);
     if !pending && !failed && !pages {
-        if st.repair_told.is_some()
-            && st
-                .repair_clear
-                .passes(Duration::ZERO, Duration::ZERO, CLEAR_POLLS)
-        {
+        if st.repair_clear.passed(
+            st.repair_told.is_some(),
+            Duration::ZERO,
+            Duration::ZERO,
+            CLEAR_POLLS,
+        ) {
             st.repair_told = None;
-            st.repair_clear.reset();
             ended(FindingKind::MemoryRepair, r, ends);
         }
         return;
@@ -251,13 +250,13 @@ pub(super) fn recovery(
 ) {
     let Some(v) = r.recovery else { return };
     if v == 0 {
-        if st.recovery_told.is_some()
-            && st
-                .recovery_clear
-                .passes(Duration::ZERO, Duration::ZERO, CLEAR_POLLS)
-        {
+        if st.recovery_clear.passed(
+            st.recovery_told.is_some(),
+            Duration::ZERO,
+            Duration::ZERO,
+            CLEAR_POLLS,
+        ) {
             st.recovery_told = None;
-            st.recovery_clear.reset();
             ended(FindingKind::RecoveryAction, r, ends);
         }
         return;
@@ -296,9 +295,8 @@ pub(super) fn power(
     if u64::from(p) <= over || l == 0 {
         st.power_since = None;
         let window = Duration::from_secs(cfg.power.sustain_secs);
-        if st.power_told && st.power_clear.passes(now, window, 1) {
+        if st.power_clear.passed(st.power_told, now, window, 1) {
             st.power_told = false;
-            st.power_clear.reset();
             ended(FindingKind::PowerOverLimit, r, ends);
         }
         return;

@@ -94,6 +94,16 @@ impl Clearing {
     fn reset(&mut self) {
         *self = Clearing::default();
     }
+
+    /// One clear reading of a check that is reported (`told`): true, with the count reset, when
+    /// it has now passed for its window, so the caller clears the report and says it ended.
+    fn passed(&mut self, told: bool, now: Duration, window: Duration, polls: u32) -> bool {
+        if told && self.passes(now, window, polls) {
+            self.reset();
+            return true;
+        }
+        false
+    }
 }
 
 impl GpuState {
@@ -329,13 +339,14 @@ impl Checks {
                 st.persistence_clear.reset();
             }
             if r.persistence == Some(true)
-                && st.persistence_told
-                && st
-                    .persistence_clear
-                    .passes(now, Duration::ZERO, CLEAR_POLLS)
+                && st.persistence_clear.passed(
+                    st.persistence_told,
+                    now,
+                    Duration::ZERO,
+                    CLEAR_POLLS,
+                )
             {
                 st.persistence_told = false;
-                st.persistence_clear.reset();
                 ended(FindingKind::PersistenceModeOff, r, ends);
             }
             if cfg.persistence_mode.enabled && r.persistence == Some(false) && !st.persistence_told

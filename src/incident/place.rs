@@ -41,19 +41,9 @@ impl Engine {
             if let Some(old) = self.open.remove(&key) {
                 let told = out.len();
                 self.open_new(f, key, family, rank, now, at_startup, runbook, out);
-                let mut sup = old.inc.supersedes;
+                let mut sup = old.inc.supersedes.clone();
                 if old.emitted {
-                    sup.insert(
-                        0,
-                        Superseded {
-                            id: old.inc.id.clone(),
-                            kind: old.inc.kind,
-                            xid: old.inc.xid,
-                            severity: old.inc.severity,
-                            category: old.inc.category,
-                            gpu: old.inc.gpu.clone(),
-                        },
-                    );
+                    sup.insert(0, Superseded::of(&old.inc));
                 }
                 if let Some(n) = self.open.get_mut(&key) {
                     n.inc.supersedes.extend(sup.iter().cloned());
@@ -372,14 +362,7 @@ impl Engine {
 /// ends it: it gets no resolved notice of its own, as the GPU is no better for the new cause.
 pub(super) fn absorb(n: &mut Open, mut old: Open) {
     if old.emitted {
-        n.inc.supersedes.push(Superseded {
-            id: old.inc.id.clone(),
-            kind: old.inc.kind,
-            xid: old.inc.xid,
-            severity: old.inc.severity,
-            category: old.inc.category,
-            gpu: old.inc.gpu.clone(),
-        });
+        n.inc.supersedes.push(Superseded::of(&old.inc));
     }
     n.inc.supersedes.append(&mut old.inc.supersedes);
     let mut merged: BTreeMap<(FindingKind, Option<u32>), u64> = BTreeMap::new();

@@ -94,52 +94,65 @@ impl Engine {
         }
         ended.sort();
         for k in ended {
-            let Some(o) = self.open.remove(&k) else {
-                continue;
-            };
-            self.changes += 1;
-            if !o.emitted {
-                continue;
-            }
-            let mut inc = o.inc;
-            inc.phase = IncidentPhase::Resolved;
-            inc.last_seen_ms = now.wall_ms;
-            let who = inc
-                .gpu
-                .uuid
-                .clone()
-                .or_else(|| inc.gpu.serial.as_ref().map(|s| format!("serial {s}")))
-                .unwrap_or_default();
-            inc.note = Some(format!(
-                "recovered{}: {who} reachable again (same board)",
-                if o.carried { " after the reboot" } else { "" }
-            ));
-            self.stats.resolved += 1;
-            out.push(inc);
+            self.end_verified(k, now.wall_ms, out, |inc, carried| {
+                let who = inc
+                    .gpu
+                    .uuid
+                    .clone()
+                    .or_else(|| inc.gpu.serial.as_ref().map(|s| format!("serial {s}")))
+                    .unwrap_or_default();
+                format!(
+                    "recovered{}: {who} reachable again (same board)",
+                    after_reboot(carried)
+                )
+            });
         }
         driver_ok.sort();
         for k in driver_ok {
-            let Some(o) = self.open.remove(&k) else {
-                continue;
-            };
-            self.changes += 1;
-            if !o.emitted {
-                continue;
-            }
-            let mut inc = o.inc;
-            inc.phase = IncidentPhase::Resolved;
-            inc.last_seen_ms = now.wall_ms;
             let what = match k.pci {
                 Some(pci) => format!("NVML reaches {pci}"),
                 None => format!("NVML reaches {} GPU(s)", v.reached.len()),
             };
-            inc.note = Some(format!(
-                "verified{}: the driver is loaded and {what}",
-                if o.carried { " after the reboot" } else { "" }
-            ));
-            self.stats.resolved += 1;
-            out.push(inc);
+            self.end_verified(k, now.wall_ms, out, |_, carried| {
+                format!(
+                    "verified{}: the driver is loaded and {what}",
+                    after_reboot(carried)
+                )
+            });
         }
+    }
+
+    /// Ends the incident under `k` because a probe round verified it: its resolved notice (when
+    /// it was paged at all) with `note`'s words for what was verified.
+    fn end_verified(
+        &mut self,
+        k: Key,
+        now_wall_ms: u64,
+        out: &mut Vec<Incident>,
+        note: impl FnOnce(&Incident, bool) -> String,
+    ) {
+        let Some(o) = self.open.remove(&k) else {
+            return;
+        };
+        self.changes += 1;
+        if !o.emitted {
+            return;
+        }
+        let mut inc = o.inc;
+        inc.phase = IncidentPhase::Resolved;
+        inc.last_seen_ms = now_wall_ms;
+        inc.note = Some(note(&inc, o.carried));
+        self.stats.resolved += 1;
+        out.push(inc);
+    }
+}
+
+/// " after the reboot" for an incident carried over from the previous boot.
+fn after_reboot(carried: bool) -> &'static str {
+    if carried {
+        " after the reboot"
+    } else {
+        ""
     }
 }
 

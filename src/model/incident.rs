@@ -105,3 +105,17 @@ pub struct Superseded {
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
+
+impl Superseded {
+    /// `inc` as its successor remembers it: the labels its alert went out under.
+    pub fn of(inc: &Incident) -> Superseded {
+        Superseded {
+            id: inc.id.clone(),
+            kind: inc.kind,
+            xid: inc.xid,
+            severity: inc.severity,
+            category: inc.category,
+            gpu: inc.gpu.clone(),
+        }
+    }
+}
