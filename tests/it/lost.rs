@@ -375,6 +375,45 @@ impl Lost {
 }
 
 /// A host name no other test run has used, for an Alertmanager filter.
+/// The real Alertmanager's list of one host's alerts (`GET /api/v2/alerts?filter=host=...`).
+struct Alertmanager {
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    url: reqwest::Url,
+}
+
+impl Alertmanager {
+    fn new(base: &str, host: &str) -> Alertmanager {
+        let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
+        url.query_pairs_mut()
+            .append_pair("filter", &format!("host=\"{host}\""));
+        Alertmanager {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            client: reqwest::Client::new(),
+            url,
+        }
+    }
+
+    fn list(&self) -> Value {
+        self.rt.block_on(async {
+            let resp = self.client.get(self.url.clone()).send().await.unwrap();
+            serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap()
+        })
+    }
+}
+
+/// What an alert is about: `xid 79`, or its kind (`gpu_missing`).
+fn what_of(alert: &Value) -> String {
+    let l = &alert["labels"];
+    match l["xid"].as_str() {
+        Some(x) => format!("xid {x}"),
+        None => l["kind"].as_str().unwrap_or("").to_string(),
+    }
+}
+
 fn unique_host(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -398,39 +437,22 @@ fn a_lost_gpu_stays_active_in_alertmanager_until_the_same_board_is_back() {
         &format!("host = {host:?}\n"),
         &format!("[[alerts.alertmanager]]\nname = \"am\"\nurls = [\"{base}\"]\n"),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
-    url.query_pairs_mut()
-        .append_pair("filter", &format!("host=\"{host}\""));
+    let am = Alertmanager::new(&base, &host);
     // This host's alerts that Alertmanager lists, as (what, state): the Xid 79 (`xid 79`) and
     // the probe's `gpu_missing`, each with its state (active, suppressed, ...).
     let alerts = || -> (Vec<(String, String)>, Value) {
-        rt.block_on(async {
-            let resp = client.get(url.clone()).send().await.unwrap();
-            let list: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
-            let mut got: Vec<(String, String)> = list
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| {
-                    let l = &a["labels"];
-                    let what = match l["xid"].as_str() {
-                        Some(x) => format!("xid {x}"),
-                        None => l["kind"].as_str().unwrap_or("").to_string(),
-                    };
-                    (
-                        what,
-                        a["status"]["state"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect();
-            got.sort();
-            (got, list)
-        })
+        let list = am.list();
+        let mut got: Vec<(String, String)> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let state = a["status"]["state"].as_str().unwrap_or("").to_string();
+                (what_of(a), state)
+            })
+            .collect();
+        got.sort();
+        (got, list)
     };
     let active = |what: &str| (what.to_string(), "active".to_string());
     let both = vec![active("gpu_missing"), active("xid 79")];
@@ -548,39 +570,25 @@ fn a_host_page_is_one_alert_per_gpu_in_alertmanager_and_each_ends_on_its_own() {
         &format!("settle_ms = 500\nhost = {host:?}\n"),
         &format!("[[alerts.alertmanager]]\nname = \"am\"\nurls = [\"{base}\"]\n"),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
-    url.query_pairs_mut()
-        .append_pair("filter", &format!("host=\"{host}\""))
-        .append_pair("active", "true")
-        .append_pair("silenced", "false")
-        .append_pair("inhibited", "false");
+    let am = Alertmanager::new(&base, &host);
     // This host's active alerts as "what@pci".
     let active = || -> (Vec<String>, Value) {
-        rt.block_on(async {
-            let resp = client.get(url.clone()).send().await.unwrap();
-            let list: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
-            let mut got: Vec<String> = list
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|a| a["status"]["state"] == "active")
-                .map(|a| {
-                    let l = &a["labels"];
-                    let what = match l["xid"].as_str() {
-                        Some(x) => format!("xid {x}"),
-                        None => l["kind"].as_str().unwrap_or("").to_string(),
-                    };
-                    format!("{what}@{}", l["pci"].as_str().unwrap_or("-"))
-                })
-                .collect();
-            got.sort();
-            (got, list)
-        })
+        let list = am.list();
+        let mut got: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["status"]["state"] == "active")
+            .map(|a| {
+                format!(
+                    "{}@{}",
+                    what_of(a),
+                    a["labels"]["pci"].as_str().unwrap_or("-")
+                )
+            })
+            .collect();
+        got.sort();
+        (got, list)
     };
     let wait_active = |want: &[&str], what: &str| {
         let deadline = Instant::now() + LIMIT;
