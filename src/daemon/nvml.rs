@@ -198,6 +198,7 @@ pub async fn start(
         link.worker.clone(),
         Duration::from_secs(cfg.nvml.probe_interval_secs),
         ptx,
+        tel.probe_rounds(),
     ));
     now.push(NvmlValue::CanVerify(link.can_verify()));
     Ok((link, now, diff))

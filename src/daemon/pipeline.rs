@@ -485,6 +485,7 @@ impl Pipeline {
     pub(super) async fn reload(&mut self, output: Output, explicit: bool) -> bool {
         // Only a real change of what is in force reloads: not a stray file, not a save without
         // edits.
+        self.tel.config_checked();
         if !explicit && Fingerprint::of(&self.current) == self.fingerprint {
             return false;
         }

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -138,6 +140,7 @@ pub async fn probe_loop(
     worker: Option<NvmlWorker>,
     every: Duration,
     tx: mpsc::Sender<ProbeRound>,
+    rounds: Arc<AtomicU64>,
 ) {
     let mut timer = tokio::time::interval(every);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -151,6 +154,7 @@ pub async fn probe_loop(
                 let w = worker.clone();
                 // A report scans procfs: not on the runtime thread.
                 let _ = tokio::task::spawn_blocking(move || w.map(|w| w.check())).await;
+                rounds.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
         }
@@ -193,6 +197,9 @@ pub async fn probe_loop(
         {
             return;
         }
+        // Counted once the pipeline has the round: a status reader that sees the count grow
+        // knows the rounds before it were handed over.
+        rounds.fetch_add(1, Ordering::Relaxed);
         last = memory;
     }
 }

@@ -221,9 +221,19 @@ impl LogLimit {
 /// The process-wide limits, one per kind of write (`what`: "position", "status", "outbox"...).
 static WRITE_ERRORS: Mutex<Vec<(&'static str, LogLimit)>> = Mutex::new(Vec::new());
 
+/// Every failed state write since the process started, logged or not.
+static WRITE_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many state writes have failed since the process started (status and metrics show it:
+/// the log says so only now and then).
+pub fn write_failures() -> u64 {
+    WRITE_FAILURES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Logs a failed state write at error level, rate-limited per `what` (see
 /// [`WRITE_ERROR_LOG_EVERY`]). Returns whether it was logged.
 pub fn log_write_error(what: &'static str, err: &dyn std::fmt::Display) -> bool {
+    WRITE_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let admitted = {
         let mut all = WRITE_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
         let i = match all.iter().position(|(w, _)| *w == what) {

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use atomic::{
-    log_write_error, write_atomic, write_atomic_as, write_atomic_many, Durability, STATE_FILE_MODE,
+    log_write_error, write_atomic, write_atomic_as, write_atomic_many, write_failures, Durability,
+    STATE_FILE_MODE,
 };
 pub use lock::StateLock;
 

@@ -374,6 +374,12 @@ impl Collector for SnapshotCollector {
 
         counter(
             e,
+            "xidwatch_state_write_failures",
+            "State writes (position, checkpoint, outbox, status) that failed.",
+            s.state_write_failures,
+        )?;
+        counter(
+            e,
             "xidwatch_config_reloads",
             "Config reloads that took effect.",
             s.config.reloads_ok,

@@ -77,6 +77,9 @@ pub struct Telemetry {
     kmsg_userspace_ignored: AtomicU64,
     reloads_ok: AtomicU64,
     reload_failures: AtomicU64,
+    config_checks: AtomicU64,
+    /// Shared with the probe's task, which counts its own rounds.
+    probe_rounds: Arc<AtomicU64>,
     /// See [`StatusSnapshot::heartbeat_ms`].
     heartbeat_ms: AtomicU64,
     inner: Mutex<Inner>,
@@ -116,12 +119,15 @@ impl Telemetry {
             kmsg_userspace_ignored: AtomicU64::new(0),
             reloads_ok: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
+            config_checks: AtomicU64::new(0),
+            probe_rounds: Arc::new(AtomicU64::new(0)),
             heartbeat_ms: AtomicU64::new(started_ms),
             inner: Mutex::new(Inner {
                 nvml: NvmlHealth {
                     up: false,
                     state: "not started".into(),
                     since_ms: started_ms,
+                    probe_rounds: 0,
                 },
                 ..Inner::default()
             }),
@@ -265,6 +271,7 @@ impl Telemetry {
                 up,
                 state: state.to_string(),
                 since_ms: now_ms(),
+                probe_rounds: 0,
             };
         }
     }
@@ -343,6 +350,16 @@ impl Telemetry {
         lock(&self.inner).last_reload = Some(ReloadInfo { ok, at_ms: when_ms });
     }
 
+    /// A change on disk or SIGHUP was looked at (before deciding whether to reload).
+    pub fn config_checked(&self) {
+        self.config_checks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counter the lost-GPU probe adds its rounds to.
+    pub fn probe_rounds(&self) -> Arc<AtomicU64> {
+        self.probe_rounds.clone()
+    }
+
     /// Asks `provider` for the alert stage's state on every snapshot (so status and metrics are
     /// always current): `t.set_alert_status_provider(Some(Arc::new(move || sender.status())))`.
     /// `None` removes it (no alert channel). Takes precedence over [`Self::set_alert_status`].
@@ -406,10 +423,14 @@ impl Telemetry {
                 userspace_ignored: self.kmsg_userspace_ignored.load(Ordering::Relaxed),
                 out_of_sequence: self.kmsg_out_of_sequence.load(Ordering::Relaxed),
             },
-            nvml: inner.nvml.clone(),
+            nvml: NvmlHealth {
+                probe_rounds: self.probe_rounds.load(Ordering::Relaxed),
+                ..inner.nvml.clone()
+            },
             gpus: inner.gpus.clone(),
             findings,
             findings_folded: inner.findings_folded,
+            state_write_failures: crate::state::write_failures(),
             incidents,
             open_incidents_total: inner.open_total,
             open_incidents: inner.open.clone(),
@@ -419,6 +440,7 @@ impl Telemetry {
                 last_reload: inner.last_reload,
                 reloads_ok: self.reloads_ok.load(Ordering::Relaxed),
                 reload_failures: self.reload_failures.load(Ordering::Relaxed),
+                checks: self.config_checks.load(Ordering::Relaxed),
             },
             alerts: provided.or_else(|| inner.alerts.clone()),
             stopped_ms: None,

@@ -130,6 +130,9 @@ pub struct NvmlHealth {
     pub state: String,
     /// When `up`/`state` last changed (ms since the epoch); 0 before the first report.
     pub since_ms: u64,
+    /// Rounds of the lost-GPU probe since start (each bus comparison, and each look at a call
+    /// that overran its limit): the probe is alive when this grows.
+    pub probe_rounds: u64,
 }
 
 /// Count of findings for one label set (the metric `xidwatch_findings_total`).
@@ -180,6 +183,9 @@ pub struct ConfigHealth {
     pub last_reload: Option<ReloadInfo>,
     pub reloads_ok: u64,
     pub reload_failures: u64,
+    /// Times a change on disk or SIGHUP was looked at, whether it reloaded or changed nothing
+    /// in force.
+    pub checks: u64,
 }
 
 /// Everything `xidwatch status` shows and the metrics endpoint exports, at one instant.
@@ -202,6 +208,8 @@ pub struct StatusSnapshot {
     pub findings: Vec<FindingCount>,
     /// Findings counted under a folded label (`other`) because of the series cap.
     pub findings_folded: u64,
+    /// State writes (position, checkpoint, outbox, status...) that failed since start.
+    pub state_write_failures: u64,
     pub incidents: Vec<IncidentCount>,
     /// Exact number of open incidents; `open_incidents` lists at most
     /// [`MAX_LISTED_INCIDENTS`] of them, the most recently seen first.

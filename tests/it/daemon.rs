@@ -570,10 +570,18 @@ fn real_kmsg_end_to_end() {
     let (code, _, err) = d.stop();
     assert_eq!(code, Some(0), "{err}");
 
-    // Restart: no duplicate.
+    // Restart: no duplicate. A fence (an Xid on another bus, written after the restart) is
+    // reported only after everything read before it was handled.
     let d = s.start();
     d.wait_stderr("caught up");
-    std::thread::sleep(Duration::from_millis(200));
+    let fence = format!("{:02x}", ((std::process::id() % 200) as u8 + 16) ^ 0x80);
+    write(&format!(
+        "<3>NVRM: Xid (PCI:0000:{fence}:00): 31, pid=1, name=e2e, Ch 00000008, intr 00000000. MMU Fault\n"
+    ));
+    d.wait_for("the fence", |l| {
+        l.iter()
+            .any(|i| i["xid"] == 31 && i["pci"] == format!("0000:{fence}:00.0"))
+    });
     let (_, all, _) = d.stop();
     assert!(
         all.iter()
@@ -1149,14 +1157,21 @@ fn failing_state_writes_are_logged_once_and_leave_no_litter() {
     d.wait_stderr("caught up");
     let _ = std::fs::remove_file(state.join("position.json"));
     std::fs::create_dir_all(state.join("position.json").join("x")).unwrap();
+    let failures = || {
+        super::support::status_of(&state)
+            .map_or(0, |st| st["state_write_failures"].as_u64().unwrap_or(0))
+    };
     for i in 0..20u64 {
+        let before = failures();
         s.append(&xid_record(i, &format!("{:02x}", 0x20 + i), 79));
         d.wait_for("the incident", |l| {
             l.iter().filter(|i| i["phase"] == "opened").count() as u64 == i + 1
         });
-        // Pacing, not waiting: checkpoints are at least 100 ms apart, so each incident gets a
-        // save of its own (and a failure of its own) before the next arrives.
-        std::thread::sleep(Duration::from_millis(150));
+        // Each incident gets a save of its own (and a failure of its own) before the next
+        // arrives, by the daemon's own count of failed writes.
+        super::support::wait_until(super::support::LIMIT, "the failed save", || {
+            failures() > before
+        });
     }
     let (code, _, err) = d.stop();
     assert_eq!(code, Some(0), "{err}");

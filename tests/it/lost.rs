@@ -602,7 +602,7 @@ fn a_host_page_is_one_alert_per_gpu_in_alertmanager_and_each_ends_on_its_own() {
                 "{what}: active {got:?}, want {want:?}: {list:#}\nlog:\n{}",
                 d.log()
             );
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(50));
         }
     };
 

@@ -499,10 +499,16 @@ event after_ms=1 gpu=0 type=sbe
     ));
     let (w, rx) = s.worker_with(&s.lib, Duration::from_secs(5), 1);
     w.wait_open().expect("open");
-    // The channel holds one event (the registration report); the worker waits to hand the next.
-    std::thread::sleep(Duration::from_millis(200));
+    let next = || rx.recv_timeout(Duration::from_secs(10));
+    assert!(matches!(next(), Ok(NvmlEvent::Watching { .. })));
+    assert!(matches!(next(), Ok(NvmlEvent::EccSingleBit { .. })));
+    // The worker now puts the second event in the one free place and waits to hand the third:
+    // it has nothing else to do, so a moment is enough to be sure it is waiting.
+    std::thread::sleep(Duration::from_millis(50));
     assert!(w.stop(Duration::from_secs(1)));
-    assert!(matches!(rx.try_recv(), Ok(NvmlEvent::Watching { .. })));
+    // It was: the second event is there, and the third never got in.
+    assert!(matches!(rx.try_recv(), Ok(NvmlEvent::EccSingleBit { .. })));
+    assert!(rx.try_recv().is_err());
 }
 
 /// A fake procfs with one task stuck in the driver, one thread of a job stuck in it too, and a
@@ -961,8 +967,17 @@ fn a_wedged_driver_delays_no_kernel_log_finding_and_starves_no_watchdog() {
     eprintln!("longest watchdog gap while NVML was stuck: {gap:?}");
     assert!(gap < Duration::from_millis(500), "{gap:?}");
 
-    // Said once, not once per probe round; and the log says what happened.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Said once, not once per probe round (three more rounds, counted by the daemon itself);
+    // and the log says what happened.
+    let state = dir.path().join("state");
+    let rounds = || {
+        super::support::status_of(&state)
+            .map_or(0, |st| st["nvml"]["probe_rounds"].as_u64().unwrap_or(0))
+    };
+    let seen = rounds();
+    super::support::wait_until(super::support::LIMIT, "three more probe rounds", || {
+        rounds() >= seen + 3
+    });
     let all = d.incidents();
     assert_eq!(
         all.iter()

@@ -412,11 +412,17 @@ fn only_a_real_change_of_what_is_in_force_reloads() {
         s.stderr().contains("caught up")
     });
     let cfg = std::fs::read_to_string(s.path("xidwatch.toml")).unwrap();
+    let state = s.path("state");
+    // Each change is waited for by the daemon's own count of changes it looked at.
+    let checks =
+        || support::status_of(&state).map_or(0, |st| st["config"]["checks"].as_u64().unwrap_or(0));
+    let before = checks();
     std::fs::write(s.path("other.toml"), "[kmsg]\npath = \"/nowhere\"\n").unwrap();
+    wait_until(LIMIT, "the stray file looked at", || checks() > before);
+    let before = checks();
     std::fs::write(s.path("xidwatch.toml.new"), &cfg).unwrap();
     std::fs::rename(s.path("xidwatch.toml.new"), s.path("xidwatch.toml")).unwrap();
-    // The watcher waits 300 ms for editors to finish: give it well past that.
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_until(LIMIT, "the unchanged save looked at", || checks() > before);
     assert!(!s.stderr().contains("config reloaded"), "{}", s.stderr());
     std::fs::write(s.path("xidwatch.toml.new"), format!("{cfg}\n# edited\n")).unwrap();
     std::fs::rename(s.path("xidwatch.toml.new"), s.path("xidwatch.toml")).unwrap();
