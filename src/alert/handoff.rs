@@ -6,6 +6,7 @@
 //! kind, the hex incident id, a node name of letters, digits, `.`, `_` and `-`), never from log
 //! text, so what the on-call pastes is exactly what is shown.
 
+use crate::model::ConfigIssue;
 use serde::Deserialize;
 
 use super::document::{AlertDocument, Phase};
@@ -25,10 +26,11 @@ pub struct HandoffConfig {
 
 impl HandoffConfig {
     /// Checks the node name: it goes into a command line.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigIssue> {
         match &self.node {
-            Some(n) if !node_name_ok(n) => Err(format!(
-                "handoff.node = {n:?}: expected a node name of letters, digits, '.', '_' and '-'"
+            Some(n) if !node_name_ok(n) => Err(ConfigIssue::new(
+                "handoff.node",
+                "expected a node name of letters, digits, '.', '_' and '-'",
             )),
             _ => Ok(()),
         }
@@ -262,7 +264,7 @@ mod tests {
             scheduler: Scheduler::Slurm,
             node: Some("node 1\"".into()),
         };
-        assert!(bad.validate().unwrap_err().contains("handoff.node"));
+        assert_eq!(bad.validate().unwrap_err().key, "handoff.node");
         let good = HandoffConfig {
             scheduler: Scheduler::Slurm,
             node: Some("gpu-node-7".into()),

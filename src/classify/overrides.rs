@@ -11,6 +11,7 @@
 //! Applied by the incident stage, after classification, so `scan` shows the catalog's verdict
 //! unless it is given the same config.
 
+use crate::model::ConfigIssue;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -48,20 +49,29 @@ pub enum Verdict {
 
 impl XidOverrides {
     /// Builds the table from the config's `[xid.N]` tables; keys must be Xid numbers.
-    pub fn from_table(table: BTreeMap<String, XidOverride>) -> Result<Self, String> {
+    pub fn from_table(table: BTreeMap<String, XidOverride>) -> Result<Self, ConfigIssue> {
         let mut map = BTreeMap::new();
         for (key, value) in table {
-            let code: u32 = key
-                .parse()
-                .map_err(|_| format!("xid.{key}: expected an Xid number such as [xid.79]"))?;
+            let code: u32 = key.parse().map_err(|_| {
+                ConfigIssue::new(
+                    format!("xid.{key}"),
+                    "expected an Xid number such as [xid.79]",
+                )
+            })?;
             if value.min_count == Some(0) {
-                return Err(format!("xid.{key}.min_count: expected at least 1"));
+                return Err(ConfigIssue::new(
+                    format!("xid.{key}.min_count"),
+                    "expected at least 1",
+                ));
             }
             if let Some(w) = value.window_secs {
                 if w == 0 || w > crate::model::MAX_WINDOW_SECS {
-                    return Err(format!(
-                        "xid.{key}.window_secs = {w}: expected seconds from 1 to {} (30 days)",
-                        crate::model::MAX_WINDOW_SECS
+                    return Err(ConfigIssue::new(
+                        format!("xid.{key}.window_secs"),
+                        format!(
+                            "expected seconds from 1 to {} (30 days)",
+                            crate::model::MAX_WINDOW_SECS
+                        ),
                     ));
                 }
             }
@@ -142,9 +152,7 @@ mod tests {
     #[test]
     fn rejects_bad_keys_and_values() {
         let bad: BTreeMap<String, XidOverride> = toml::from_str("[abc]\nignore = true\n").unwrap();
-        assert!(XidOverrides::from_table(bad)
-            .unwrap_err()
-            .contains("xid.abc"));
+        assert_eq!(XidOverrides::from_table(bad).unwrap_err().key, "xid.abc");
         assert!(
             toml::from_str::<BTreeMap<String, XidOverride>>("[13]\nsevrity = \"info\"\n").is_err()
         );

@@ -163,13 +163,15 @@ pub fn state_dir(config: Option<&Path>) -> Result<(PathBuf, Option<String>), Con
 }
 
 fn clone_error(e: &ConfigError) -> ConfigError {
-    ConfigError::Invalid {
-        path: match e {
-            ConfigError::Read { path, .. } | ConfigError::Invalid { path, .. } => path.clone(),
+    match e {
+        ConfigError::Invalid { path, message, at } => ConfigError::Invalid {
+            path: path.clone(),
+            message: message.clone(),
+            at: at.clone(),
         },
-        message: match e {
-            ConfigError::Invalid { message, .. } => message.clone(),
-            other => other.to_string(),
+        ConfigError::Read { path, source } => ConfigError::Read {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
         },
     }
 }

@@ -1,6 +1,7 @@
 //! `[metrics]`: the optional Prometheus endpoint's settings. Here, with the rest of the
 //! configuration, so the config does not depend on the daemon that serves them.
 
+use crate::model::ConfigIssue;
 use std::net::SocketAddr;
 
 use serde::Deserialize;
@@ -40,10 +41,13 @@ impl MetricsConfig {
     /// resolver at start-up). Errors name the key (`metrics.listen: ...`). Warns when the
     /// address is not loopback: the metrics tell anyone who can reach them about this machine's
     /// GPUs and faults.
-    pub fn validate(&self) -> Result<MetricsSettings, String> {
+    pub fn validate(&self) -> Result<MetricsSettings, ConfigIssue> {
         let text = self.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let addr: SocketAddr = text.trim().parse().map_err(|_| {
-            format!("metrics.listen: expected an IP address and a port such as \"{DEFAULT_LISTEN}\" or \"0.0.0.0:9448\", got {text:?}")
+            ConfigIssue::new(
+                "metrics.listen",
+                format!("expected an IP address and a port such as \"{DEFAULT_LISTEN}\" or \"0.0.0.0:9448\""),
+            )
         })?;
         if !self.is_enabled() {
             return Ok(MetricsSettings {

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use std::sync::Arc;
 
 use crate::classify::{XidOverride, XidOverrides};
+use crate::model::ConfigIssue;
 use crate::runbook::{render_load_errors, RunLimits, RunbookSet, RunbooksConfig};
 
 /// Where the packaged install keeps the config.
@@ -197,8 +198,23 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// `message` is the whole refusal as printed; `at` is where it is, as values, so nothing
+    /// has to be read back out of the message.
     #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    Invalid {
+        path: PathBuf,
+        message: String,
+        at: Where,
+    },
+}
+
+/// Where in the file a refusal is: the line (known for a parse error), the key, and for refused
+/// runbooks their load errors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Where {
+    pub line: Option<usize>,
+    pub key: Option<String>,
+    pub detail: Option<String>,
 }
 
 /// Where a refused config went wrong, for a page: the file, the line and the key, never the value
@@ -229,6 +245,14 @@ impl Refusal {
 }
 
 impl ConfigError {
+    /// The refusal without the file's name.
+    pub fn message(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ConfigError::Invalid { message, .. } => message.as_str().into(),
+            ConfigError::Read { source, .. } => format!("cannot read: {source}").into(),
+        }
+    }
+
     /// File, line and key of the error, without the value. `text` is the file's text, used to
     /// find the line of a key that validation (rather than parsing) refused.
     pub fn refusal(&self, text: Option<&str>) -> Refusal {
@@ -239,53 +263,25 @@ impl ConfigError {
                 key: None,
                 detail: None,
             },
-            ConfigError::Invalid { path, message } => {
-                // A parse error, as `describe_toml_error` words it: "line N, column C, key `k`: ...".
-                if let Some(rest) = message.strip_prefix("line ") {
-                    let line = rest
-                        .split(|c: char| !c.is_ascii_digit())
-                        .next()
-                        .and_then(|n| n.parse().ok());
-                    let key = rest
-                        .split_once("key `")
-                        .and_then(|(_, k)| k.split_once('`'))
-                        .map(|(k, _)| k.to_string());
-                    return Refusal {
-                        path: path.clone(),
-                        line,
-                        key,
-                        detail: None,
+            ConfigError::Invalid { path, at, .. } => Refusal {
+                path: path.clone(),
+                line: at.line.or_else(|| {
+                    let key = at.key.as_deref()?;
+                    // A refused runbook file is named in the detail; the config's line is the
+                    // one that points at its directory.
+                    let key = if at.detail.is_some() {
+                        "runbooks.dirs"
+                    } else {
+                        key
                     };
-                }
-                if let Some(errors) = message.strip_prefix("runbooks refused:") {
-                    return Refusal {
-                        path: path.clone(),
-                        line: text.and_then(|t| key_line(t, "runbooks.dirs")),
-                        key: Some("runbooks (a runbook file was refused)".into()),
-                        detail: Some(errors.trim().to_string()),
-                    };
-                }
-                // A validation error starts with the key: "incidents.window_secs = 0: ...",
-                // "alerts.webhook[0] (oncall).url: ...", "runbooks refused: ...".
-                let first = message.split("; ").next().unwrap_or(message);
-                let head = first.split(": ").next().unwrap_or(first);
-                let key = head.split(" = ").next().unwrap_or(head).trim();
-                let key = (!key.is_empty() && !key.contains('\n') && key.len() <= 120).then(|| {
-                    key.trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_string()
-                });
-                let line = match (&key, text) {
-                    (Some(k), Some(t)) => key_line(t, k),
-                    _ => None,
-                };
-                Refusal {
-                    path: path.clone(),
-                    line,
-                    key,
-                    detail: None,
-                }
-            }
+                    key_line(text?, key)
+                }),
+                key: match (&at.key, &at.detail) {
+                    (Some(_), Some(_)) => Some("runbooks (a runbook file was refused)".into()),
+                    (k, _) => k.clone(),
+                },
+                detail: at.detail.clone(),
+            },
         }
     }
 }
@@ -368,9 +364,13 @@ impl Config {
 
     fn from_toml_for(text: &str, path: Option<&Path>, sends: bool) -> Result<Config, ConfigError> {
         let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Invalid {
-            path: shown.clone(),
-            message: describe_toml_error(text, &e),
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (message, at) = describe_toml_error(text, &e);
+            ConfigError::Invalid {
+                path: shown.clone(),
+                message,
+                at,
+            }
         })?;
         let tree = toml::from_str::<toml::Table>(text).ok();
         if let Some(key) = tree.as_ref().and_then(|t| key_with_nul(t, "")) {
@@ -379,14 +379,19 @@ impl Config {
                 message: format!(
                     "{key}: holds a NUL character, which no path, name or value may hold"
                 ),
+                at: Where {
+                    key: Some(key),
+                    ..Where::default()
+                },
             });
         }
         Config::from_raw(raw, path, sends, tree.as_ref())
     }
 
-    /// Checks and builds what was parsed. With the file's `tree`, every message leaves without
-    /// the config's values ([`scrub_values`]); the alert stage's refusals carry their keys, so
-    /// they are scrubbed by key, not read back out of the text.
+    /// Checks and builds what was parsed. Every check returns a [`ConfigIssue`] that names its
+    /// key as a value; with the file's `tree`, each message leaves without that key's value (and
+    /// without any long string of the file), scrubbed by the key, never read back out of the
+    /// text.
     fn from_raw(
         raw: RawConfig,
         path: Option<&Path>,
@@ -394,17 +399,10 @@ impl Config {
         tree: Option<&toml::Table>,
     ) -> Result<Config, ConfigError> {
         let shown = path.map_or_else(|| PathBuf::from("<config>"), Path::to_path_buf);
-        let scrubbed = |message: String| match tree {
-            Some(t) => scrub_values(&message, t),
-            None => message,
-        };
-        let invalid = |message: String| ConfigError::Invalid {
+        // Every refusal is scrubbed by its own key: the message leaves without the value.
+        let refused = |issues: &[ConfigIssue]| ConfigError::Invalid {
             path: shown.clone(),
-            message: scrubbed(message),
-        };
-        // The alert stage's refusals, each scrubbed by its own key.
-        let alert_refusal = |e: crate::alert::AlertError| match e {
-            crate::alert::AlertError::Config(issues) => issues
+            message: issues
                 .iter()
                 .map(|i| match tree {
                     Some(t) => scrub_part(&i.key, &i.message, t),
@@ -412,52 +410,67 @@ impl Config {
                 })
                 .collect::<Vec<_>>()
                 .join("; "),
-            e => scrubbed(e.to_string()),
+            at: Where {
+                key: issues
+                    .first()
+                    .map(|i| i.key.clone())
+                    .filter(|k| !k.is_empty()),
+                ..Where::default()
+            },
+        };
+        let invalid = |issue: ConfigIssue| refused(std::slice::from_ref(&issue));
+        let alert_refusal = |e: crate::alert::AlertError| match e {
+            crate::alert::AlertError::Config(issues) => refused(&issues),
+            e => refused(&[ConfigIssue::new("alerts", e.to_string())]),
         };
         let overrides = XidOverrides::from_table(raw.xid).map_err(invalid)?;
         if raw.incidents.window_secs == 0 || raw.incidents.window_secs > MAX_WINDOW_SECS {
-            return Err(invalid(format!(
-                "incidents.window_secs = {}: expected seconds from 1 to {MAX_WINDOW_SECS} (30 days)",
-                raw.incidents.window_secs
+            return Err(invalid(ConfigIssue::new(
+                "incidents.window_secs",
+                format!("expected seconds from 1 to {MAX_WINDOW_SECS} (30 days)"),
             )));
         }
         if raw.incidents.nvml_match_ms > 60_000 {
-            return Err(invalid(format!(
-                "incidents.nvml_match_ms = {}: expected at most 60000",
-                raw.incidents.nvml_match_ms
+            return Err(invalid(ConfigIssue::new(
+                "incidents.nvml_match_ms",
+                "expected at most 60000",
             )));
         }
         if raw.incidents.settle_ms > 60_000 {
-            return Err(invalid(format!(
-                "incidents.settle_ms = {}: expected at most 60000 (0 sends the first alert at once)",
-                raw.incidents.settle_ms
+            return Err(invalid(ConfigIssue::new(
+                "incidents.settle_ms",
+                "expected at most 60000 (0 sends the first alert at once)",
             )));
         }
         if raw.incidents.quiet_secs > MAX_WINDOW_SECS {
-            return Err(invalid(format!(
-                "incidents.quiet_secs = {}: expected at most {MAX_WINDOW_SECS} (0 never resolves)",
-                raw.incidents.quiet_secs
+            return Err(invalid(ConfigIssue::new(
+                "incidents.quiet_secs",
+                format!("expected at most {MAX_WINDOW_SECS} (0 never resolves)"),
             )));
         }
         if raw.nvml.probe_interval_secs > MAX_WINDOW_SECS {
-            return Err(invalid(format!(
-                "nvml.probe_interval_secs = {}: expected at most {MAX_WINDOW_SECS}",
-                raw.nvml.probe_interval_secs
+            return Err(invalid(ConfigIssue::new(
+                "nvml.probe_interval_secs",
+                format!("expected at most {MAX_WINDOW_SECS}"),
             )));
         }
         if raw.nvml.call_timeout_secs == 0 || raw.nvml.call_timeout_secs > 600 {
-            return Err(invalid(format!(
-                "nvml.call_timeout_secs = {}: expected seconds from 1 to 600",
-                raw.nvml.call_timeout_secs
+            return Err(invalid(ConfigIssue::new(
+                "nvml.call_timeout_secs",
+                "expected seconds from 1 to 600",
             )));
         }
         if raw.incidents.max_open == 0 {
-            return Err(invalid("incidents.max_open: expected at least 1".into()));
+            return Err(invalid(ConfigIssue::new(
+                "incidents.max_open",
+                "expected at least 1",
+            )));
         }
         if raw.nvml.probe_interval_secs == 0 {
-            return Err(invalid(
-                "nvml.probe_interval_secs: expected a number of seconds above 0".into(),
-            ));
+            return Err(invalid(ConfigIssue::new(
+                "nvml.probe_interval_secs",
+                "expected a number of seconds above 0",
+            )));
         }
         raw.handoff.validate().map_err(invalid)?;
         // Checked and built here, once: the daemon, a reload and test-alert use these channels.
@@ -466,34 +479,31 @@ impl Config {
             Ok(b) => b,
             Err(e) if !sends => {
                 // Nothing is sent: the channels are not needed, only worth a word.
-                channels_left_out = Some(alert_refusal(e));
+                channels_left_out = Some(alert_refusal(e).message().to_string());
                 let bare = crate::alert::AlertConfig {
                     webhook: Vec::new(),
                     email: Vec::new(),
                     alertmanager: Vec::new(),
                     ..raw.alerts.clone()
                 };
-                crate::alert::channel::BuiltChannels::build(&bare).map_err(|e| {
-                    ConfigError::Invalid {
-                        path: shown.clone(),
-                        message: alert_refusal(e),
-                    }
-                })?
+                crate::alert::channel::BuiltChannels::build(&bare).map_err(alert_refusal)?
             }
-            Err(e) => {
-                return Err(ConfigError::Invalid {
-                    path: shown.clone(),
-                    message: alert_refusal(e),
-                })
-            }
+            Err(e) => return Err(alert_refusal(e)),
         };
         let runbook_limits = raw.runbooks.limits().map_err(invalid)?;
         let catalog = raw.runbooks.catalog().map_err(invalid)?;
         let runbook_set = RunbookSet::load(&raw.runbooks.dirs(), &catalog).map_err(|errors| {
-            invalid(format!(
-                "runbooks refused:\n{}",
-                render_load_errors(&errors).trim_end()
-            ))
+            // Runbook load errors name runbook files (which hold no secrets): not scrubbed.
+            let detail = render_load_errors(&errors).trim_end().to_string();
+            ConfigError::Invalid {
+                path: shown.clone(),
+                message: format!("runbooks refused:\n{detail}"),
+                at: Where {
+                    key: Some("runbooks".into()),
+                    detail: Some(detail),
+                    ..Where::default()
+                },
+            }
         })?;
         let metrics_settings = raw.metrics.validate().map_err(invalid)?;
         crate::health::config::validate(&raw.health, &raw.inventory, &raw.history)
@@ -505,17 +515,18 @@ impl Config {
             if let Some(name) = &o.runbook {
                 if runbook_set.get(name).is_none() {
                     let known: Vec<&str> = runbook_set.iter().map(|r| r.name()).collect();
-                    return Err(invalid(format!(
-                        "xid.{xid}.runbook: no runbook named {name:?} (known: {})",
-                        known.join(", ")
+                    return Err(invalid(ConfigIssue::new(
+                        format!("xid.{xid}.runbook"),
+                        format!("no runbook named {name:?} (known: {})", known.join(", ")),
                     )));
                 }
             }
         }
         if raw.kmsg.path.as_os_str().is_empty() {
-            return Err(invalid(
-                "kmsg.path: expected a path such as \"/dev/kmsg\"".into(),
-            ));
+            return Err(invalid(ConfigIssue::new(
+                "kmsg.path",
+                "expected a path such as \"/dev/kmsg\"",
+            )));
         }
         Ok(Config {
             source: path.map(Path::to_path_buf),
@@ -547,9 +558,11 @@ impl Config {
 /// A parse error as "line L, column C, key `section.key`: what was wrong", without quoting the
 /// file: toml's own message shows the offending line, and that line may hold a webhook URL or a
 /// password that must not reach a log or an alert. Quoted values in the message are elided too.
-pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> (String, Where) {
     let mut msg = elide_quoted(e.message().trim());
-    let Some(span) = e.span() else { return msg };
+    let Some(span) = e.span() else {
+        return (msg, Where::default());
+    };
     let start = span.start.min(text.len());
     // The refused value, as written (`987654321`, `"starttls"`, `[1, 2]`), is cut wherever
     // serde's message repeats it: `invalid type: integer `987654321``, `unknown variant `x``.
@@ -587,37 +600,20 @@ pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
         .find(|l| l.starts_with('['))
         .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
     let key = match (section, key) {
-        (Some(s), Some(k)) => format!(", key `{s}.{k}`"),
-        (None, Some(k)) => format!(", key `{k}`"),
-        _ => String::new(),
+        (Some(s), Some(k)) => Some(format!("{s}.{k}")),
+        (None, Some(k)) => Some(k.to_string()),
+        _ => None,
     };
-    format!("line {line_no}, column {col}{key}: {msg}")
-}
-
-/// A validation message without the config's values: each "; "-separated part starts with the
-/// key it refuses (`alerts.webhook[0] (oncall).url: ...`, `incidents.window_secs = 0: ...`), and
-/// every rendering of that key's value, and of any long string anywhere in the file, is cut from
-/// it. Checks word their messages without values; this is the net under them, since a value of
-/// any key may be a secret, and a message reaches the log, the journal and `check`'s output.
-/// Runbook load errors name runbook files (which hold no secrets) and pass unchanged.
-fn scrub_values(message: &str, tree: &toml::Table) -> String {
-    if message.starts_with("runbooks refused:") {
-        return message.to_string();
-    }
-    message
-        .split("; ")
-        .map(|part| {
-            let (head, rest) = part.split_once(": ").unwrap_or((part, ""));
-            let (key, _) = head.split_once(" = ").unwrap_or((head, ""));
-            // `[runbooks] allow[2]` reads as the other keys do: `runbooks.allow[2]`.
-            let key = match key.strip_prefix('[').and_then(|k| k.split_once("] ")) {
-                Some((table, k)) => format!("{table}.{k}"),
-                None => key.to_string(),
-            };
-            scrub_part(&key, rest, tree)
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
+    let named = key
+        .as_ref()
+        .map(|k| format!(", key `{k}`"))
+        .unwrap_or_default();
+    let at = Where {
+        line: Some(line_no),
+        key,
+        detail: None,
+    };
+    (format!("line {line_no}, column {col}{named}: {msg}"), at)
 }
 
 /// One refusal, `key: rest`, with every rendering of the key's value, and of any long string
@@ -814,6 +810,29 @@ mod tests {
 
     /// A refused config names file, line and key for the page, never the value, for a parse
     /// error and for a value that parses but does not validate (a secret URL among them).
+    #[test]
+    fn refusals_carry_their_key_and_line_as_values() {
+        let at = |text: &str| match Config::from_toml(text, None) {
+            Err(ConfigError::Invalid { at, .. }) => at,
+            other => panic!("{text}: {other:?}"),
+        };
+        // A check's refusal: the key it returned, and the line looked up by it.
+        let w = at("[kmsg]\npath = \"/dev/kmsg\"\n[incidents]\nwindow_secs = 0\n");
+        assert_eq!(w.key.as_deref(), Some("incidents.window_secs"));
+        assert_eq!(w.line, None, "found from the text only when a page asks");
+        // A parse error: line and key from toml's span.
+        let w = at("[nvml]\nenabled = \"yes\"\n");
+        assert_eq!((w.line, w.key.as_deref()), (Some(2), Some("nvml.enabled")));
+        // An alert channel's refusal names its own key.
+        let w = at("[[alerts.webhook]]\nname = \"h\"\nformat = \"json\"\nurl = \"ftp://x/y\"\n");
+        assert!(
+            w.key
+                .as_deref()
+                .is_some_and(|k| k.starts_with("alerts.webhook[0]")),
+            "{w:?}"
+        );
+    }
+
     #[test]
     fn refusals_name_file_line_and_key_never_the_value() {
         let p = std::path::Path::new("/etc/xidwatch/xidwatch.toml");

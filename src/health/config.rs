@@ -1,6 +1,7 @@
 //! `[health]`, `[inventory]` and `[history]` in the config: every check can be turned off, every
 //! threshold set; the defaults and why they avoid false alarms are in docs/health.md.
 
+use crate::model::ConfigIssue;
 use serde::Deserialize;
 
 /// `[health]`
@@ -260,10 +261,14 @@ impl Default for RepeatRule {
 }
 
 /// Checks the values that have a range; the message names the key.
-pub fn validate(h: &HealthConfig, i: &InventoryConfig, hist: &HistoryConfig) -> Result<(), String> {
+pub fn validate(
+    h: &HealthConfig,
+    i: &InventoryConfig,
+    hist: &HistoryConfig,
+) -> Result<(), ConfigIssue> {
     let range = |key: &str, v: u64, lo: u64, hi: u64| {
         if v < lo || v > hi {
-            Err(format!("{key} = {v}: expected {lo} to {hi}"))
+            Err(ConfigIssue::new(key, format!("expected {lo} to {hi}")))
         } else {
             Ok(())
         }

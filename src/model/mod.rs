@@ -3,12 +3,14 @@
 //! Parsing happens once, at the edge (a source or the classifier); from then on a GPU address is a
 //! [`PciAddress`], a severity a [`Severity`], and no stage re-reads raw log text to learn them.
 
+mod config_issue;
 mod evidence;
 mod finding;
 mod incident;
 mod pci;
 mod verification;
 
+pub use config_issue::ConfigIssue;
 pub use evidence::{Evidence, StepResult, StepStatus};
 pub use finding::{
     BlockedTask, Detail, Finding, FindingKind, GpuIdentity, NvlinkDecode, Origin, RecoveryAction,

@@ -1,5 +1,6 @@
 //! The `[runbooks]` section of the configuration file, for whoever builds the daemon's settings.
 
+use crate::model::ConfigIssue;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,16 +59,21 @@ impl RunbooksConfig {
 
     /// What runbooks may run: the shipped catalog and `allow`, from the `search_path`
     /// directories. An error names the key.
-    pub fn catalog(&self) -> Result<Catalog, String> {
+    pub fn catalog(&self) -> Result<Catalog, ConfigIssue> {
         if self.allowed_programs.is_some() {
-            return Err("[runbooks] allowed_programs is gone: a program name allowed any arguments. \
-                        List whole commands in `allow`, e.g. allow = [[\"ibstat\"]] (see docs/runbooks.md)"
-                .into());
+            return Err(ConfigIssue::new(
+                "runbooks.allowed_programs",
+                "no longer exists: a program name allowed any arguments. \
+                 List whole commands in `allow`, e.g. allow = [[\"ibstat\"]] (see docs/runbooks.md)",
+            ));
         }
         if let Some(d) = self.search_path.iter().flatten().find(|d| !d.is_absolute()) {
-            return Err(format!(
-                "[runbooks] search_path: {:?} is relative; give absolute directories",
-                d.display().to_string()
+            return Err(ConfigIssue::new(
+                "runbooks.search_path",
+                format!(
+                    "{:?} is relative; give absolute directories",
+                    d.display().to_string()
+                ),
             ));
         }
         let mut extra = Vec::new();
@@ -80,8 +86,9 @@ impl RunbooksConfig {
             match words {
                 Some(w) => extra.push(w),
                 None => {
-                    return Err(format!(
-                        "[runbooks] allow[{i}] = {v}: give a whole command as a list of strings, e.g. [\"ibstat\"]; never a bare program name"
+                    return Err(ConfigIssue::new(
+                        format!("runbooks.allow[{i}]"),
+                        "give a whole command as a list of strings, e.g. [\"ibstat\"]; never a bare program name",
                     ))
                 }
             }
@@ -105,24 +112,29 @@ impl RunbooksConfig {
     }
 
     /// The ceilings, or which key is out of range.
-    pub fn limits(&self) -> Result<RunLimits, String> {
+    pub fn limits(&self) -> Result<RunLimits, ConfigIssue> {
         let d = RunLimits::default();
         let secs = |v: Option<f64>, key: &str, def: Duration| match v {
             None => Ok(def),
             Some(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(Duration::from_secs_f64(s)),
-            Some(s) => Err(format!(
-                "[runbooks] {key} = {s}: give seconds above 0 and at most 3600"
+            Some(_) => Err(ConfigIssue::new(
+                format!("runbooks.{key}"),
+                "give seconds above 0 and at most 3600",
             )),
         };
         let count = |v: Option<u64>, key: &str, def: usize, max: u64| match v {
             None => Ok(def),
             Some(n) if n >= 1 && n <= max => Ok(n as usize),
-            Some(n) => Err(format!("[runbooks] {key} = {n}: give 1 to {max}")),
+            Some(_) => Err(ConfigIssue::new(
+                format!("runbooks.{key}"),
+                format!("give 1 to {max}"),
+            )),
         };
         if let Some(n) = self.max_parallel_runbooks {
             if !(1..=64).contains(&n) {
-                return Err(format!(
-                    "[runbooks] max_parallel_runbooks = {n}: give 1 to 64"
+                return Err(ConfigIssue::new(
+                    "runbooks.max_parallel_runbooks",
+                    "give 1 to 64",
                 ));
             }
         }
@@ -180,6 +192,6 @@ mod tests {
         assert_eq!(c.limits().unwrap().max_budget, Duration::from_secs(30));
         assert!(toml::from_str::<RunbooksConfig>("dir = []").is_err());
         let bad: RunbooksConfig = toml::from_str("max_parallel_steps = 0").unwrap();
-        assert!(bad.limits().unwrap_err().contains("max_parallel_steps"));
+        assert_eq!(bad.limits().unwrap_err().key, "runbooks.max_parallel_steps");
     }
 }

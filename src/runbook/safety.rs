@@ -17,7 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::model::PciAddress;
+use crate::model::{ConfigIssue, PciAddress};
 
 use super::confine::{Needs, Support};
 use super::subject::GpuUuid;
@@ -509,7 +509,7 @@ impl Catalog {
     /// The shipped catalog plus `extra` patterns (`[runbooks] allow`), each checked as
     /// [`Pattern::parse`] says; an error names the pattern. Additions need Landlock on this
     /// kernel: without it nothing would hold an unknown program to reading.
-    pub fn with_additions(extra: &[Vec<String>]) -> Result<Catalog, String> {
+    pub fn with_additions(extra: &[Vec<String>]) -> Result<Catalog, ConfigIssue> {
         Catalog::with_additions_under(extra, Support::probe())
     }
 
@@ -517,18 +517,21 @@ impl Catalog {
     pub fn with_additions_under(
         extra: &[Vec<String>],
         support: Support,
-    ) -> Result<Catalog, String> {
+    ) -> Result<Catalog, ConfigIssue> {
         let mut c = Catalog::default();
         if !extra.is_empty() && !support.allows_operator_programs() {
-            return Err(format!(
-                "[runbooks] allow: {} entr{} refused: this kernel offers no Landlock ({support}), and only Landlock keeps a program the catalog does not know from writing, connecting or signalling",
-                extra.len(),
-                if extra.len() == 1 { "y" } else { "ies" }
+            return Err(ConfigIssue::new(
+                "runbooks.allow",
+                format!(
+                    "{} entr{} refused: this kernel offers no Landlock ({support}), and only Landlock keeps a program the catalog does not know from writing, connecting or signalling",
+                    extra.len(),
+                    if extra.len() == 1 { "y" } else { "ies" }
+                ),
             ));
         }
         for (i, p) in extra.iter().enumerate() {
-            let pattern =
-                Pattern::parse(p).map_err(|e| format!("[runbooks] allow[{i}] = {p:?}: {e}"))?;
+            let pattern = Pattern::parse(p)
+                .map_err(|e| ConfigIssue::new(format!("runbooks.allow[{i}]"), e))?;
             c.patterns.push(Arc::new(pattern));
         }
         Ok(c)
@@ -720,7 +723,7 @@ mod tests {
         };
         let e = Catalog::with_additions_under(&[argv("ibstat")], bare).unwrap_err();
         assert!(
-            e.contains("[runbooks] allow") && e.contains("Landlock"),
+            e.key == "runbooks.allow" && e.message.contains("Landlock"),
             "{e}"
         );
         assert!(Catalog::with_additions_under(&[], bare).is_ok());

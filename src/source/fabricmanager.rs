@@ -19,6 +19,7 @@
 //! losing records; a file with another inode (rotated while the daemon was down), one shorter than
 //! the offset (truncated) and one that appears while the daemon runs are read from their start.
 
+use crate::model::ConfigIssue;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -64,17 +65,17 @@ impl Default for FabricManagerConfig {
 
 impl FabricManagerConfig {
     /// Refuses what would make the follower spin or read nothing.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigIssue> {
         if self.enabled && !self.log.is_absolute() {
-            return Err(format!(
-                "fabricmanager.log: expected an absolute path such as \"/var/log/fabricmanager.log\", got {:?}",
-                self.log.display().to_string()
+            return Err(ConfigIssue::new(
+                "fabricmanager.log",
+                "expected an absolute path such as \"/var/log/fabricmanager.log\"",
             ));
         }
         if !(100..=60_000).contains(&self.poll_ms) {
-            return Err(format!(
-                "fabricmanager.poll_ms: expected 100 to 60000, got {}",
-                self.poll_ms
+            return Err(ConfigIssue::new(
+                "fabricmanager.poll_ms",
+                "expected 100 to 60000",
             ));
         }
         Ok(())
@@ -618,8 +619,8 @@ mod tests {
             log: "fabricmanager.log".into(),
             ..ok.clone()
         };
-        assert!(rel.validate().unwrap_err().contains("fabricmanager.log"));
+        assert_eq!(rel.validate().unwrap_err().key, "fabricmanager.log");
         let fast = FabricManagerConfig { poll_ms: 1, ..ok };
-        assert!(fast.validate().unwrap_err().contains("poll_ms"));
+        assert_eq!(fast.validate().unwrap_err().key, "fabricmanager.poll_ms");
     }
 }

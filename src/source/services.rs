@@ -16,6 +16,7 @@
 //! The state judgement ([`Watch::observe`]) is pure: one poll's unit states and the monotonic
 //! time go in, events come out.
 
+use crate::model::ConfigIssue;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -89,10 +90,13 @@ impl Default for ServicesConfig {
 impl ServicesConfig {
     /// What the loader refuses: a unit name that is not one (it goes on a command line), an
     /// interval or window out of range, a relative search directory.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigIssue> {
         let range = |key: &str, v: u64, lo: u64, hi: u64| {
             if v < lo || v > hi {
-                Err(format!("services.{key} = {v}: expected {lo} to {hi}"))
+                Err(ConfigIssue::new(
+                    format!("services.{key}"),
+                    format!("expected {lo} to {hi}"),
+                ))
             } else {
                 Ok(())
             }
@@ -107,12 +111,13 @@ impl ServicesConfig {
             86_400,
         )?;
         if self.units.len() > 64 {
-            return Err("services.units: at most 64 units".into());
+            return Err(ConfigIssue::new("services.units", "at most 64 units"));
         }
         for (i, u) in self.units.iter().enumerate() {
             if !valid_unit_name(u) {
-                return Err(format!(
-                    "services.units[{i}]: not a systemd unit name (letters, digits and :-_.@, not starting with -)"
+                return Err(ConfigIssue::new(
+                    format!("services.units[{i}]"),
+                    "not a systemd unit name (letters, digits and :-_.@, not starting with -)",
                 ));
             }
         }
@@ -122,8 +127,9 @@ impl ServicesConfig {
             .flatten()
             .position(|d| !d.is_absolute())
         {
-            return Err(format!(
-                "services.search_path[{i}]: relative; give absolute directories"
+            return Err(ConfigIssue::new(
+                format!("services.search_path[{i}]"),
+                "relative; give absolute directories",
             ));
         }
         Ok(())

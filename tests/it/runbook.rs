@@ -1824,7 +1824,7 @@ fn the_configuration_cannot_widen_what_runs() {
         ),
         (
             "[runbooks]\nallowed_programs = [\"lsmod\"]\n",
-            "allowed_programs is gone",
+            "runbooks.allowed_programs: no longer exists",
         ),
         (
             "[runbooks]\nallow = [\"lspci\"]\n",
