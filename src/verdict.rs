@@ -300,6 +300,21 @@ pub fn judge(snap: &StatusSnapshot, freshness: &Freshness, now_ms: u64) -> Verdi
     }
 }
 
+/// The verdict's word on `pci`'s GPU (the host's for a host-level incident), the one `status`
+/// and `npd-check` would give, as a page carries it.
+pub fn gpu_state_doc(
+    open: &[IncidentSummary],
+    nvml_up: bool,
+    pci: Option<PciAddress>,
+) -> crate::alert::gpu_state::GpuStateDoc {
+    let judged = judge_one(open, nvml_up, pci);
+    crate::alert::gpu_state::GpuStateDoc {
+        state: judged.state.as_str().to_string(),
+        reasons: judged.reasons.iter().map(|r| r.title.clone()).collect(),
+        incidents: judged.incidents,
+    }
+}
+
 /// The state of one GPU (`Some(pci)`) or of the host (`None`) from the open incidents, the
 /// same rules as [`judge`] with a fresh status, without building the whole verdict: for the
 /// state a page reports.

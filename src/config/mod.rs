@@ -5,6 +5,7 @@
 pub mod env;
 
 pub mod metrics;
+pub mod watch;
 
 pub use crate::files::{read_config_file, MAX_CONFIG_BYTES};
 pub use crate::model::MAX_WINDOW_SECS;
@@ -326,6 +327,54 @@ fn key_line(text: &str, key: &str) -> Option<usize> {
 }
 
 impl Config {
+    /// The sections read only at start-up, and whether `new` changes each: a reload says so
+    /// and keeps the old values until the next restart ([`Config::keeping_restart_only`]).
+    fn restart_only(&self, new: &Config) -> [(&'static str, bool); 10] {
+        [
+            ("kmsg.path", new.kmsg.path != self.kmsg.path),
+            ("state.dir", new.state_dir != self.state_dir),
+            ("nvml", new.nvml != self.nvml),
+            ("incidents.host", new.incidents.host != self.incidents.host),
+            ("metrics", new.metrics != self.metrics),
+            ("health", new.health != self.health),
+            ("inventory", new.inventory != self.inventory),
+            ("history", new.history != self.history),
+            ("services", new.services != self.services),
+            ("fabricmanager", new.fabricmanager != self.fabricmanager),
+        ]
+    }
+
+    /// The sections `new` changes that take effect only at the next restart.
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        self.restart_only(new)
+            .into_iter()
+            .filter_map(|(what, changed)| changed.then_some(what))
+            .collect()
+    }
+
+    /// `self` (a reloaded config) with the start-up-only sections of `running`, the config in
+    /// force: what a reload applies.
+    pub fn keeping_restart_only(self, running: &Config) -> Config {
+        Config {
+            kmsg: KmsgConfig {
+                path: running.kmsg.path.clone(),
+                ..self.kmsg
+            },
+            state_dir: running.state_dir.clone(),
+            nvml: running.nvml.clone(),
+            incidents: IncidentsConfig {
+                host: running.incidents.host.clone(),
+                ..self.incidents
+            },
+            metrics: running.metrics.clone(),
+            health: running.health.clone(),
+            inventory: running.inventory.clone(),
+            history: running.history.clone(),
+            services: running.services.clone(),
+            fabricmanager: running.fabricmanager.clone(),
+            ..self
+        }
+    }
     /// Loads `path`; with `None`, the default path if it exists, else built-in defaults.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         Config::load_for(path, true)

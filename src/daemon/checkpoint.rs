@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::incident::{Engine, Persisted};
+use crate::incident::Engine;
 use crate::state::{self, Position, StateDir};
 
 use crate::source::probe;
@@ -19,22 +19,7 @@ use crate::status::telemetry::Telemetry;
 /// How often the position is written while records flow and no alert was raised.
 pub const POSITION_EVERY: Duration = Duration::from_millis(250);
 
-/// The checkpoint: open incidents, the lost-GPU probe's memory and the kernel log record they
-/// account for, tied to the boot they belong to. Written as one file, so after a crash the
-/// incidents restored and the records read again never overlap.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub struct SavedIncidents {
-    pub boot_id: String,
-    pub open: Vec<Persisted>,
-    /// The last kernel log record the snapshot includes.
-    #[serde(default)]
-    pub last_seq: Option<u64>,
-    #[serde(default)]
-    pub probe: Option<probe::Memory>,
-}
-
-/// Where the checkpoint is.
-pub const CHECKPOINT: &str = "incidents.json";
+pub use crate::incident::{SavedIncidents, CHECKPOINT};
 
 /// What the writer knows when asked to save.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,40 +54,6 @@ pub(super) struct Emitter {
     pub(super) told_before_lookback: bool,
 }
 
-/// "6 h", "90 min", "45 s": the look-back as people read it.
-fn lookback_words(secs: u64) -> String {
-    if secs >= 3600 && secs.is_multiple_of(3600) {
-        format!("{} h", secs / 3600)
-    } else if secs >= 60 && secs.is_multiple_of(60) {
-        format!("{} min", secs / 60)
-    } else {
-        format!("{secs} s")
-    }
-}
-
-/// The note on the first page after start-up, as evidence of its own so every channel shows it.
-fn before_lookback_evidence(note: &str, host: &str) -> crate::model::Evidence {
-    use crate::model::{StepResult, StepStatus};
-    crate::model::Evidence {
-        runbook: "startup-lookback".into(),
-        meaning: String::new(),
-        next_steps: String::new(),
-        steps: vec![StepResult {
-            name: "older faults at start-up".into(),
-            kind: "note".into(),
-            target: Vec::new(),
-            status: StepStatus::Done { exit_code: None },
-            output: format!("{note}\n"),
-            bytes_dropped: 0,
-            duration_ms: 0,
-            notes: vec![note.to_string()],
-        }],
-        started_ms: now_ms(),
-        duration_ms: 0,
-        host: host.to_string(),
-    }
-}
-
 /// New incidents waiting for (or running) their runbook, at most; past this an incident's alert
 /// goes out at once without evidence (and says so) rather than queue excerpts without bound.
 const MAX_WAITING_RUNBOOKS: usize = 64;
@@ -151,7 +117,7 @@ impl Emitter {
         let n = self.before_lookback;
         Some(format!(
             "{n} older fault{s} found at start-up (before the {} look-back) {were} recorded, not paged: see xidwatch history",
-            lookback_words(self.lookback_secs),
+            crate::clock::duration_words(self.lookback_secs.saturating_mul(1000)),
             s = if n == 1 { "" } else { "s" },
             were = if n == 1 { "was" } else { "were" },
         ))
@@ -206,12 +172,12 @@ impl Emitter {
             let _ = lock.flush();
         }
         while self.tasks.try_join_next().is_some() {}
-        let mut groups = host_groups(incidents, &self.env.sysfs_root);
+        let mut groups = crate::alert::document::host_roles(incidents, &self.env.sysfs_root);
         for inc in incidents.drain(..) {
             let opened = inc.phase == crate::model::IncidentPhase::Opened && !inc.test;
             let (host, members) = match groups.remove(&inc.id) {
-                Some(HostRole::Lead(g, members)) => (Some(g), members),
-                Some(HostRole::Folded(lead)) => {
+                Some(crate::alert::document::HostRole::Lead(g, members)) => (Some(g), members),
+                Some(crate::alert::document::HostRole::Folded(lead)) => {
                     // Its own incident and history go on; its opening page is the host page.
                     if let Some(p) = &self.pages {
                         p.annotate(&inc);
@@ -235,7 +201,7 @@ impl Emitter {
                         "incident {} ({}) was logged before the {} look-back: recorded, not paged",
                         inc.id,
                         inc.title,
-                        lookback_words(self.lookback_secs)
+                        crate::clock::duration_words(self.lookback_secs.saturating_mul(1000))
                     );
                 }
                 continue;
@@ -249,13 +215,22 @@ impl Emitter {
             if opened {
                 if let Some(note) = self.before_lookback_note() {
                     self.told_before_lookback = true;
-                    evidence.push(before_lookback_evidence(&note, &inc.host));
+                    evidence.push(crate::model::Evidence::note(
+                        "startup-lookback",
+                        "older faults at start-up",
+                        &note,
+                        &inc.host,
+                        now_ms(),
+                    ));
                 }
             }
             let alert = crate::alert::Alert {
                 catalog,
                 evidence,
-                gpu_state: Some(state_doc(&self.tel, inc.pci)),
+                gpu_state: Some(
+                    self.tel
+                        .with_open(|open, up| crate::verdict::gpu_state_doc(open, up, inc.pci)),
+                ),
                 incident: inc,
             };
             if !opened {
@@ -298,17 +273,10 @@ impl Emitter {
     /// by its GPU.
     fn spawn_runbook(&mut self, mut alert: crate::alert::Alert, members: Vec<Incident>) {
         let lines: Vec<_> = self.log.iter().cloned().collect();
-        let subject_of = |inc: &Incident| {
-            let first_seq = inc.findings.first().and_then(|f| f.origin.seq);
-            let anchor = first_seq.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
-            crate::runbook::Subject::from(inc).with_kernel_log(lines.clone(), anchor)
-        };
-        let grouped = !members.is_empty();
-        let subjects: Vec<(Option<crate::model::PciAddress>, crate::runbook::Subject)> =
-            std::iter::once(&alert.incident)
-                .chain(members.iter())
-                .map(|i| (i.pci, subject_of(i)))
-                .collect();
+        let subjects: Vec<crate::runbook::Subject> = std::iter::once(&alert.incident)
+            .chain(members.iter())
+            .map(|i| crate::runbook::Subject::from(i).with_recent_log(lines.clone()))
+            .collect();
         let (set, env, limits, permits, tel, sender) = (
             self.runbooks.clone(),
             self.env.clone(),
@@ -319,23 +287,13 @@ impl Emitter {
         );
         let mut stop = self.stop_runbooks.subscribe();
         self.tasks.spawn(async move {
-            // Every GPU's runbook at once, each under a permit (so the bound on runbooks
-            // running holds), in the group's order.
-            let run = futures_util::future::join_all(subjects.iter().map(|(pci, subject)| {
-                let (set, env, permits) = (&set, &env, &permits);
-                async move {
-                    let ev = match permits.clone().acquire_owned().await {
-                        Ok(_permit) => set.run_for(subject, env, &limits).await,
-                        Err(_) => None,
-                    };
-                    (*pci, ev)
-                }
-            }));
             let stopped = async {
                 let _ = stop.wait_for(|stop| *stop).await;
             };
-            let found = tokio::select! {
-                ev = run => ev,
+            let runs = tokio::select! {
+                runs = set.run_each(&subjects, &env, &limits, &permits, |ev| {
+                    tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ev.ran_clean());
+                }) => runs,
                 () = stopped => {
                     tracing::warn!("shutting down: incident {} is alerted without its runbook's evidence", alert.incident.id);
                     let note = "xidwatch stopped while this incident's runbook ran: the alert is sent without its evidence".to_string();
@@ -345,82 +303,12 @@ impl Emitter {
                     return;
                 }
             };
-            let mut runs = Vec::new();
-            for (pci, ev) in found {
-                let Some(mut ev) = ev else { continue };
-                let ok = !ev.steps.iter().any(|s| {
-                    matches!(
-                        s.status,
-                        crate::model::StepStatus::Failed { .. }
-                            | crate::model::StepStatus::TimedOut { .. }
-                    )
-                });
-                tel.runbook_run(&ev.runbook, Duration::from_millis(ev.duration_ms), ok);
-                if let (true, Some(pci)) = (grouped, pci) {
-                    // One page, several GPUs' evidence: each says whose it is.
-                    ev.runbook = format!("{} ({pci})", ev.runbook);
-                }
-                runs.push(ev);
-            }
             alert.evidence = pages::merge(std::mem::take(&mut alert.evidence), runs);
             if let Err(e) = sender.attach_evidence(alert).await {
                 tracing::error!("alert stage: {e}");
             }
         });
     }
-}
-
-/// The verdict's word on `pci`'s GPU (the host's for a host-level incident) as of now, the one
-/// `status` and `npd-check` would give, for the page.
-fn state_doc(
-    tel: &Telemetry,
-    pci: Option<crate::model::PciAddress>,
-) -> crate::alert::gpu_state::GpuStateDoc {
-    let judged = tel.with_open(|open, up| crate::verdict::judge_one(open, up, pci));
-    crate::alert::gpu_state::GpuStateDoc {
-        state: judged.state.as_str().to_string(),
-        reasons: judged.reasons.iter().map(|r| r.title.clone()).collect(),
-        incidents: judged.incidents,
-    }
-}
-
-/// What an opening incident is in a host page.
-enum HostRole {
-    /// It carries the host page, and the other GPUs' incidents, whose runbooks run with its own.
-    Lead(crate::alert::document::HostGroup, Vec<Incident>),
-    /// Its opening page is folded into the host page with this incident id.
-    Folded(String),
-}
-
-/// The host pages of a batch, as the engine marked them ([`Incident::host_page`]: the same
-/// critical fault opening on several GPUs together): the lead carries the group, the others
-/// fold into it. Keyed by incident id. A member whose lead is not in the batch (which the engine
-/// never does) is paged on its own rather than lost.
-fn host_groups(
-    incidents: &[Incident],
-    sysfs_root: &std::path::Path,
-) -> std::collections::HashMap<String, HostRole> {
-    use crate::model::IncidentPhase;
-    let opened = |i: &&Incident| i.phase == IncidentPhase::Opened && !i.test;
-    let mut members: std::collections::BTreeMap<&str, Vec<&Incident>> = Default::default();
-    for inc in incidents.iter().filter(opened) {
-        if let Some(lead) = &inc.host_page {
-            members.entry(lead.as_str()).or_default().push(inc);
-        }
-    }
-    let mut out = std::collections::HashMap::new();
-    for (lead_id, others) in members {
-        let Some(lead) = incidents.iter().filter(opened).find(|i| i.id == lead_id) else {
-            continue;
-        };
-        for o in &others {
-            out.insert(o.id.clone(), HostRole::Folded(lead.id.clone()));
-        }
-        let g = crate::alert::document::HostGroup::new(lead, &others, sysfs_root);
-        let others = others.into_iter().cloned().collect();
-        out.insert(lead.id.clone(), HostRole::Lead(g, others));
-    }
-    out
 }
 
 pub use crate::alert::input::catalog_text;

@@ -92,7 +92,10 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
     let alerts = AlertStage::start(cfg, opts.output)?;
     alert_stage::set_alert_provider(&tel, &alerts);
     let (mut p, probe_memory) = Pipeline::restore(opts, &state, boot, tel.clone(), alerts.sender());
-    pipeline::learn_topology(&mut p.classifier, &cfg.nvml.sysfs_root);
+    // An AER error the kernel reports on a port is tied to the one GPU below it.
+    for (port, gpu) in crate::source::probe::ports_of_single_gpus(&cfg.nvml.sysfs_root) {
+        p.classifier.learn_port(port, gpu);
+    }
 
     let kmsg_stop = Arc::new(AtomicBool::new(false));
     let (ktx, krx) = mpsc::channel(1024);
@@ -142,7 +145,7 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
     };
     Ok(Daemon {
         output: opts.output,
-        watcher: reload::watch_config(cfg, reload_tx.clone()),
+        watcher: crate::config::watch::watch_config(cfg, reload_tx.clone()),
         tel,
         notifier,
         pipeline: p,
@@ -207,7 +210,8 @@ impl Daemon {
                 if p.reload(self.output, matches!(ev, Event::Hangup)).await {
                     // The runbook directories may have changed (or appeared): watch what is in
                     // force now.
-                    self.watcher = reload::watch_config(&p.current, self.reload_tx.clone());
+                    self.watcher =
+                        crate::config::watch::watch_config(&p.current, self.reload_tx.clone());
                 }
             }
             Event::SaveDue | Event::Shutdown => {}

@@ -14,9 +14,9 @@ use super::events::Waits;
 use super::handover::Emitter;
 use super::nvml::NvmlValue;
 use super::options::{engine_config, Output, RunOptions, SourceStats};
-use super::reload::Fingerprint;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
+use crate::config::watch::Fingerprint;
 use crate::config::Config;
 use crate::incident::{Engine, Origin};
 use crate::model::{Detail, Finding, FindingKind, Incident};
@@ -34,29 +34,6 @@ const FOLD_QUIET: Duration = Duration::from_millis(50);
 
 fn now_ms() -> u64 {
     crate::clock::wall_ms()
-}
-
-/// Tells the classifier which PCIe port sits above which GPU (from sysfs), so an AER error the
-/// kernel reports on a root or switch port is tied to the GPU below it. A port with several GPUs
-/// below is left out: an error there cannot be pinned on one of them.
-pub(super) fn learn_topology(classifier: &mut Classifier, sysfs_root: &std::path::Path) {
-    let Ok(gpus) = crate::source::probe::Probe::new(sysfs_root.to_path_buf()).gpus_on_bus() else {
-        return;
-    };
-    let mut below: std::collections::BTreeMap<
-        crate::model::PciAddress,
-        Vec<crate::model::PciAddress>,
-    > = Default::default();
-    for gpu in &gpus {
-        for port in crate::runbook::sysfs::ports_above(sysfs_root, *gpu) {
-            below.entry(port).or_default().push(*gpu);
-        }
-    }
-    for (port, gpus) in below {
-        if let [gpu] = gpus[..] {
-            classifier.learn_port(port, gpu);
-        }
-    }
 }
 
 /// Classify, correlate, hand over, checkpoint: everything the processing task owns. Nothing in

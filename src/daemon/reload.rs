@@ -3,8 +3,6 @@
 //! runbooks, the alert channels) are rebuilt from it and swapped in; settings that need a
 //! restart keep their start-up values and say so.
 
-use tokio::sync::mpsc;
-
 use super::alert_stage::{alert_channels, alert_config};
 use super::handover::Emitter;
 use super::options::engine_config;
@@ -16,103 +14,6 @@ use crate::model::{FindingKind, Incident};
 
 fn now_ms() -> u64 {
     crate::clock::wall_ms()
-}
-
-/// What is in force: the config file's bytes and every runbook file's name and bytes. Reload
-/// happens when this changes, not whenever something touches the folders.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Fingerprint(u64);
-
-impl Fingerprint {
-    pub(super) fn of(cfg: &Config) -> Fingerprint {
-        let mut h = crate::model::Fnv::default();
-        let mut eat = |bytes: &[u8]| h.eat(bytes);
-        let read = |p: &std::path::Path| {
-            // Bounded: a runbook or config larger than this is refused by the loader anyway.
-            use std::io::Read;
-            let mut buf = Vec::new();
-            if let Ok(f) = std::fs::File::open(p) {
-                let _ = f.take(4 << 20).read_to_end(&mut buf);
-            }
-            buf
-        };
-        if let Some(p) = &cfg.source {
-            eat(p.as_os_str().as_encoded_bytes());
-            eat(&read(p));
-        }
-        for d in cfg.runbooks.dirs() {
-            eat(d.as_os_str().as_encoded_bytes());
-            let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&d)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok())
-                        .map(|e| e.path())
-                        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-                        .collect()
-                })
-                .unwrap_or_default();
-            files.sort();
-            for f in files {
-                eat(f.as_os_str().as_encoded_bytes());
-                eat(&read(&f));
-            }
-        }
-        Fingerprint(h.finish())
-    }
-}
-
-/// Watches the config file and the runbook directories; any change asks for a reload. The
-/// directory of the config is watched, not the file, since editors replace files by renaming.
-pub(super) fn watch_config(
-    cfg: &Config,
-    tx: mpsc::Sender<()>,
-) -> Option<::notify::RecommendedWatcher> {
-    use ::notify::Watcher;
-    let path = cfg.source.clone()?;
-    let file_name = path.file_name().map(|n| n.to_os_string());
-    let dir = path
-        .parent()
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                p
-            }
-        })?
-        .to_path_buf();
-    let runbook_dirs = cfg.runbooks.dirs();
-    let mut w = match ::notify::recommended_watcher(move |ev: ::notify::Result<::notify::Event>| {
-        let Ok(ev) = ev else { return };
-        if matches!(ev.kind, ::notify::EventKind::Access(_)) {
-            return;
-        }
-        let relevant = ev.paths.iter().any(|p| {
-            p.file_name().map(|n| n.to_os_string()) == file_name
-                || p.extension().is_some_and(|e| e == "toml")
-        });
-        if relevant {
-            let _ = tx.try_send(());
-        }
-    }) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(
-                "cannot watch {} for changes ({e}); reload with SIGHUP",
-                path.display()
-            );
-            return None;
-        }
-    };
-    if let Err(e) = w.watch(&dir, ::notify::RecursiveMode::NonRecursive) {
-        tracing::warn!(
-            "cannot watch {} for changes ({e}); reload with SIGHUP",
-            dir.display()
-        );
-        return None;
-    }
-    for d in runbook_dirs {
-        let _ = w.watch(&d, ::notify::RecursiveMode::NonRecursive);
-    }
-    Some(w)
 }
 
 /// Reloads the config (and its runbooks and channels). A config that does not validate is
@@ -160,24 +61,8 @@ pub(super) async fn reload(
         }
     };
     *last_error = None;
-    for (what, changed) in [
-        ("kmsg.path", new.kmsg.path != current.kmsg.path),
-        ("state.dir", new.state_dir != current.state_dir),
-        ("nvml", new.nvml != current.nvml),
-        (
-            "incidents.host",
-            new.incidents.host != current.incidents.host,
-        ),
-        ("metrics", new.metrics != current.metrics),
-        ("health", new.health != current.health),
-        ("inventory", new.inventory != current.inventory),
-        ("history", new.history != current.history),
-        ("services", new.services != current.services),
-        ("fabricmanager", new.fabricmanager != current.fabricmanager),
-    ] {
-        if changed {
-            tracing::warn!("{what} changed: it takes effect at the next restart");
-        }
+    for what in current.restart_only_changes(&new) {
+        tracing::warn!("{what} changed: it takes effect at the next restart");
     }
     // The engine's settings, built as at start-up (host and boot stay) and swapped in.
     let e = engine_config(&new, String::new());
@@ -205,18 +90,7 @@ pub(super) async fn reload(
         Err(e) => tracing::error!("alert channels not changed, keeping the old ones: {e}"),
     }
     // Settings that need a restart keep their old values until then.
-    let mut applied = new;
-    applied.kmsg.path = current.kmsg.path.clone();
-    applied.state_dir = current.state_dir.clone();
-    applied.nvml = current.nvml.clone();
-    applied.incidents.host = current.incidents.host.clone();
-    applied.metrics = current.metrics.clone();
-    applied.health = current.health.clone();
-    applied.inventory = current.inventory.clone();
-    applied.history = current.history.clone();
-    applied.services = current.services.clone();
-    applied.fabricmanager = current.fabricmanager.clone();
-    *current = applied;
+    *current = new.keeping_restart_only(current);
     out.tel.set_xid_overrides(current.overrides.clone());
     out.tel.config_reloaded(true, now_ms());
     tracing::info!("config reloaded from {}", path.display());

@@ -370,3 +370,20 @@ impl SavedSuperseded {
 fn is_zero(v: &u32) -> bool {
     *v == 0
 }
+
+/// The checkpoint: open incidents, the lost-GPU probe's memory and the kernel log record they
+/// account for, tied to the boot they belong to. Written as one file, so after a crash the
+/// incidents restored and the records read again never overlap.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct SavedIncidents {
+    pub boot_id: String,
+    pub open: Vec<Persisted>,
+    /// The last kernel log record the snapshot includes.
+    #[serde(default)]
+    pub last_seq: Option<u64>,
+    #[serde(default)]
+    pub probe: Option<crate::source::probe::Memory>,
+}
+
+/// Where the checkpoint is.
+pub const CHECKPOINT: &str = "incidents.json";

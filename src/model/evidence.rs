@@ -56,3 +56,38 @@ pub struct Evidence {
     /// Host the evidence was gathered on; `scan` labels evidence of "this machine now".
     pub host: String,
 }
+
+impl Evidence {
+    /// No step failed or ran out of time (a missing program or a skipped step is not a failure
+    /// of the runbook).
+    pub fn ran_clean(&self) -> bool {
+        !self.steps.iter().any(|s| {
+            matches!(
+                s.status,
+                StepStatus::Failed { .. } | StepStatus::TimedOut { .. }
+            )
+        })
+    }
+
+    /// A note as evidence of its own, so every channel shows it like a runbook's finding.
+    pub fn note(runbook: &str, step: &str, note: &str, host: &str, now_ms: u64) -> Evidence {
+        Evidence {
+            runbook: runbook.into(),
+            meaning: String::new(),
+            next_steps: String::new(),
+            steps: vec![StepResult {
+                name: step.into(),
+                kind: "note".into(),
+                target: Vec::new(),
+                status: StepStatus::Done { exit_code: None },
+                output: format!("{note}\n"),
+                bytes_dropped: 0,
+                duration_ms: 0,
+                notes: vec![note.to_string()],
+            }],
+            started_ms: now_ms,
+            duration_ms: 0,
+            host: host.to_string(),
+        }
+    }
+}

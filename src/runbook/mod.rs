@@ -366,6 +366,32 @@ impl RunbookSet {
         let rb = self.select(subject)?;
         Some(rb.run(subject, env, limits).await)
     }
+
+    /// Runs every subject's runbook at once, each under one of `permits` (so the bound on
+    /// runbooks running holds), and gives their evidence in the subjects' order. With several
+    /// subjects (the GPUs of one host page), each evidence says whose GPU it is. `done` sees
+    /// each run as it ends, under its runbook's own name (for the runbook counters).
+    pub async fn run_each(
+        &self,
+        subjects: &[Subject],
+        env: &RunbookEnv,
+        limits: &RunLimits,
+        permits: &std::sync::Arc<tokio::sync::Semaphore>,
+        done: impl Fn(&Evidence),
+    ) -> Vec<Evidence> {
+        let grouped = subjects.len() > 1;
+        let done = &done;
+        let runs = futures_util::future::join_all(subjects.iter().map(|subject| async move {
+            let _permit = permits.clone().acquire_owned().await.ok()?;
+            let mut ev = self.run_for(subject, env, limits).await?;
+            done(&ev);
+            if let (true, Some(pci)) = (grouped, subject.pci) {
+                ev.runbook = format!("{} ({pci})", ev.runbook);
+            }
+            Some(ev)
+        }));
+        runs.await.into_iter().flatten().collect()
+    }
 }
 
 /// Which step of a runbook a load error is about.

@@ -145,6 +145,14 @@ impl Subject {
         }
     }
 
+    /// The daemon's recent kernel log `lines` as the context, anchored at the record that
+    /// opened the incident (its first finding's), when it is among them.
+    pub fn with_recent_log(self, lines: Vec<LogLine>) -> Subject {
+        let opened = self.log_anchor.and_then(|i| self.kernel_log.get(i)?.seq);
+        let anchor = opened.and_then(|s| lines.iter().rposition(|l| l.seq == Some(s)));
+        self.with_kernel_log(lines, anchor)
+    }
+
     /// Replaces the kernel log lines (e.g. with the daemon's recent kmsg records, or the lines
     /// around the finding in a scanned file) and marks which one opened the incident.
     pub fn with_kernel_log(mut self, lines: Vec<LogLine>, anchor: Option<usize>) -> Subject {

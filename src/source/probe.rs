@@ -204,6 +204,28 @@ pub async fn probe_loop(
     }
 }
 
+/// Which PCIe port sits above which GPU (from sysfs), for the ports with exactly one GPU below:
+/// an AER error the kernel reports on a root or switch port is then tied to that GPU, and an
+/// error on a port above several cannot be pinned on one of them.
+pub fn ports_of_single_gpus(sysfs_root: &std::path::Path) -> Vec<(PciAddress, PciAddress)> {
+    let Ok(gpus) = Probe::new(sysfs_root.to_path_buf()).gpus_on_bus() else {
+        return Vec::new();
+    };
+    let mut below: std::collections::BTreeMap<PciAddress, Vec<PciAddress>> = Default::default();
+    for gpu in &gpus {
+        for port in crate::runbook::sysfs::ports_above(sysfs_root, *gpu) {
+            below.entry(port).or_default().push(*gpu);
+        }
+    }
+    below
+        .into_iter()
+        .filter_map(|(port, gpus)| match gpus[..] {
+            [gpu] => Some((port, gpu)),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! The host page: one page for several GPUs that opened the same critical fault together.
 
 use super::{gpu_doc, AlertDocument, HostGpu, HostGroup};
-use crate::model::Incident;
+use crate::model::{Incident, IncidentPhase};
 
 impl HostGroup {
     /// The group for `lead` and `others`, with the ports above all of them read under
@@ -94,4 +94,42 @@ impl AlertDocument {
         );
         self.host_group = Some(group);
     }
+}
+
+/// What an opening incident is in a host page.
+pub enum HostRole {
+    /// It carries the host page, and the other GPUs' incidents, whose runbooks run with its own.
+    Lead(HostGroup, Vec<Incident>),
+    /// Its opening page is folded into the host page with this incident id.
+    Folded(String),
+}
+
+/// The host pages of a batch, as the engine marked them ([`Incident::host_page`]: the same
+/// critical fault opening on several GPUs together): the lead carries the group, the others
+/// fold into it. Keyed by incident id. A member whose lead is not in the batch (which the engine
+/// never does) is paged on its own rather than lost.
+pub fn host_roles(
+    incidents: &[Incident],
+    sysfs_root: &std::path::Path,
+) -> std::collections::HashMap<String, HostRole> {
+    let opened = |i: &&Incident| i.phase == IncidentPhase::Opened && !i.test;
+    let mut members: std::collections::BTreeMap<&str, Vec<&Incident>> = Default::default();
+    for inc in incidents.iter().filter(opened) {
+        if let Some(lead) = &inc.host_page {
+            members.entry(lead.as_str()).or_default().push(inc);
+        }
+    }
+    let mut out = std::collections::HashMap::new();
+    for (lead_id, others) in members {
+        let Some(lead) = incidents.iter().filter(opened).find(|i| i.id == lead_id) else {
+            continue;
+        };
+        for o in &others {
+            out.insert(o.id.clone(), HostRole::Folded(lead.id.clone()));
+        }
+        let g = HostGroup::new(lead, &others, sysfs_root);
+        let others = others.into_iter().cloned().collect();
+        out.insert(lead.id.clone(), HostRole::Lead(g, others));
+    }
+    out
 }

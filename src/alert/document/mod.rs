@@ -25,6 +25,7 @@ pub use parts::{
     SupersededDoc,
 };
 
+pub use host::{host_roles, HostRole};
 pub use words::{duration_words, kind_words, rfc3339};
 
 /// The value of the `schema` field.
