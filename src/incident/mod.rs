@@ -251,7 +251,7 @@ mod place;
 mod verify;
 
 pub use crate::model::{Reached, Verification};
-pub use persist::{Persisted, SavedIncidents, CHECKPOINT};
+pub use persist::{SavedIncidents, CHECKPOINT};
 
 /// The page's words for a lost GPU that cannot be verified back.
 pub const NO_NVML_NOTE: &str = "xidwatch cannot verify recovery without NVML; this stays open until xidwatch runs with NVML and reaches the same board (same UUID or serial) on the bus again";
