@@ -8,66 +8,15 @@
 //! (a crash then re-sends little) but at most every [`SAVE_GAP`], since the snapshot grows with
 //! the open incidents. [`decide`] is that rule on plain values.
 
-use std::time::Duration;
-
+use crate::alert::dispatch::Acks;
 use crate::incident::Engine;
+use crate::state::save_rule::{decide, SaveState, Verdict, POSITION_EVERY, SAVE_GAP};
 use crate::state::{self, Position, StateDir};
 
 use crate::source::probe;
 use crate::status::telemetry::Telemetry;
 
-/// How often the position is written while records flow and no alert was raised.
-pub const POSITION_EVERY: Duration = Duration::from_millis(250);
-
 pub use crate::incident::{SavedIncidents, CHECKPOINT};
-
-/// What the writer knows when asked to save.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SaveState {
-    /// Every alert handed over is durable.
-    pub all_acked: bool,
-    /// An alert was handed over since the last save.
-    pub alert_since_save: bool,
-    /// The position, the incidents or the probe's memory moved since the last save.
-    pub changed: bool,
-    /// Time since the last save (or the start).
-    pub since_last: Duration,
-    /// Shutdown, or the probe's memory moved: save now if allowed at all.
-    pub force: bool,
-}
-
-/// What to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// An alert is only in memory: nothing may be written.
-    Hold,
-    Save,
-    /// Allowed, but not due yet (or nothing to save).
-    NotYet,
-}
-
-/// The rule, on plain values.
-pub fn decide(s: &SaveState) -> Verdict {
-    if !s.all_acked {
-        return Verdict::Hold;
-    }
-    if s.force {
-        return Verdict::Save;
-    }
-    if !s.changed {
-        return Verdict::NotYet;
-    }
-    let gap = if s.alert_since_save {
-        SAVE_GAP
-    } else {
-        POSITION_EVERY
-    };
-    if s.since_last >= gap {
-        Verdict::Save
-    } else {
-        Verdict::NotYet
-    }
-}
 
 /// Writes the checkpoint (open incidents, probe memory, the record they account for) and the
 /// kernel log position, only once every alert handed over is durable.
@@ -83,9 +32,6 @@ pub struct Checkpointer {
     pub(super) last_save: tokio::time::Instant,
     pub(super) errors: u64,
 }
-
-/// The shortest time between two checkpoints, however many alerts arrive.
-const SAVE_GAP: Duration = Duration::from_millis(100);
 
 impl Checkpointer {
     /// When the loop must call [`Checkpointer::save`] even if nothing else happens.
@@ -123,7 +69,7 @@ impl Checkpointer {
             tel.set_open_incidents_from(engine.open_incidents());
             self.shown_changes = engine.changes();
         }
-        if !acks.settle(ACK_WAIT).await {
+        if !acks.settle(crate::alert::dispatch::ACK_WAIT).await {
             // Verdict::Hold: nothing is written while an alert is only in memory.
             return false;
         }
@@ -186,156 +132,5 @@ impl Checkpointer {
             }
         }
         true
-    }
-}
-
-/// Acknowledgements of alerts handed to the alert stage and not yet durable. The kernel log
-/// position (and the incident snapshot saved with it) is written only when none is missing, so
-/// the saved state never runs ahead of an alert that exists only in memory.
-#[derive(Default)]
-pub struct Acks {
-    waiting: Vec<tokio::sync::oneshot::Receiver<crate::alert::dispatch::Ack>>,
-    /// An alert was handed over since the last save: save promptly.
-    pub(super) since_save: bool,
-}
-
-/// How long the loop waits for the alert stage to make a batch's alerts durable before it goes
-/// on reading (the position then simply stays where it is until they are).
-const ACK_WAIT: Duration = Duration::from_secs(2);
-
-impl Acks {
-    pub fn submitted(
-        &mut self,
-        r: Result<
-            tokio::sync::oneshot::Receiver<crate::alert::dispatch::Ack>,
-            crate::alert::SendError,
-        >,
-    ) {
-        match r {
-            Ok(rx) => {
-                self.waiting.push(rx);
-                self.since_save = true;
-            }
-            // Only at shutdown: the alert stage is gone, so the position must not move.
-            Err(e) => {
-                tracing::error!("alert stage: {e}");
-                self.waiting.push(tokio::sync::oneshot::channel().1);
-            }
-        }
-    }
-
-    /// Waits (bounded) for the outstanding acknowledgements; true when none is missing.
-    pub async fn settle(&mut self, limit: Duration) -> bool {
-        if self.waiting.is_empty() {
-            return true;
-        }
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut left = Vec::new();
-        for mut rx in std::mem::take(&mut self.waiting) {
-            match tokio::time::timeout_at(deadline, &mut rx).await {
-                Ok(Ok(_)) => {}
-                // The stage dropped it without an answer: never durable.
-                Ok(Err(_)) => left.push(tokio::sync::oneshot::channel().1),
-                Err(_) => left.push(rx),
-            }
-        }
-        self.waiting = left;
-        self.waiting.is_empty()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state() -> SaveState {
-        SaveState {
-            all_acked: true,
-            alert_since_save: false,
-            changed: true,
-            since_last: Duration::ZERO,
-            force: false,
-        }
-    }
-
-    #[test]
-    fn nothing_is_written_while_an_alert_is_only_in_memory() {
-        for force in [false, true] {
-            for since in [Duration::ZERO, Duration::from_secs(3600)] {
-                let s = SaveState {
-                    all_acked: false,
-                    alert_since_save: true,
-                    force,
-                    since_last: since,
-                    ..state()
-                };
-                assert_eq!(decide(&s), Verdict::Hold, "{s:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn promptly_after_an_alert_but_not_for_every_batch_of_a_burst() {
-        let after_alert = SaveState {
-            alert_since_save: true,
-            ..state()
-        };
-        assert_eq!(decide(&after_alert), Verdict::NotYet);
-        let s = SaveState {
-            since_last: SAVE_GAP,
-            ..after_alert
-        };
-        assert_eq!(decide(&s), Verdict::Save);
-        // Records without alerts: at a steady pace.
-        let quiet = SaveState {
-            since_last: SAVE_GAP,
-            ..state()
-        };
-        assert_eq!(decide(&quiet), Verdict::NotYet);
-        let quiet = SaveState {
-            since_last: POSITION_EVERY,
-            ..state()
-        };
-        assert_eq!(decide(&quiet), Verdict::Save);
-        // Nothing moved: nothing to write, however long ago.
-        let idle = SaveState {
-            changed: false,
-            since_last: Duration::from_secs(3600),
-            ..state()
-        };
-        assert_eq!(decide(&idle), Verdict::NotYet);
-        assert_eq!(
-            decide(&SaveState {
-                force: true,
-                changed: false,
-                ..state()
-            }),
-            Verdict::Save
-        );
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn acknowledgements_gate_the_save() {
-        use crate::alert::dispatch::Ack;
-        let mut acks = Acks::default();
-        assert!(acks.settle(Duration::ZERO).await, "nothing handed over");
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        acks.submitted(Ok(rx));
-        assert!(acks.since_save);
-        assert!(
-            !acks.settle(Duration::from_millis(10)).await,
-            "not durable yet"
-        );
-        tx.send(Ack::Durable).unwrap();
-        assert!(acks.settle(Duration::from_millis(10)).await);
-        // An acknowledgement dropped unanswered never counts as durable.
-        let (tx, rx) = tokio::sync::oneshot::channel::<Ack>();
-        acks.submitted(Ok(rx));
-        drop(tx);
-        assert!(!acks.settle(Duration::from_millis(10)).await);
-        assert!(
-            !acks.settle(Duration::from_millis(10)).await,
-            "and stays so"
-        );
     }
 }

@@ -9,8 +9,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::checkpoint::Acks;
 use super::options::Output;
+use crate::alert::dispatch::Acks;
 use crate::config::Config;
 use crate::history::pages::{self, Pages};
 use crate::model::Incident;

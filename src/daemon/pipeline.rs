@@ -9,11 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::checkpoint::{Acks, Checkpointer, SavedIncidents, CHECKPOINT};
+use super::checkpoint::{Checkpointer, SavedIncidents, CHECKPOINT};
 use super::events::Waits;
 use super::handover::Emitter;
 use super::nvml::NvmlValue;
 use super::options::{engine_config, Output, RunOptions, SourceStats};
+use crate::alert::dispatch::Acks;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
 use crate::config::watch::Fingerprint;

@@ -10,6 +10,7 @@
 pub mod atomic;
 pub mod file;
 pub mod lock;
+pub mod save_rule;
 
 use std::fs;
 use std::path::{Path, PathBuf};

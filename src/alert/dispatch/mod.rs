@@ -13,6 +13,7 @@
 //! sender), `intake` (pages into the outbox, workers across reloads); this file is the handle
 //! the daemon holds and the start.
 
+mod acks;
 mod intake;
 mod shared;
 mod worker;
@@ -35,6 +36,7 @@ use crate::alert::outbox::{Limits, Outbox};
 use intake::Intake;
 use shared::{Envelope, Shared};
 
+pub use acks::{Acks, ACK_WAIT};
 pub use shared::{
     read_status, Ack, AlertStatus, ChannelStatus, OUTBOX_DIR, REPORTS_DIR, STATUS_FILE,
 };
