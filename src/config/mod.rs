@@ -344,6 +344,41 @@ impl Config {
         ]
     }
 
+    /// The incident engine's settings; `boot_id` keys the incidents of this boot.
+    pub fn engine_config(&self, boot_id: String) -> crate::incident::EngineConfig {
+        crate::incident::EngineConfig {
+            window_ms: self.incidents.window_secs.saturating_mul(1000),
+            max_open: self.incidents.max_open,
+            nvml_match_ms: self.incidents.nvml_match_ms,
+            host: crate::host::alert_host(self.incidents.host.as_deref()),
+            boot_id,
+            overrides: self.overrides.clone(),
+            settle_ms: self.incidents.settle_ms,
+            quiet_ms: self.incidents.quiet_secs.saturating_mul(1000),
+            remind_ms: self.incidents.remind_secs.saturating_mul(1000),
+        }
+    }
+
+    /// The alert stage's settings; with `stdout_taken` (`run --json`) the stdout channel is
+    /// off, as standard output carries the incidents.
+    pub fn alert_config(&self, stdout_taken: bool) -> crate::alert::AlertConfig {
+        let mut c = self.alerts.clone();
+        if stdout_taken {
+            c.stdout.enabled = Some(false);
+        }
+        c
+    }
+
+    /// The alert channels as built at load, without stdout when it is taken.
+    pub fn alert_channels(&self, stdout_taken: bool) -> crate::alert::channel::BuiltChannels {
+        if stdout_taken {
+            self.alert_channels
+                .without(crate::alert::config::STDOUT_CHANNEL)
+        } else {
+            self.alert_channels.clone()
+        }
+    }
+
     /// The sections `new` changes that take effect only at the next restart.
     pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         self.restart_only(new)

@@ -12,27 +12,6 @@ pub(super) fn set_alert_provider(tel: &Telemetry, alerts: &AlertStage) {
     tel.set_alert_status_provider(Some(std::sync::Arc::new(move || s.status())));
 }
 
-/// The `[alerts]` config as the daemon applies it: with `--json`, standard output belongs to the
-/// incident stream.
-pub(super) fn alert_config(cfg: &Config, output: Output) -> crate::alert::AlertConfig {
-    let mut alert_cfg = cfg.alerts.clone();
-    if output == Output::Json {
-        alert_cfg.stdout.enabled = Some(false);
-    }
-    alert_cfg
-}
-
-/// The channels built when the config was loaded, as the daemon uses them (see
-/// [`alert_config`]).
-pub(super) fn alert_channels(cfg: &Config, output: Output) -> crate::alert::channel::BuiltChannels {
-    if output == Output::Json {
-        cfg.alert_channels
-            .without(crate::alert::config::STDOUT_CHANNEL)
-    } else {
-        cfg.alert_channels.clone()
-    }
-}
-
 /// The alert stage as the daemon runs it: started once, for the whole run, and reconfigured in
 /// place on reload, so a runbook that outlives a reload still hands its evidence to the same
 /// stage and one outbox is ever open on the state directory.
@@ -44,7 +23,7 @@ pub(super) struct AlertStage {
 
 impl AlertStage {
     pub(super) fn start(cfg: &Config, output: Output) -> anyhow::Result<AlertStage> {
-        let alert_cfg = alert_config(cfg, output);
+        let alert_cfg = cfg.alert_config(output.stdout_taken());
         for w in alert_cfg
             .secret_warnings(cfg.source.as_deref())
             .into_iter()
@@ -53,7 +32,7 @@ impl AlertStage {
             tracing::warn!("{w}");
         }
         let (shutdown, rx) = tokio::sync::watch::channel(false);
-        let built = alert_channels(cfg, output);
+        let built = cfg.alert_channels(output.stdout_taken());
         let (sender, handle) =
             crate::alert::Dispatcher::start_built(&alert_cfg, &built, &cfg.state_dir, rx)
                 .map_err(|e| anyhow::anyhow!("starting the alert stage: {e}"))?;

@@ -5,8 +5,6 @@
 use std::path::PathBuf;
 
 use crate::config::Config;
-use crate::host::alert_host;
-use crate::incident::EngineConfig;
 
 /// Where `run` sends incidents when no alert channel takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,17 +38,9 @@ pub struct SourceStats {
     pub gpus_seen: usize,
 }
 
-/// The incident engine's settings from `[incidents]`: at start-up and, swapped in, on reload.
-pub(super) fn engine_config(cfg: &Config, boot_id: String) -> EngineConfig {
-    EngineConfig {
-        window_ms: cfg.incidents.window_secs.saturating_mul(1000),
-        max_open: cfg.incidents.max_open,
-        nvml_match_ms: cfg.incidents.nvml_match_ms,
-        host: alert_host(cfg.incidents.host.as_deref()),
-        boot_id,
-        overrides: cfg.overrides.clone(),
-        settle_ms: cfg.incidents.settle_ms,
-        quiet_ms: cfg.incidents.quiet_secs.saturating_mul(1000),
-        remind_ms: cfg.incidents.remind_secs.saturating_mul(1000),
+impl Output {
+    /// With `--json` standard output carries the incidents: no alert channel may write there.
+    pub fn stdout_taken(self) -> bool {
+        self == Output::Json
     }
 }

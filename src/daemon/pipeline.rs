@@ -13,7 +13,7 @@ use super::checkpoint::{Checkpointer, SavedIncidents, CHECKPOINT};
 use super::events::Waits;
 use super::handover::Emitter;
 use super::nvml::NvmlValue;
-use super::options::{engine_config, Output, RunOptions, SourceStats};
+use super::options::{Output, RunOptions, SourceStats};
 use crate::alert::dispatch::Acks;
 use crate::classify::{Classifier, LineOrigin};
 use crate::clock::Now;
@@ -92,7 +92,7 @@ impl Pipeline {
             }
         };
         let mut resume_after = position.filter(|p| p.boot_id == boot).map(|p| p.last_seq);
-        let mut engine = Engine::new(engine_config(cfg, boot_hex.clone()));
+        let mut engine = Engine::new(cfg.engine_config(boot_hex.clone()));
         let mut probe_memory = None;
         // The previous boot's open incidents and their notices ([`Engine::carry_over`]).
         let mut carried = Vec::new();

@@ -3,9 +3,7 @@
 //! runbooks, the alert channels) are rebuilt from it and swapped in; settings that need a
 //! restart keep their start-up values and say so.
 
-use super::alert_stage::{alert_channels, alert_config};
 use super::handover::Emitter;
-use super::options::engine_config;
 use super::options::Output;
 use crate::clock::Now;
 use crate::config::Config;
@@ -65,21 +63,15 @@ pub(super) async fn reload(
         tracing::warn!("{what} changed: it takes effect at the next restart");
     }
     // The engine's settings, built as at start-up (host and boot stay) and swapped in.
-    let e = engine_config(&new, String::new());
-    engine.reconfigure(
-        e.window_ms,
-        e.max_open,
-        e.nvml_match_ms,
-        e.overrides,
-        e.settle_ms,
-        e.quiet_ms,
-    );
-    engine.set_remind_ms(e.remind_ms);
+    engine.reconfigure(new.engine_config(String::new()));
     // The runbooks, built as at start-up and swapped in.
     out.configure(&new);
     match out
         .alerts
-        .reconfigure(&alert_config(&new, output), &alert_channels(&new, output))
+        .reconfigure(
+            &new.alert_config(output.stdout_taken()),
+            &new.alert_channels(output.stdout_taken()),
+        )
         .await
     {
         Ok(warnings) => {

@@ -366,32 +366,19 @@ impl Engine {
     }
 
     /// Applies a reloaded config; open incidents keep their windows.
-    pub fn reconfigure(
-        &mut self,
-        window_ms: u64,
-        max_open: usize,
-        nvml_match_ms: u64,
-        overrides: XidOverrides,
-        settle_ms: u64,
-        quiet_ms: u64,
-    ) {
-        self.cfg.settle_ms = settle_ms;
-        self.cfg.quiet_ms = quiet_ms;
-        self.cfg.window_ms = window_ms;
-        self.cfg.max_open = max_open;
-        self.cfg.nvml_match_ms = nvml_match_ms;
-        self.cfg.overrides = overrides;
+    pub fn reconfigure(&mut self, new: EngineConfig) {
+        // The host and boot the incidents are keyed by stay.
+        self.cfg = EngineConfig {
+            host: std::mem::take(&mut self.cfg.host),
+            boot_id: std::mem::take(&mut self.cfg.boot_id),
+            ..new
+        };
     }
 
     /// Whether NVML runs (opened), so lost GPUs can be verified back. Without it, a lost GPU's
     /// page says it cannot be, instead of promising an end that will never be checked.
     pub fn set_can_verify(&mut self, yes: bool) {
         self.can_verify = yes;
-    }
-
-    /// Sets how often incidents that end only when verified are told again (0: never).
-    pub fn set_remind_ms(&mut self, ms: u64) {
-        self.cfg.remind_ms = ms;
     }
 
     /// Number of open incidents.
@@ -1535,7 +1522,7 @@ mod tests {
     #[test]
     fn a_reminder_is_a_deadline() {
         let mut e = settling(0, 1_000);
-        e.set_remind_ms(5_000);
+        e.cfg.remind_ms = 5_000;
         let mut out = Vec::new();
         feed(
             &mut e,
