@@ -99,28 +99,17 @@ pub async fn start(
     };
     let mut now = Vec::new();
     if cfg.nvml.enabled {
-        let (stx, srx) = std::sync::mpsc::sync_channel::<NvmlEvent>(EVENT_QUEUE);
-        let worker = NvmlWorker::spawn(
+        let worker = NvmlWorker::spawn_for_async(
             WorkerOptions {
                 library: cfg.nvml.library.clone(),
                 call_timeout: Duration::from_secs(cfg.nvml.call_timeout_secs),
                 open_timeout: NVML_OPEN_LIMIT,
                 procfs_root: cfg.nvml.procfs_root.clone(),
             },
-            stx,
+            etx.clone(),
+            EVENT_QUEUE,
         )
         .context("starting the NVML worker")?;
-        let bridge = etx.clone();
-        std::thread::Builder::new()
-            .name("xidwatch-nvml-bridge".into())
-            .spawn(move || {
-                while let Ok(ev) = srx.recv() {
-                    if bridge.blocking_send(ev).is_err() {
-                        break;
-                    }
-                }
-            })
-            .context("starting the NVML bridge")?;
         // The kernel log waits for NVML's GPU identities at most as long as one NVML call may
         // take; a longer init goes on, and is a stuck driver only past NVML_OPEN_LIMIT.
         let w = worker.clone();

@@ -133,6 +133,27 @@ fn lock(m: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 }
 
 impl NvmlWorker {
+    /// [`NvmlWorker::spawn`] for an async reader: the worker's events reach `events` through a
+    /// small thread of their own, so the worker never waits on the runtime.
+    pub fn spawn_for_async(
+        opts: WorkerOptions,
+        events: tokio::sync::mpsc::Sender<NvmlEvent>,
+        queue: usize,
+    ) -> std::io::Result<NvmlWorker> {
+        let (tx, rx) = sync_channel::<NvmlEvent>(queue);
+        let worker = NvmlWorker::spawn(opts, tx)?;
+        std::thread::Builder::new()
+            .name("xidwatch-nvml-bridge".into())
+            .spawn(move || {
+                while let Ok(ev) = rx.recv() {
+                    if events.blocking_send(ev).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(worker)
+    }
+
     /// Starts the worker, which opens NVML at once ([`NvmlWorker::wait_open`] gets the answer),
     /// registers for events, and then serves requests and hands events to `events`.
     pub fn spawn(
