@@ -359,6 +359,36 @@ impl Config {
         }
     }
 
+    /// What the NVML side starts with: the worker (when `[nvml]` is enabled), the probe, the
+    /// health checks and the expected GPU count. `boot_hex` names this boot's inventory.
+    pub fn nvml_link(
+        &self,
+        boot_hex: &str,
+        probe_rounds: Arc<std::sync::atomic::AtomicU64>,
+    ) -> crate::source::nvml::link::LinkOptions {
+        use std::time::Duration;
+        crate::source::nvml::link::LinkOptions {
+            worker: self
+                .nvml
+                .enabled
+                .then(|| crate::source::nvml::WorkerOptions {
+                    library: self.nvml.library.clone(),
+                    call_timeout: Duration::from_secs(self.nvml.call_timeout_secs),
+                    open_timeout: crate::source::nvml::link::NVML_OPEN_LIMIT,
+                    procfs_root: self.nvml.procfs_root.clone(),
+                }),
+            health: self.health.clone(),
+            expected_gpus: self.inventory.expected_gpus,
+            sysfs_root: self.nvml.sysfs_root.clone(),
+            probe_every: Duration::from_secs(self.nvml.probe_interval_secs),
+            keep: crate::source::health::Keep {
+                state_dir: self.state_dir.clone(),
+                boot_hex: boot_hex.to_string(),
+            },
+            probe_rounds,
+        }
+    }
+
     /// The alert stage's settings; with `stdout_taken` (`run --json`) the stdout channel is
     /// off, as standard output carries the incidents.
     pub fn alert_config(&self, stdout_taken: bool) -> crate::alert::AlertConfig {

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::nvml::{NvmlLink, NvmlMsg};
 use super::signals::{Hangup, Shutdown};
 use crate::source::fabricmanager::FmLogEvent;
 use crate::source::kmsg::follow::KmsgEvent;
+use crate::source::nvml::link::{NvmlLink, NvmlMsg};
 use crate::source::services::ServiceEvent;
 
 /// Kernel log events handled in one batch at most: a storm is handled in batches, and the

@@ -23,7 +23,6 @@ mod events;
 mod fabricmanager;
 mod handover;
 pub(crate) mod notify;
-pub(crate) mod nvml;
 mod ops;
 mod options;
 mod pipeline;
@@ -115,7 +114,8 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
         }
     }
 
-    let (nvml, nvml_now, diff) = nvml::start(cfg, &tel, probe_memory, &p.ckpt.boot_hex).await?;
+    let link = cfg.nvml_link(&p.ckpt.boot_hex, tel.probe_rounds());
+    let (nvml, nvml_now, diff) = crate::source::nvml::link::start(link, probe_memory).await?;
     for v in nvml_now {
         p.apply_nvml(v, true);
     }
@@ -193,7 +193,7 @@ impl Daemon {
         match ev {
             Event::Kmsg(batch) => p.kmsg(batch)?,
             Event::Nvml(msg) => {
-                for v in self.sources.nvml.handle(msg, &self.tel) {
+                for v in self.sources.nvml.handle(msg) {
                     p.apply_nvml(v, false);
                 }
             }

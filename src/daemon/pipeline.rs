@@ -12,7 +12,6 @@ use std::time::Duration;
 use super::checkpoint::{Checkpointer, SavedIncidents, CHECKPOINT};
 use super::events::Waits;
 use super::handover::Emitter;
-use super::nvml::NvmlValue;
 use super::options::{Output, RunOptions, SourceStats};
 use crate::alert::dispatch::Acks;
 use crate::classify::{Classifier, LineOrigin};
@@ -24,6 +23,7 @@ use crate::model::{Detail, Finding, FindingKind, Incident};
 use crate::source::fabricmanager::{FmLogEvent, LogPosition, POSITION_FILE};
 use crate::source::kmsg::follow::{self, KmsgEvent};
 use crate::source::kmsg::KernelClock;
+use crate::source::nvml::link::{FoundBy, NvmlValue};
 use crate::source::probe;
 use crate::source::services::ServiceEvent;
 use crate::state::{self, StateDir};
@@ -178,20 +178,37 @@ impl Pipeline {
     /// classifier, its state to the counters, its verified ends to their incidents.
     pub(super) fn apply_nvml(&mut self, v: NvmlValue, at_startup: bool) {
         match v {
-            NvmlValue::Finding(f, origin) => self.feed(f, origin, Now::read(), at_startup),
+            NvmlValue::Finding(f, by) => {
+                let origin = match by {
+                    FoundBy::Nvml => Origin::Nvml,
+                    FoundBy::Probe => Origin::Probe,
+                };
+                self.feed(f, origin, Now::read(), at_startup)
+            }
             NvmlValue::Learned {
                 gpus,
                 driver_version,
             } => {
-                for (pci, identity) in &gpus {
-                    self.classifier.learn_gpu(*pci, identity.clone());
+                for g in &gpus {
+                    self.classifier.learn_gpu(g.pci, g.identity());
                 }
                 if let Some(v) = &driver_version {
                     self.classifier.set_driver_version(v);
                 }
                 self.stats.gpus_seen = gpus.len();
+                self.tel.set_gpus(
+                    gpus.iter()
+                        .map(crate::status::telemetry::GpuSummary::from)
+                        .collect(),
+                );
             }
-            NvmlValue::Up(up) => self.stats.nvml_up = up,
+            NvmlValue::Up { up, state } => {
+                self.stats.nvml_up = up;
+                if let Some(s) = state {
+                    self.tel.set_nvml(up, &s);
+                }
+            }
+            NvmlValue::Health(gauges) => self.tel.set_health(gauges),
             // A health check passed again (for its window): its incident (same kind and GPU)
             // ends now with a resolved notice, not after a quiet period.
             NvmlValue::Verified(f) => self

@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 
 use super::events::Event;
-use super::nvml::NvmlValue;
 use super::*;
 use crate::config::Config;
-use crate::model::{FindingKind, GpuIdentity, PciAddress};
+use crate::model::{FindingKind, PciAddress};
 use crate::source::kmsg::follow::KmsgEvent;
 use crate::source::kmsg::record::parse_record;
+use crate::source::nvml::link::NvmlValue;
 
 struct Dir {
     dir: tempfile::TempDir,
@@ -136,8 +136,9 @@ async fn nvml_values_teach_the_classifier_and_reach_the_counters() {
     let dir = Dir::new("", "");
     let mut d = dir.build().await;
     let pci = PciAddress::parse("0000:17:00.0").unwrap();
-    let identity = GpuIdentity {
-        index: Some(3),
+    let gpu = crate::source::nvml::GpuInfo {
+        index: 3,
+        pci,
         uuid: Some("GPU-aaaa".into()),
         serial: None,
         name: Some("Test GPU".into()),
@@ -145,14 +146,27 @@ async fn nvml_values_teach_the_classifier_and_reach_the_counters() {
     let p = &mut d.pipeline;
     p.apply_nvml(
         NvmlValue::Learned {
-            gpus: vec![(pci, identity)],
+            gpus: vec![gpu],
             driver_version: Some("550.54.14".into()),
         },
         false,
     );
-    p.apply_nvml(NvmlValue::Up(true), false);
+    p.apply_nvml(
+        NvmlValue::Up {
+            up: true,
+            state: Some("ok".into()),
+        },
+        false,
+    );
     assert!(p.stats.nvml_up);
     assert_eq!(p.stats.gpus_seen, 1);
+    // The status learns the GPUs and NVML's state from the same values.
+    let snap = d.tel.snapshot();
+    assert_eq!(
+        (snap.gpus.len(), snap.nvml.up, snap.nvml.state.as_str()),
+        (1, true, "ok")
+    );
+    let p = &mut d.pipeline;
     p.kmsg(vec![record(&xid(1, "17", 79))]).unwrap();
     d.after().await;
     let snap = d.tel.snapshot();

@@ -18,6 +18,7 @@
 
 pub mod blocked;
 pub mod health;
+pub mod link;
 pub mod query;
 mod worker;
 

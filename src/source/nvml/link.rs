@@ -1,12 +1,12 @@
-//! The daemon's side of NVML: starts the NVML worker, waits a bounded time for its inventory,
-//! starts the lost-GPU probe and the health loop (`source::probe`, `source::health`) on their own
-//! tasks, and turns what they report into values for the pipeline ([`NvmlValue`]).
+//! NVML as one source: starts the NVML worker, waits a bounded time for its inventory, starts
+//! the lost-GPU probe and the health loop ([`crate::source::probe`], [`crate::source::health`])
+//! on their own tasks, and turns what they report into values ([`NvmlValue`]).
 //!
-//! Nothing here calls NVML on the runtime thread, and nothing here touches the pipeline: the
-//! pipeline owns the classifier, the incidents and the counters, and applies the values it is
-//! sent. So a wedged driver delays no kernel-log finding and no watchdog ping. What the worker
-//! reports about itself (stuck, answering again, a late inventory) is logged and shown in the
-//! status here.
+//! Nothing here calls NVML on the runtime thread, and nothing here touches what the values are
+//! for: the daemon's pipeline owns the classifier, the incidents and the counters (the status
+//! among them), and applies the values it is sent. So a wedged driver delays no kernel-log
+//! finding and no watchdog ping. What the worker reports about itself (stuck, answering again,
+//! a late inventory) is logged here and sent on as values for the status.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,13 +14,16 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::mpsc;
 
-use crate::config::Config;
-use crate::incident::{Origin, Verification};
-use crate::model::{Finding, GpuIdentity, PciAddress};
-use crate::source::health::{health_loop, take_inventory, Expected, HealthRound, Keep};
-use crate::source::nvml::{CallError, GpuInfo, NvmlEvent, NvmlWorker, Opened, WorkerOptions};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+
+use super::{CallError, GpuInfo, NvmlEvent, NvmlWorker, Opened, WorkerOptions};
+use crate::health::HealthConfig;
+use crate::model::{Finding, Verification};
+use crate::source::health::{
+    health_loop, take_inventory, Expected, HealthGauges, HealthRound, Keep,
+};
 use crate::source::probe::{self, probe_loop, Probe, ProbeRound};
-use crate::status::telemetry::{GpuSummary, Telemetry};
 
 /// How long NVML's init may take before the driver counts as unresponsive. The kernel log (and
 /// READY=1) waits for it at most `nvml.call_timeout_secs`, never longer than this; an init that
@@ -38,19 +41,32 @@ pub enum NvmlMsg {
     Health(HealthRound),
 }
 
+/// Which side of NVML found a finding: the incident rules treat the probe's apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoundBy {
+    /// NVML itself: its events, its init, the health checks.
+    Nvml,
+    /// The lost-GPU probe.
+    Probe,
+}
+
 /// What the NVML side asks of the pipeline, as values: the pipeline applies them to the
 /// classifier, the engine and the counters it owns.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NvmlValue {
     /// A finding for the engine, with where it came from.
-    Finding(Finding, Origin),
-    /// NVML's inventory: the GPUs (and driver) the classifier names findings with.
+    Finding(Finding, FoundBy),
+    /// NVML's inventory: the GPUs (and driver) the classifier names findings with, and the
+    /// status lists.
     Learned {
-        gpus: Vec<(PciAddress, GpuIdentity)>,
+        gpus: Vec<GpuInfo>,
         driver_version: Option<String>,
     },
-    /// Whether NVML answers, for the counters.
-    Up(bool),
+    /// Whether NVML answers, for the counters; with `state`, the status's words for it ("ok",
+    /// "unresponsive: ...").
+    Up { up: bool, state: Option<String> },
+    /// The health checks' gauges, as of their last round.
+    Health(HealthGauges),
     /// A health check passes again (for its window): its incident ends, verified.
     Verified(Finding),
     /// A probe round NVML answered: lost-GPU incidents it shows recovered end.
@@ -59,6 +75,23 @@ pub enum NvmlValue {
     ProbeMemory(probe::Memory),
     /// Whether a lost GPU's recovery can be verified (NVML has opened).
     CanVerify(bool),
+}
+
+/// What the NVML side is started with (from the config's `[nvml]`, `[health]` and
+/// `[inventory]`).
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// `None`: NVML is off; the probe compares the bus only.
+    pub worker: Option<WorkerOptions>,
+    /// `[health]`: the checks run when enabled and NVML runs.
+    pub health: HealthConfig,
+    pub expected_gpus: Option<usize>,
+    pub sysfs_root: PathBuf,
+    pub probe_every: Duration,
+    /// Where this boot's inventory is kept, and the boot it belongs to.
+    pub keep: Keep,
+    /// The counter the probe adds its rounds to.
+    pub probe_rounds: Arc<AtomicU64>,
 }
 
 /// NVML as the daemon holds it.
@@ -79,10 +112,8 @@ pub struct NvmlLink {
 /// inventory, NVML that cannot be used, "changed since last boot"), and the inventory diff the
 /// pages carry.
 pub async fn start(
-    cfg: &Config,
-    tel: &Telemetry,
+    opts: LinkOptions,
     probe_memory: Option<probe::Memory>,
-    boot_hex: &str,
 ) -> anyhow::Result<(NvmlLink, Vec<NvmlValue>, Vec<crate::inventory::Change>)> {
     let (etx, erx) = mpsc::channel::<NvmlEvent>(EVENT_QUEUE);
     let (ptx, prx) = mpsc::channel::<ProbeRound>(EVENT_QUEUE);
@@ -98,28 +129,20 @@ pub async fn start(
         health: tokio::spawn(async {}),
     };
     let mut now = Vec::new();
-    if cfg.nvml.enabled {
-        let worker = NvmlWorker::spawn_for_async(
-            WorkerOptions {
-                library: cfg.nvml.library.clone(),
-                call_timeout: Duration::from_secs(cfg.nvml.call_timeout_secs),
-                open_timeout: NVML_OPEN_LIMIT,
-                procfs_root: cfg.nvml.procfs_root.clone(),
-            },
-            etx.clone(),
-            EVENT_QUEUE,
-        )
-        .context("starting the NVML worker")?;
+    if let Some(wopts) = opts.worker {
+        let call_timeout = wopts.call_timeout;
+        let worker = NvmlWorker::spawn_for_async(wopts, etx.clone(), EVENT_QUEUE)
+            .context("starting the NVML worker")?;
         // The kernel log waits for NVML's GPU identities at most as long as one NVML call may
         // take; a longer init goes on, and is a stuck driver only past NVML_OPEN_LIMIT.
         let w = worker.clone();
-        let hold = Duration::from_secs(cfg.nvml.call_timeout_secs).min(NVML_OPEN_LIMIT);
+        let hold = call_timeout.min(NVML_OPEN_LIMIT);
         let opened = tokio::task::spawn_blocking(move || w.wait_open_for(hold))
             .await
             .unwrap_or(Err(CallError::Closed));
         match opened {
             Ok(o) => {
-                now.extend(link.learn(o, tel));
+                now.extend(link.learn(o));
                 link.worker = Some(worker);
             }
             Err(CallError::Failed(failure)) => {
@@ -129,18 +152,18 @@ pub async fn start(
                     "NVML unavailable: {}; watching the kernel log only",
                     failure.describe()
                 );
-                tel.set_nvml(false, &failure.describe());
+                now.push(NvmlValue::down(failure.describe()));
                 now.extend(
                     failure
                         .to_finding()
-                        .map(|f| NvmlValue::Finding(f, Origin::Nvml)),
+                        .map(|f| NvmlValue::Finding(f, FoundBy::Nvml)),
                 );
             }
             Err(e) => {
                 // Still opening (or stuck opening, which arrives as an event of its own and
                 // becomes the finding): the worker goes on, and its GPUs are learnt if it answers.
                 tracing::warn!("{e}; watching the kernel log meanwhile");
-                tel.set_nvml(false, &e.to_string());
+                now.push(NvmlValue::down(e.to_string()));
                 link.worker = Some(worker);
             }
         }
@@ -149,7 +172,7 @@ pub async fn start(
     let mut stored = None;
     let mut diff = Vec::new();
     if let Some(w) = link.worker.clone().filter(|_| link.opened) {
-        let (dir, boot) = (cfg.state_dir.clone(), boot_hex.to_string());
+        let (dir, boot) = (opts.keep.state_dir.clone(), opts.keep.boot_hex.clone());
         if let Ok((s, changed)) =
             tokio::task::spawn_blocking(move || take_inventory(&w, &dir, &boot)).await
         {
@@ -158,36 +181,33 @@ pub async fn start(
             }
             now.extend(changed.into_iter().map(|mut f| {
                 link.identify(&mut f);
-                NvmlValue::Finding(f, Origin::Nvml)
+                NvmlValue::Finding(f, FoundBy::Nvml)
             }));
             stored = s;
         }
     }
-    let expected = Expected::from(cfg.inventory.expected_gpus, stored.as_ref());
+    let expected = Expected::from(opts.expected_gpus, stored.as_ref());
     // Nothing to poll without NVML unless a count is expected (the bus is counted then).
-    if (cfg.health.enabled && link.worker.is_some()) || expected.count.is_some() {
+    if (opts.health.enabled && link.worker.is_some()) || expected.count.is_some() {
         link.health = tokio::spawn(health_loop(
-            cfg.health.clone(),
+            opts.health.clone(),
             link.worker.clone(),
             expected,
-            cfg.nvml.sysfs_root.clone(),
-            Keep {
-                state_dir: cfg.state_dir.clone(),
-                boot_hex: boot_hex.to_string(),
-            },
+            opts.sysfs_root.clone(),
+            opts.keep.clone(),
             htx,
         ));
     }
-    let mut probe = Probe::new(cfg.nvml.sysfs_root.clone());
+    let mut probe = Probe::new(opts.sysfs_root.clone());
     if let Some(m) = probe_memory {
         probe.restore(m);
     }
     link.probe = tokio::spawn(probe_loop(
         probe,
         link.worker.clone(),
-        Duration::from_secs(cfg.nvml.probe_interval_secs),
+        opts.probe_every,
         ptx,
-        tel.probe_rounds(),
+        opts.probe_rounds,
     ));
     now.push(NvmlValue::CanVerify(link.can_verify()));
     Ok((link, now, diff))
@@ -220,7 +240,7 @@ impl NvmlLink {
     }
 
     /// Turns one message into values for the pipeline, and keeps status and log current.
-    pub fn handle(&mut self, msg: NvmlMsg, tel: &Telemetry) -> Vec<NvmlValue> {
+    pub fn handle(&mut self, msg: NvmlMsg) -> Vec<NvmlValue> {
         let mut out = match msg {
             NvmlMsg::Probe(round) => {
                 let mut out: Vec<NvmlValue> = round
@@ -229,7 +249,7 @@ impl NvmlLink {
                     .map(|mut f| {
                         // What NVML told us about this GPU when it could still see it.
                         self.identify(&mut f);
-                        NvmlValue::Finding(f, Origin::Probe)
+                        NvmlValue::Finding(f, FoundBy::Probe)
                     })
                     .collect();
                 out.push(NvmlValue::ProbeMemory(round.memory));
@@ -237,11 +257,11 @@ impl NvmlLink {
                 out
             }
             NvmlMsg::Health(round) => {
-                tel.set_health(round.gauges);
-                // The round's findings first, then its verified ends.
+                // The gauges, the round's findings, then its verified ends.
+                let gauges = std::iter::once(NvmlValue::Health(round.gauges));
                 let found = round.found.into_iter().map(|mut f| {
                     self.identify(&mut f);
-                    NvmlValue::Finding(f, Origin::Nvml)
+                    NvmlValue::Finding(f, FoundBy::Nvml)
                 });
                 let ended: Vec<NvmlValue> = round
                     .ended
@@ -251,16 +271,16 @@ impl NvmlLink {
                         NvmlValue::Verified(f)
                     })
                     .collect();
-                found.chain(ended).collect()
+                gauges.chain(found).chain(ended).collect()
             }
-            NvmlMsg::Event(ev) => self.event(ev, tel),
+            NvmlMsg::Event(ev) => self.event(ev),
         };
         out.push(NvmlValue::CanVerify(self.can_verify()));
         out
     }
 
     /// What the worker says about itself, and the events it watches for.
-    fn event(&mut self, ev: NvmlEvent, tel: &Telemetry) -> Vec<NvmlValue> {
+    fn event(&mut self, ev: NvmlEvent) -> Vec<NvmlValue> {
         let mut out = Vec::new();
         match &ev {
             NvmlEvent::Watching { notes } => {
@@ -270,7 +290,7 @@ impl NvmlLink {
             }
             NvmlEvent::Opened(o) => {
                 tracing::info!("NVML answered its init late; learning its inventory now");
-                out.extend(self.learn((**o).clone(), tel));
+                out.extend(self.learn((**o).clone()));
             }
             NvmlEvent::Unresponsive(s) => {
                 tracing::error!(
@@ -279,23 +299,24 @@ impl NvmlLink {
                     s.running.as_secs_f64(),
                     s.blocked.len() + s.blocked_omitted
                 );
-                out.push(NvmlValue::Up(false));
-                tel.set_nvml(false, &format!("unresponsive: {} has not returned", s.call));
+                out.push(NvmlValue::down(format!(
+                    "unresponsive: {} has not returned",
+                    s.call
+                )));
             }
             NvmlEvent::Answering { call, stuck_for } => {
                 tracing::warn!(
                     "NVML answers again: {call} returned after {:.1} s",
                     stuck_for.as_secs_f64()
                 );
-                out.push(NvmlValue::Up(self.opened));
-                if self.opened {
-                    tel.set_nvml(true, "ok");
-                }
+                out.push(NvmlValue::Up {
+                    up: self.opened,
+                    state: self.opened.then(|| "ok".to_string()),
+                });
             }
             NvmlEvent::Failed(f) => {
                 tracing::warn!("NVML: {}", f.describe());
-                out.push(NvmlValue::Up(false));
-                tel.set_nvml(false, &f.describe());
+                out.push(NvmlValue::down(f.describe()));
             }
             NvmlEvent::Xid { .. }
             | NvmlEvent::EccSingleBit { .. }
@@ -304,7 +325,7 @@ impl NvmlLink {
         }
         out.extend(
             ev.to_finding(&self.inventory)
-                .map(|f| NvmlValue::Finding(f, Origin::Nvml)),
+                .map(|f| NvmlValue::Finding(f, FoundBy::Nvml)),
         );
         out
     }
@@ -329,26 +350,36 @@ impl NvmlLink {
     }
 
     /// NVML's inventory: kept here to name findings, and sent on for the classifier.
-    fn learn(&mut self, o: Opened, tel: &Telemetry) -> Vec<NvmlValue> {
+    fn learn(&mut self, o: Opened) -> Vec<NvmlValue> {
         for n in &o.notes {
             tracing::warn!("NVML: {n}");
         }
         self.opened = true;
-        tel.set_nvml(true, "ok");
-        tel.set_gpus(o.inventory.iter().map(GpuSummary::from).collect());
         tracing::info!(
             "NVML: {} GPU(s), driver {}",
             o.inventory.len(),
             o.driver_version.as_deref().unwrap_or("?")
         );
-        let gpus = o.inventory.iter().map(|g| (g.pci, g.identity())).collect();
-        self.inventory = o.inventory;
+        self.inventory = o.inventory.clone();
         vec![
             NvmlValue::Learned {
-                gpus,
+                gpus: o.inventory,
                 driver_version: o.driver_version,
             },
-            NvmlValue::Up(true),
+            NvmlValue::Up {
+                up: true,
+                state: Some("ok".into()),
+            },
         ]
+    }
+}
+
+impl NvmlValue {
+    /// NVML does not answer, in the status's words.
+    fn down(state: String) -> NvmlValue {
+        NvmlValue::Up {
+            up: false,
+            state: Some(state),
+        }
     }
 }
