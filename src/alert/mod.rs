@@ -116,6 +116,7 @@ pub fn synthetic_alert(host: &str, now_ms: u64, evidence: Vec<Evidence>) -> Aler
         note: None,
         supersedes: Vec::new(),
         host_page: None,
+        paged_as: Vec::new(),
     };
     Alert {
         incident,

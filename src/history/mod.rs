@@ -362,6 +362,7 @@ mod tests {
             note: None,
             supersedes: Vec::new(),
             host_page: None,
+            paged_as: Vec::new(),
         }
     }
 

@@ -1517,6 +1517,48 @@ mod tests {
         assert_eq!(r.host_page.as_deref(), Some(lead.as_str()));
     }
 
+    /// A worse finding on a paged incident raises it (a digest at once), and the incident
+    /// remembers the severity it was paged under, across a restart, so that alert can be ended.
+    #[test]
+    fn a_raised_incident_remembers_what_it_was_paged_as() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 13, Severity::Warning, 1),
+            1_000,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1, "paged as a warning: {out:#?}");
+        assert!(out[0].paged_as.is_empty());
+        out.clear();
+        feed(
+            &mut e,
+            xid("0000:17:00.0", 154, Severity::Critical, 2),
+            2_000,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(
+            (out[0].phase, out[0].severity, out[0].paged_as.clone()),
+            (
+                IncidentPhase::Digest,
+                Severity::Critical,
+                vec![Severity::Warning]
+            )
+        );
+        let id = out[0].id.clone();
+        // Restored from the checkpoint, the incident still says so on its next notice.
+        let mut again = engine();
+        again.restore(e.snapshot());
+        let open: Vec<&Incident> = again.open_incidents().collect();
+        assert_eq!(open.len(), 1);
+        assert_eq!(
+            (open[0].id.as_str(), open[0].paged_as.clone()),
+            (id.as_str(), vec![Severity::Warning])
+        );
+    }
+
     /// A lost GPU's reminder is a deadline of its own, so a host with nothing else to wake the
     /// loop still says, on time, that the GPU is still lost.
     #[test]

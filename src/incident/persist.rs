@@ -52,6 +52,7 @@ impl Engine {
                 quiet_until_ms: None,
                 supersedes: o.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
                 host_page: o.inc.host_page.clone(),
+                paged_as: o.inc.paged_as.clone(),
                 carried: o.carried,
             })
             .chain(self.quiet_snapshot())
@@ -106,6 +107,7 @@ impl Engine {
                 quiet_until_ms: Some(q.until_ms),
                 supersedes: q.inc.supersedes.iter().map(SavedSuperseded::of).collect(),
                 host_page: q.inc.host_page.clone(),
+                paged_as: q.inc.paged_as.clone(),
                 carried: false,
             })
             .collect()
@@ -173,6 +175,7 @@ impl Engine {
                         .filter_map(|s| s.restore())
                         .collect(),
                     host_page: p.host_page,
+                    paged_as: p.paged_as,
                 },
                 key,
                 family: p.family,
@@ -314,6 +317,9 @@ pub struct Persisted {
     /// See [`Incident::host_page`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     host_page: Option<String>,
+    /// See [`Incident::paged_as`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    paged_as: Vec<Severity>,
     /// Carried over from an earlier boot ([`Engine::carry_over`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     carried: bool,

@@ -107,7 +107,7 @@ impl Engine {
                     o.inc.last_seen_ms = o.inc.last_seen_ms.max(seen_ms);
                     o.last_mono_ms = now.mono_ms;
                     bump_echo(&mut o.inc, &f);
-                    o.inc.severity = o.inc.severity.max(f.severity);
+                    raise(&mut o.inc, o.emitted, f.severity);
                     push_sample(&mut o.inc, f);
                 }
                 return;
@@ -160,7 +160,7 @@ impl Engine {
                 }
                 if f.severity > o.inc.severity && o.emitted {
                     // Never hide a worse signal inside a digest: raise it now.
-                    o.inc.severity = f.severity;
+                    raise(&mut o.inc, true, f.severity);
                     push_sample(&mut o.inc, f);
                     let mut inc = o.inc.clone();
                     inc.phase = IncidentPhase::Digest;
@@ -252,6 +252,7 @@ impl Engine {
             test: false,
             supersedes: Vec::new(),
             host_page: None,
+            paged_as: Vec::new(),
         };
         // Host-level findings (no GPU) have nothing to wait for; GPU findings settle first.
         let settle = if f_has_gpu(&inc) {
@@ -405,4 +406,16 @@ pub(super) fn bump_echo(inc: &mut Incident, f: &Finding) {
 
 pub(super) fn f_has_gpu(inc: &Incident) -> bool {
     inc.pci.is_some()
+}
+
+/// Raises `inc` to `to` when that is worse. An incident already paged remembers the severity
+/// it was paged under ([`Incident::paged_as`]), so that alert can be ended.
+fn raise(inc: &mut Incident, emitted: bool, to: Severity) {
+    if to <= inc.severity {
+        return;
+    }
+    if emitted && !inc.paged_as.contains(&inc.severity) {
+        inc.paged_as.push(inc.severity);
+    }
+    inc.severity = to;
 }

@@ -87,6 +87,11 @@ pub struct Incident {
     /// it, so a receiver can tie them to the page it was shown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_page: Option<String>,
+    /// The severities earlier pages of this incident went out under, when a worse finding
+    /// raised it since: receivers that key an alert by its labels (Alertmanager) end those, so
+    /// the GPU is shown once, at its present severity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paged_as: Vec<Severity>,
 }
 
 /// A paged incident folded into a later one (see [`Incident::supersedes`]), with what its alert

@@ -96,6 +96,7 @@ fn xid79_incident() -> Incident {
         note: None,
         supersedes: Vec::new(),
         host_page: None,
+        paged_as: Vec::new(),
     }
 }
 
@@ -1350,6 +1351,77 @@ async fn alertmanager_resolves_the_alert_on_the_resolved_notice() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    run.stop().await;
+}
+
+/// An incident paged as a warning and raised by a worse finding is one alert in Alertmanager,
+/// at its present severity: the digest that raises it ends the warning's alert (whose labels
+/// differ only in `severity`), which would otherwise fire on beside the critical one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an Alertmanager: XIDWATCH_ALERTMANAGER_URL (.ci/alert-services.sh)"]
+async fn alertmanager_shows_a_raised_incident_once_at_its_new_severity() {
+    let base = required_env("XIDWATCH_ALERTMANAGER_URL");
+    let host = unique("am-raised");
+    let state = tempfile::tempdir().unwrap();
+    let cfg = parse_cfg(&format!(
+        "{FAST_RETRY}[[alerts.alertmanager]]\nname = \"am\"\nurls = [\"{base}\"]\nresolve_after_secs = 3600\n"
+    ));
+    let run = Running::start(&cfg, state.path());
+    let mut alert = xid79_alert();
+    alert.incident.host = host.clone();
+    alert.incident.severity = Severity::Warning;
+    run.sender.send(alert.clone()).await.unwrap();
+    wait_until("the warning accepted", 20, || {
+        run.channel("am").delivered_total == 1
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut url = reqwest::Url::parse(&format!("{base}/api/v2/alerts")).unwrap();
+    url.query_pairs_mut()
+        .append_pair("filter", &format!("host=\"{host}\""))
+        .append_pair("active", "true");
+    // The severities Alertmanager lists as active for this host.
+    let active = || async {
+        let resp = client.get(url.clone()).send().await.unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+        let mut s: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["status"]["state"] == "active")
+            .map(|a| a["labels"]["severity"].as_str().unwrap_or("").to_string())
+            .collect();
+        s.sort();
+        s
+    };
+    let settle = |want: &'static [&'static str], what: &'static str| {
+        let active = &active;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let got = active().await;
+                if got == want {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: active {got:?}, want {want:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    settle(&["warning"], "the warning page").await;
+
+    alert.incident.phase = IncidentPhase::Digest;
+    alert.incident.severity = Severity::Critical;
+    alert.incident.paged_as = vec![Severity::Warning];
+    run.sender.send(alert).await.unwrap();
+    wait_until("the raising digest accepted", 20, || {
+        run.channel("am").delivered_total == 2
+    })
+    .await;
+    settle(&["critical"], "after the raise").await;
     run.stop().await;
 }
 

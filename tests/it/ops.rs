@@ -64,6 +64,7 @@ fn incident(id: &str, sev: Severity, phase: IncidentPhase) -> Incident {
         note: None,
         supersedes: Vec::new(),
         host_page: None,
+        paged_as: Vec::new(),
     }
 }
 

@@ -153,6 +153,7 @@ fn incident(findings: Vec<Finding>, kind: FindingKind, xid: Option<u32>) -> Inci
         note: None,
         supersedes: Vec::new(),
         host_page: None,
+        paged_as: Vec::new(),
     }
 }
 

@@ -149,6 +149,10 @@ pub struct AlertDocument {
     /// Incidents this one superseded after they were paged; they end with it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub supersedes: Vec<SupersededDoc>,
+    /// The severities earlier pages of this incident went out under, before a worse finding
+    /// raised it: receivers keyed by labels end those alerts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paged_as: Vec<Severity>,
     pub generator: Generator,
 }
 
@@ -258,6 +262,7 @@ impl AlertDocument {
             host_group: None,
             host_page: inc.host_page.clone(),
             gpu_state: alert.gpu_state.clone(),
+            paged_as: inc.paged_as.clone(),
             supersedes: inc
                 .supersedes
                 .iter()

@@ -826,6 +826,7 @@ mod tests {
             handoff: None,
             host_group: None,
             host_page: None,
+            paged_as: Vec::new(),
             gpu_state: None,
             supersedes: Vec::new(),
             generator: Generator {

@@ -371,6 +371,8 @@ pub fn postable(
 /// - on a host page, one per other GPU of the group, under that GPU's labels and its own
 ///   incident id: each GPU's later notices (digest, resolved) then update and end its own
 ///   alert, so the host page's alert does not clear while another GPU of it is still down;
+/// - once a worse finding raised the incident, its alerts under the severities it was paged
+///   under before ([`AlertDocument::paged_as`]), ended: the GPU is shown once, as it is now;
 /// - on a resolved notice, the alerts of the incidents it superseded after they were paged (an
 ///   NVML `gpu_missing` explained by the later Xid 79): they got no resolved notice of their own,
 ///   as the GPU was no better, and end now, with it.
@@ -413,6 +415,24 @@ pub fn postables(
             out.push(a);
         }
     }
+    // The alerts this incident went out under before a worse finding raised it: their labels
+    // differ in `severity`, so they are other alerts to Alertmanager, and end now.
+    let raised: Vec<PostableAlert> = doc
+        .paged_as
+        .iter()
+        .filter(|s| **s != doc.severity)
+        .flat_map(|s| {
+            std::iter::once(&own).chain(out.iter()).map(move |a| {
+                let mut e = a.clone();
+                e.labels.insert("severity".into(), s.as_str().into());
+                e.annotations
+                    .insert("raised_to".into(), doc.severity.as_str().into());
+                e.ends_at = rfc3339(now_ms);
+                e
+            })
+        })
+        .collect();
+    out.extend(raised);
     if doc.phase == crate::alert::document::Phase::Resolved {
         for s in &doc.supersedes {
             let mut a = own.clone();
@@ -612,6 +632,45 @@ mod tests {
         );
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].labels, all[0].labels);
+    }
+
+    /// An incident raised after it was paged (a warning, then a critical echo) ends the alert
+    /// it was paged under: Alertmanager shows it once, at its present severity, for every GPU of
+    /// a host page alike.
+    #[test]
+    fn a_raised_incident_ends_the_alert_of_its_earlier_severity() {
+        let mut alert = crate::alert::synthetic_alert("node-1", 1_764_404_043_123, Vec::new());
+        alert.incident.test = false;
+        alert.incident.pci = PciAddress::parse("0000:17:00.0").ok();
+        alert.incident.phase = crate::model::IncidentPhase::Digest;
+        alert.incident.severity = Severity::Critical;
+        alert.incident.paged_as = vec![Severity::Warning];
+        let now = 1_764_404_050_000;
+        let all = postables(
+            &AlertDocument::build(&alert),
+            &BTreeMap::new(),
+            300,
+            None,
+            now,
+        );
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert_eq!(all[0].labels["severity"], "critical");
+        assert_ne!(all[0].ends_at, rfc3339(now), "the present one fires");
+        assert_eq!(all[1].labels["severity"], "warning");
+        assert_eq!(all[1].ends_at, rfc3339(now), "the earlier one ends now");
+        let mut same = all[1].labels.clone();
+        same.insert("severity".into(), "critical".into());
+        assert_eq!(same, all[0].labels, "the same alert but for its severity");
+        // Paged as what it is now: nothing to end.
+        alert.incident.paged_as = vec![Severity::Critical];
+        let one = postables(
+            &AlertDocument::build(&alert),
+            &BTreeMap::new(),
+            300,
+            None,
+            now,
+        );
+        assert_eq!(one.len(), 1);
     }
 
     /// The alerts of incidents superseded after they were paged stay firing while the
