@@ -1518,17 +1518,21 @@ mod tests {
     }
 
     /// A worse finding on a paged incident raises it (a digest at once), and the incident
-    /// remembers the severity it was paged under, across a restart, so that alert can be ended.
+    /// remembers the severity it was paged under, across a restart, so that alert can be ended;
+    /// restored, it names its GPU as its pages did (index and name too), so its later notices
+    /// carry the same labels and end the same alerts.
     #[test]
-    fn a_raised_incident_remembers_what_it_was_paged_as() {
+    fn a_raised_incident_remembers_what_it_was_paged_as_and_under_which_gpu() {
         let mut e = engine();
         let mut out = Vec::new();
-        feed(
-            &mut e,
-            xid("0000:17:00.0", 13, Severity::Warning, 1),
-            1_000,
-            &mut out,
-        );
+        let mut first = xid("0000:17:00.0", 13, Severity::Warning, 1);
+        first.gpu = GpuIdentity {
+            index: Some(3),
+            uuid: Some("GPU-5c7a1e4e-0000-0000-0000-000000000003".into()),
+            serial: Some("1652722001234".into()),
+            name: Some("NVIDIA H100 80GB HBM3".into()),
+        };
+        feed(&mut e, first, 1_000, &mut out);
         assert_eq!(out.len(), 1, "paged as a warning: {out:#?}");
         assert!(out[0].paged_as.is_empty());
         out.clear();
@@ -1552,6 +1556,7 @@ mod tests {
         let mut again = engine();
         again.restore(e.snapshot());
         let open: Vec<&Incident> = again.open_incidents().collect();
+        assert_eq!(open[0].gpu, out[0].gpu, "the GPU as its pages named it");
         assert_eq!(open.len(), 1);
         assert_eq!(
             (open[0].id.as_str(), open[0].paged_as.clone()),

@@ -22,6 +22,8 @@ impl Engine {
                 title: o.inc.title.clone(),
                 gpu_uuid: o.inc.gpu.uuid.clone(),
                 gpu_serial: o.inc.gpu.serial.clone(),
+                gpu_index: o.inc.gpu.index,
+                gpu_name: o.inc.gpu.name.clone(),
                 first_seen_ms: o.inc.first_seen_ms,
                 last_seen_ms: o.inc.last_seen_ms,
                 count: o.inc.count,
@@ -77,6 +79,8 @@ impl Engine {
                 title: q.inc.title.clone(),
                 gpu_uuid: q.inc.gpu.uuid.clone(),
                 gpu_serial: q.inc.gpu.serial.clone(),
+                gpu_index: q.inc.gpu.index,
+                gpu_name: q.inc.gpu.name.clone(),
                 first_seen_ms: q.inc.first_seen_ms,
                 last_seen_ms: q.inc.last_seen_ms,
                 count: q.inc.count,
@@ -127,9 +131,10 @@ impl Engine {
             f.origin.raw = p.sample;
             f.origin.lines = f.origin.raw.len() as u32;
             let gpu = GpuIdentity {
+                index: p.gpu_index,
                 uuid: p.gpu_uuid,
                 serial: p.gpu_serial,
-                ..GpuIdentity::default()
+                name: p.gpu_name,
             };
             f.gpu = gpu.clone();
             let echoes = p
@@ -284,6 +289,12 @@ pub struct Persisted {
     title: String,
     gpu_uuid: Option<String>,
     gpu_serial: Option<String>,
+    /// NVML's index and the board's name, as the incident's pages named them (the labels its
+    /// alerts went out under); absent in files written before they were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu_index: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu_name: Option<String>,
     first_seen_ms: u64,
     last_seen_ms: u64,
     count: u64,
