@@ -412,26 +412,31 @@ impl Pipeline {
             }
             return;
         }
-        let at = LineOrigin {
-            line: 0,
-            seq: Some(rec.seq),
-            ts_usec: Some(rec.ts_usec),
-            timestamp: Some(format!(
-                "[{:>5}.{:06}]",
-                rec.ts_usec / 1_000_000,
-                rec.ts_usec % 1_000_000
-            )),
-        };
+        // The origin is built only for a record with a line the classifier reads: the stamp is
+        // text, and formatting it for every ordinary record cost a twentieth of the daemon's time.
+        let mut at: Option<LineOrigin> = None;
         for line in rec.lines() {
             self.out.remember(rec.seq, rec.ts_usec, line);
             if crate::classify::prefix::message_start(line) == Some(0) {
-                self.classifier.push(line, &at, &mut self.findings);
+                let at = at.get_or_insert_with(|| LineOrigin {
+                    line: 0,
+                    seq: Some(rec.seq),
+                    ts_usec: Some(rec.ts_usec),
+                    timestamp: Some(kernel_stamp(rec.ts_usec)),
+                });
+                self.classifier.push(line, at, &mut self.findings);
             }
         }
-        for mut f in std::mem::take(&mut self.findings) {
+        if self.findings.is_empty() {
+            return;
+        }
+        // Drained, not taken: the vector keeps its allocation for the next record.
+        let mut found = std::mem::take(&mut self.findings);
+        for mut f in found.drain(..) {
             self.date(&mut f, now);
             self.feed(f, Origin::Kmsg, now, at_startup);
         }
+        self.findings = found;
     }
 
     /// A multi-line message got no next line in time: report it as it is.
@@ -531,6 +536,11 @@ impl Pipeline {
             self.engine.open_count()
         );
     }
+}
+
+/// A record's time as the kernel prints it (`[   12.345678]`, seconds padded to five places).
+fn kernel_stamp(ts_usec: u64) -> String {
+    format!("[{:>5}.{:06}]", ts_usec / 1_000_000, ts_usec % 1_000_000)
 }
 
 /// Counts a finding for metrics and status, then hands it to the incident engine.
