@@ -422,6 +422,23 @@ impl Follow {
         let mut r = BufReader::with_capacity(64 * 1024, file);
         let mut line = CappedLine::new(MAX_FILE_RECORD);
         while !stop.load(Ordering::Relaxed) {
+            // The usual case: a whole line in the read buffer, parsed where it lies rather than
+            // copied out first.
+            if line.kept.is_empty() {
+                let buf = match r.fill_buf() {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                if let Some(i) = memchr::memchr(b'\n', buf).filter(|&i| i < MAX_FILE_RECORD) {
+                    let raw = &buf[..=i];
+                    if !raw.starts_with(b" ") && raw.len() > 1 && self.record(raw).is_err() {
+                        return Ok(());
+                    }
+                    r.consume(i + 1);
+                    continue;
+                }
+            }
             if !line.read(&mut r)? {
                 // At the end (perhaps mid-line): wait for the writer.
                 if self.caught_up().is_err() {
