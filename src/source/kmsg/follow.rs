@@ -695,6 +695,44 @@ mod tests {
         assert_eq!(v[1], Verdict::First { not_seen: 0 });
     }
 
+    /// A backlog reaches the pipeline in batches of at most [`BATCH`], every record once and in
+    /// order, "caught up" right after the last one.
+    #[test]
+    fn a_backlog_arrives_in_order_in_bounded_batches() {
+        use std::io::Write;
+        let n = 3 * BATCH as u64 + 17;
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        for seq in 0..n {
+            writeln!(f, "6,{seq},{},-;line {seq}", 1000 + seq).unwrap();
+        }
+        f.flush().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CHANNEL_BATCHES);
+        let stop = Arc::new(AtomicBool::new(false));
+        let file = File::open(f.path()).unwrap();
+        let t = spawn(f.path().to_path_buf(), file, None, tx, stop.clone()).unwrap();
+        let mut seqs = Vec::new();
+        let mut batches = 0;
+        'outer: while let Some(batch) = rx.blocking_recv() {
+            assert!(!batch.is_empty() && batch.len() <= BATCH, "{}", batch.len());
+            batches += 1;
+            for ev in batch {
+                match ev {
+                    KmsgEvent::Record { rec, at_startup } => {
+                        assert!(at_startup);
+                        seqs.push(rec.seq);
+                    }
+                    KmsgEvent::CaughtUp => break 'outer,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!(seqs, (0..n).collect::<Vec<_>>());
+        assert!(batches >= 4, "{batches} batches");
+        stop.store(true, Ordering::Relaxed);
+        drop(rx);
+        t.join().unwrap();
+    }
+
     #[test]
     fn capped_lines_keep_the_start_and_count_the_rest() {
         let data = [vec![b'a'; 100], b"\nshort\n".to_vec(), vec![b'b'; 50]].concat();
