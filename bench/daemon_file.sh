@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 N=${N:-2000000}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cargo build --release --quiet
-bin=$PWD/target/release/xidwatch
+# BIN=path: measure that binary instead of building this tree's (to compare two builds).
+if [ -n "${BIN:-}" ]; then bin=$(realpath "$BIN"); else cargo build --release --quiet; bin=$PWD/target/release/xidwatch; fi
 
 python3 - "$N" "$work/kmsg.records" <<'PY'
 import random, sys

@@ -24,8 +24,8 @@ if ! command -v rg >/dev/null; then
   echo "FAIL: ripgrep (rg) is not installed; this bench compares with it (Debian: apt-get install ripgrep)" >&2
   exit 2
 fi
-cargo build --release --quiet
-bin=target/release/xidwatch
+# BIN=path: measure that binary instead of building this tree's (to compare two builds).
+if [ -n "${BIN:-}" ]; then bin=$BIN; else cargo build --release --quiet; bin=target/release/xidwatch; fi
 
 python3 - "$LINES" "$work/big.log" <<'PY'
 import random, sys

@@ -425,6 +425,11 @@ fn device_then_colon(s: &str) -> bool {
 }
 
 fn parse_prefix(head: &str) -> Prefix {
+    plain_stamp(head).unwrap_or_else(|| any_prefix(head))
+}
+
+/// Any prefix: its text, and an uptime stamp wherever it stands.
+fn any_prefix(head: &str) -> Prefix {
     let text = head.trim().trim_end_matches(':').trim();
     let mut p = Prefix {
         text: (!text.is_empty()).then(|| {
@@ -456,9 +461,66 @@ fn parse_prefix(head: &str) -> Prefix {
     p
 }
 
+/// The common prefix, a bare `[ 9512.238711]` stamp (dmesg, a saved kernel log), read byte by
+/// byte: what [`parse_prefix`] makes of it, without its general search for a stamp. `None` for
+/// anything else, which takes the general path.
+fn plain_stamp(head: &str) -> Option<Prefix> {
+    let text = head.trim();
+    let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+    let (secs, usecs) = inner.trim_start_matches(' ').split_once('.')?;
+    // At most 12 digits of seconds: the product below cannot overflow.
+    if secs.is_empty() || secs.len() > 12 || usecs.len() != 6 {
+        return None;
+    }
+    let mut ts = 0u64;
+    for b in secs.bytes().chain(usecs.bytes()) {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        ts = ts * 10 + u64::from(b - b'0');
+    }
+    Some(Prefix {
+        ts_usec: Some(ts),
+        seq: None,
+        text: Some(text.to_string()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bare stamp's fast path reads exactly what the general path reads.
+    #[test]
+    fn plain_stamps_read_as_the_general_path_does() {
+        let mut fast = 0;
+        for head in [
+            "[ 9512.238711] ",
+            "[    0.000000] ",
+            "[123456789012.999999] ",
+            "[1234567890123.000001] ",
+            "[ 12.5] ",
+            "[  +0.000844] ",
+            "[ 12.34567a] ",
+            "[] ",
+            "[ .123456] ",
+            "[ 12.345678]: ",
+            "kern  :warn  : [ 9512.238711] ",
+            "  [ 9512.238711]",
+            "[\t9512.238711] ",
+        ] {
+            if let Some(p) = plain_stamp(head) {
+                fast += 1;
+                let general = any_prefix(head);
+                assert_eq!(
+                    (p.ts_usec, p.seq, p.text),
+                    (general.ts_usec, general.seq, general.text),
+                    "{head:?}"
+                );
+            }
+        }
+        assert_eq!(fast, 4);
+    }
 
     const MSG: &str =
         "NVRM: Xid (PCI:0000:17:00): 79, pid=2207, name=python3, GPU has fallen off the bus.";

@@ -14,7 +14,8 @@ use crate::source::nvml::link::{NvmlLink, NvmlMsg};
 use crate::source::services::ServiceEvent;
 
 /// Kernel log events handled in one batch at most: a storm is handled in batches, and the
-/// loop still goes round.
+/// loop still goes round. The reader sends batches of up to `follow::BATCH`; queued ones are
+/// joined up to this.
 const KMSG_BATCH: usize = 512;
 
 /// Everything that reaches the daemon's loop.
@@ -58,7 +59,8 @@ pub(super) struct Waits {
 
 /// The receiving ends of every source, and the timers.
 pub(super) struct Sources {
-    pub kmsg: mpsc::Receiver<KmsgEvent>,
+    /// Batches from the kernel log reader (`follow::BATCH` events at most each).
+    pub kmsg: mpsc::Receiver<Vec<KmsgEvent>>,
     pub nvml: NvmlLink,
     pub services: mpsc::Receiver<ServiceEvent>,
     pub fabric: mpsc::Receiver<FmLogEvent>,
@@ -101,12 +103,14 @@ impl Sources {
         }
     }
 
-    /// Takes what is already queued behind `first`, up to [`KMSG_BATCH`].
-    fn drain_kmsg(&mut self, first: KmsgEvent) -> Vec<KmsgEvent> {
-        let mut batch = vec![first];
+    /// Joins the batches already queued behind `batch` while fewer than [`KMSG_BATCH`] events
+    /// are gathered; a batch is never split, so events keep their order.
+    fn drain_kmsg(&mut self, mut batch: Vec<KmsgEvent>) -> Vec<KmsgEvent> {
         while batch.len() < KMSG_BATCH {
             match self.kmsg.try_recv() {
-                Ok(ev) => batch.push(ev),
+                Ok(mut more) => {
+                    batch.append(&mut more);
+                }
                 Err(_) => break,
             }
         }

@@ -136,14 +136,19 @@ impl Emitter {
         }
     }
 
+    /// Keeps a kernel log line for runbook excerpts. Once the ring is full, the oldest line's
+    /// text buffer takes the new line: no allocation per record on the daemon's hot path.
     pub(super) fn remember(&mut self, seq: u64, ts_usec: u64, text: &str) {
-        if self.log.len() == LOG_RING {
-            self.log.pop_front();
-        }
+        let mut buf = match self.log.len() {
+            LOG_RING.. => self.log.pop_front().map(|l| l.text).unwrap_or_default(),
+            _ => String::new(),
+        };
+        buf.clear();
+        buf.push_str(text);
         self.log.push_back(crate::runbook::LogLine {
             seq: Some(seq),
             ts_usec: Some(ts_usec),
-            text: text.to_string(),
+            text: buf,
         });
     }
 

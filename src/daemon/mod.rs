@@ -97,7 +97,7 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
     }
 
     let kmsg_stop = Arc::new(AtomicBool::new(false));
-    let (ktx, krx) = mpsc::channel(1024);
+    let (ktx, krx) = mpsc::channel(follow::CHANNEL_BATCHES);
     let kfile = follow::open(&cfg.kmsg.path)?;
     let kmsg_thread = follow::spawn(
         cfg.kmsg.path.clone(),
