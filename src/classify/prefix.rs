@@ -58,13 +58,22 @@ impl Messages<'_> {
 
 /// [`split`] without copying the message in the common one-message case (the hot path of `scan`).
 pub fn split_borrowed(line: &str) -> Option<(Prefix, Messages<'_>)> {
+    split_borrowed_with(line, None)
+}
+
+/// [`split_borrowed`] that also knows the site's rows: a line in which no built-in message
+/// starts is the site's when one of its rows' patterns matches in it, from where it matches.
+pub fn split_borrowed_with<'a>(
+    line: &'a str,
+    site: Option<&crate::classify::table::Table>,
+) -> Option<(Prefix, Messages<'a>)> {
     if let Some(split) = split_kmsg(line) {
         return Some((split.prefix, Messages::Many(split.messages)));
     }
     // A line pasted as inline code (`` `[ 136.67] RIP: ... [nvidia_modeset]` ``) ends in backticks
     // that no kernel message has.
     let line = line.trim_end().trim_end_matches('`');
-    let start = message_start(line)?;
+    let start = message_start(line).or_else(|| site?.message_start(line))?;
     let (head, msg) = line.split_at(start);
     let prefix = parse_prefix(head);
     let messages = if hash_012().find(msg.as_bytes()).is_some() {

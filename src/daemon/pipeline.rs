@@ -173,7 +173,11 @@ impl Pipeline {
         };
         let p = Pipeline {
             tel,
-            classifier: Classifier::new(),
+            classifier: {
+                let mut c = Classifier::new();
+                c.set_site(cfg.site_shapes.clone());
+                c
+            },
             engine,
             stats: SourceStats::default(),
             out,
@@ -424,7 +428,14 @@ impl Pipeline {
         };
         for line in rec.lines() {
             self.out.remember(rec.seq, rec.ts_usec, line);
-            if crate::classify::prefix::message_start(line) == Some(0) {
+            // A record is one message: it is read when a built-in message starts it, or when
+            // one of the site's rows (`[[classify.shape]]`, `[[classify.silence]]`) reads it.
+            if crate::classify::prefix::message_start(line) == Some(0)
+                || self
+                    .classifier
+                    .site()
+                    .is_some_and(|t| t.message_start(line).is_some())
+            {
                 self.classifier.push(line, &at, &mut self.findings);
             }
         }
@@ -497,6 +508,8 @@ impl Pipeline {
             &mut self.out_buf,
         )
         .await;
+        // The site's rows in force now (the old ones when the reload was refused).
+        self.classifier.set_site(self.current.site_shapes.clone());
         self.fingerprint = Fingerprint::of(&self.current);
         true
     }
