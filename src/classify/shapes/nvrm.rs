@@ -405,15 +405,17 @@ pub(super) fn parse_nvidia_other(m: &str) -> Shape {
             kernel: Some(c[2].to_string()),
         };
     }
-    if let Some(rest) = m.strip_prefix("nvidia-modeset: ") {
-        if let Some(t) = rest
-            .strip_prefix("ERROR: ")
-            .or_else(|| rest.strip_prefix("WARNING: "))
-        {
-            return Shape::ModuleError {
-                module: "nvidia-modeset",
-                pci: None,
-                text: t.trim_end().to_string(),
+    if m.starts_with("nvidia-modeset: ") {
+        // Rows `modeset.*` of the shape table: its ERROR and WARNING levels, and the rest quiet.
+        if let Some(r) = crate::classify::table::Table::builtin().read(
+            m,
+            crate::classify::table::Tag::None,
+            None,
+        ) {
+            return if r.silence {
+                Shape::Harmless
+            } else {
+                Shape::Row(r)
             };
         }
         return Shape::Harmless;

@@ -184,7 +184,7 @@ impl Table {
                 if !ex.contains(row.literal) {
                     return Err(err(format!("does not hold the literal {:?}", row.literal)));
                 }
-                match table.read_example(ex, row.tag) {
+                match table.read_example(ex, row) {
                     Some((k, _)) if k == i => {}
                     Some((k, _)) => {
                         return Err(err(format!(
@@ -313,10 +313,16 @@ impl Table {
             .find_map(|i| self.rows[i].re.captures(text).map(|c| (i, c)))
     }
 
-    /// Reads an example line as the classifier would: the message after any saved-line prefix,
-    /// and for an `NVRM` row its body.
-    fn read_example(&self, ex: &str, tag: Tag) -> Option<(usize, RowMatch)> {
+    /// Reads an example line of `row` as the classifier would: the message after any saved-line
+    /// prefix (for a pattern anchored with `^`, from the row's literal on), and for an `NVRM` row
+    /// its body.
+    fn read_example(&self, ex: &str, row: &Row) -> Option<(usize, RowMatch)> {
+        let tag = row.tag;
         let text = match tag {
+            Tag::None if row.re.as_str().starts_with('^') => {
+                let at = ex.find(row.literal)?;
+                ex[at..].trim()
+            }
             Tag::None => ex.trim(),
             Tag::Nvrm => {
                 let at = ex.find("NVRM: ")?;
@@ -357,7 +363,7 @@ impl Row {
             .and_then(|v| PciAddress::parse(v).ok())
             .or(gpu_prefix);
         let message = value(Slot::Text)
-            .map(|t| t.trim().to_string())
+            .map(|t| t.trim_end().to_string())
             .or_else(|| (self.tag == Tag::None).then(|| text.trim().to_string()));
         let mut title = String::new();
         for part in &self.title {

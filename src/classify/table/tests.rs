@@ -32,6 +32,10 @@ fn every_example_makes_its_rows_finding() {
     for row in Table::builtin().rows() {
         for ex in &row.examples {
             let found = testing::read(&[ex], true);
+            if row.silence {
+                assert!(found.is_empty(), "{}: {ex}: {found:#?}", row.id);
+                continue;
+            }
             assert_eq!(found.len(), 1, "{}: {ex}: {found:#?}", row.id);
             let f = &found[0];
             assert_eq!(
