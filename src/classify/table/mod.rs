@@ -143,6 +143,22 @@ impl Table {
     /// A site's rows: its silences first (a line an operator silenced stays silent whatever else
     /// reads it), then its shapes.
     pub fn build_site(shapes: &[RowSpec], silences: &[RowSpec]) -> Result<Table, RowError> {
+        // A site row reads the whole message, wherever its pattern matches: the built-in rows'
+        // `tag` and `anchor` say where in a line the built-in shapes look, which a site row
+        // does not need.
+        for (key, rows) in [("classify.shape", shapes), ("classify.silence", silences)] {
+            for (i, r) in rows.iter().enumerate() {
+                let field = match (&r.tag, r.anchor) {
+                    (Some(_), _) => "tag",
+                    (None, true) => "anchor",
+                    (None, false) => continue,
+                };
+                return Err(RowError {
+                    key: format!("{key}[{i}].{field}"),
+                    message: "is for the built-in rows; a site row's pattern is matched anywhere in the message".into(),
+                });
+            }
+        }
         let silences: Vec<RowSpec> = silences
             .iter()
             .map(|s| RowSpec {

@@ -80,6 +80,14 @@ fn every_rows_literal_reaches_the_prefilter() {
     for h in prefilter::HAND_LITERALS {
         assert_eq!(list.iter().filter(|l| *l == h).count(), 1, "{h}");
     }
+    // The measured search order names only literals that are candidates (a renamed row's
+    // literal would be searched in another order, and slower).
+    for l in prefilter::SEARCH_ORDER {
+        assert!(
+            list.contains(l),
+            "SEARCH_ORDER names {l:?}, which is no candidate literal"
+        );
+    }
 }
 
 /// A row with `anchor = true` starts a message wherever its literal is in a saved line.
@@ -242,6 +250,28 @@ fn bad_rows_are_refused_with_their_key() {
     let e = Table::build(&[ok.clone(), later], "classify.shape").expect_err("shadowed");
     assert_eq!(e.key, "classify.shape[1].examples[0]");
     assert!(e.message.contains("earlier row \"a.b\""), "{e}");
+}
+
+#[test]
+fn site_rows_take_no_tag_or_anchor() {
+    let ok = spec(
+        "site.a",
+        "mlx5_core",
+        "mlx5_core",
+        &["mlx5_core 0000:3b:00.0: x"],
+    );
+    assert!(Table::build_site(std::slice::from_ref(&ok), &[]).is_ok());
+    let e = Table::build_site(
+        &[RowSpec {
+            tag: Some("NVRM".into()),
+            ..ok.clone()
+        }],
+        &[],
+    )
+    .expect_err("tag");
+    assert_eq!(e.key, "classify.shape[0].tag");
+    let e = Table::build_site(&[], &[RowSpec { anchor: true, ..ok }]).expect_err("anchor");
+    assert_eq!(e.key, "classify.silence[0].anchor");
 }
 
 #[test]
