@@ -83,7 +83,10 @@ pub struct Row {
     pub category: Category,
     pub fold: Option<Fold>,
     pub examples: Vec<String>,
-    re: Regex,
+    /// The expanded pattern, compiled on first use ([`Row::re`]): a scan of a small file does not
+    /// pay for compiling rows its lines never reach. Site rows are compiled when checked.
+    source: String,
+    re: OnceLock<Option<Regex>>,
     /// The pattern's slots, by capture group (group `i + 1` is slot `i`).
     slots: Vec<Slot>,
     title: Vec<pattern::Part>,
@@ -137,7 +140,7 @@ impl Table {
     /// `key[i].f`. Every example line must be read by its own row (not by an earlier one, and
     /// not missed), so a row that does not do what its examples say is refused here.
     pub fn build(specs: &[RowSpec], key: &str) -> Result<Table, RowError> {
-        Table::build_parts(&[(specs, key)])
+        Table::build_parts(&[(specs, key)], true)
     }
 
     /// A site's rows: its silences first (a line an operator silenced stays silent whatever else
@@ -166,11 +169,15 @@ impl Table {
                 ..s.clone()
             })
             .collect();
-        Table::build_parts(&[(&silences, "classify.silence"), (shapes, "classify.shape")])
+        Table::build_parts(
+            &[(&silences, "classify.silence"), (shapes, "classify.shape")],
+            true,
+        )
     }
 
-    /// Rows from several lists, in order; each list's rows are named `key[i]` in errors.
-    fn build_parts(parts: &[(&[RowSpec], &str)]) -> Result<Table, RowError> {
+    /// Rows from several lists, in order; each list's rows are named `key[i]` in errors. With
+    /// `checked`, every pattern is compiled and every example read now.
+    fn build_parts(parts: &[(&[RowSpec], &str)], checked: bool) -> Result<Table, RowError> {
         let mut rows = Vec::new();
         let mut names: Vec<String> = Vec::new();
         for (specs, key) in parts {
@@ -179,7 +186,7 @@ impl Table {
                     key: format!("{key}[{i}].{field}"),
                     message,
                 };
-                let row = compile(spec, i, key, &err)?;
+                let row = compile(spec, i, key, checked, &err)?;
                 if rows.iter().any(|r: &Row| r.id == row.id) {
                     return Err(err(
                         "id",
@@ -191,6 +198,9 @@ impl Table {
             }
         }
         let table = Table::index(rows);
+        if !checked {
+            return Ok(table);
+        }
         for (i, row) in table.rows.iter().enumerate() {
             for (j, ex) in row.examples.iter().enumerate() {
                 let err = |message: String| RowError {
@@ -245,15 +255,20 @@ impl Table {
         T.get_or_init(|| {
             // The file is part of the binary and its tests build it: a bad row is a build-time
             // mistake, and the classifier carries on without the table rather than stop.
-            Table::parse_builtin().unwrap_or_else(|e| {
+            Table::parse_builtin_with(false).unwrap_or_else(|e| {
                 debug_assert!(false, "shapes.toml: {e}");
                 Table::default()
             })
         })
     }
 
-    /// Parses `shapes.toml`.
+    /// Parses `shapes.toml` and checks every row against its examples (the tests do; the
+    /// classifier's own copy skips the examples, which cost start-up time on every run).
     pub fn parse_builtin() -> Result<Table, RowError> {
+        Table::parse_builtin_with(true)
+    }
+
+    fn parse_builtin_with(checked: bool) -> Result<Table, RowError> {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct File {
@@ -263,7 +278,7 @@ impl Table {
             key: "shapes.toml".into(),
             message: e.message().to_string(),
         })?;
-        Table::build(&file.shape, "shape")
+        Table::build_parts(&[(&file.shape, "shape")], checked)
     }
 
     pub fn rows(&self) -> &[Row] {
@@ -305,7 +320,11 @@ impl Table {
         let mut best: Option<usize> = None;
         for m in finder.find_overlapping_iter(line) {
             for &i in &self.by_literal[m.pattern().as_usize()] {
-                if let Some(at) = self.rows[i].re.find(line).map(|m| m.start()) {
+                if let Some(at) = self.rows[i]
+                    .re()
+                    .and_then(|r| r.find(line))
+                    .map(|m| m.start())
+                {
                     best = Some(best.map_or(at, |b| b.min(at)));
                 }
             }
@@ -326,7 +345,7 @@ impl Table {
         }
         cand.into_iter()
             .filter(|&i| self.rows[i].tag == tag)
-            .find_map(|i| self.rows[i].re.captures(text).map(|c| (i, c)))
+            .find_map(|i| self.rows[i].re()?.captures(text).map(|c| (i, c)))
     }
 
     /// Reads an example line of `row` as the classifier would: the message after any saved-line
@@ -335,7 +354,7 @@ impl Table {
     fn read_example(&self, ex: &str, row: &Row) -> Option<(usize, RowMatch)> {
         let tag = row.tag;
         let text = match tag {
-            Tag::None if row.re.as_str().starts_with('^') => {
+            Tag::None if row.source.starts_with('^') => {
                 let at = ex.find(row.literal)?;
                 ex[at..].trim()
             }
@@ -352,6 +371,14 @@ impl Table {
 }
 
 impl Row {
+    /// The compiled pattern; `None` only for a built-in row whose pattern does not compile, which
+    /// its tests rule out (such a row then reads nothing rather than stop the classifier).
+    fn re(&self) -> Option<&Regex> {
+        self.re
+            .get_or_init(|| pattern::build(&self.source, self.slots.len()).ok())
+            .as_ref()
+    }
+
     /// The literal the prefilter finds this row's lines by.
     pub fn prefilter_literal(&self) -> &'static str {
         match self.tag {
@@ -443,6 +470,7 @@ fn compile(
     spec: &RowSpec,
     i: usize,
     key: &str,
+    checked: bool,
     err: &dyn Fn(&str, String) -> RowError,
 ) -> Result<Row, RowError> {
     let id = match spec.id.as_deref().map(str::trim) {
@@ -481,7 +509,12 @@ fn compile(
         Some("NVRM") => Tag::Nvrm,
         Some(t) => return Err(err("tag", format!("unknown tag {t:?} (known: \"NVRM\")"))),
     };
-    let (re, slots) = pattern::compile(&spec.pattern).map_err(|m| err("pattern", m))?;
+    let (source, slots) = pattern::expand(&spec.pattern).map_err(|m| err("pattern", m))?;
+    let re = OnceLock::new();
+    if checked {
+        let compiled = pattern::build(&source, slots.len()).map_err(|m| err("pattern", m))?;
+        let _ = re.set(Some(compiled));
+    }
     let silence = spec.silence || key.ends_with("silence");
     let field = |name: &str, v: &Option<String>| -> Result<Option<String>, RowError> {
         match v {
@@ -568,6 +601,7 @@ fn compile(
         category,
         fold,
         examples: spec.examples.clone(),
+        source,
         re,
         slots,
         title,

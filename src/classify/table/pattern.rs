@@ -89,9 +89,9 @@ fn refs(s: &str) -> Vec<(usize, usize, &str)> {
     out
 }
 
-/// Compiles a pattern: each slot becomes a capture group, and the pattern's own groups must not
-/// capture (write `(?:...)`), so group `i + 1` is slot `i`.
-pub fn compile(pattern: &str) -> Result<(Regex, Vec<Slot>), String> {
+/// The pattern as a regex (each slot a capture group; the pattern's own groups must not capture,
+/// written `(?:...)`, so group `i + 1` is slot `i`), and its slots; not yet compiled.
+pub fn expand(pattern: &str) -> Result<(String, Vec<Slot>), String> {
     if pattern.trim().is_empty() {
         return Err("is empty".into());
     }
@@ -120,14 +120,19 @@ pub fn compile(pattern: &str) -> Result<(Regex, Vec<Slot>), String> {
         last = end;
     }
     re.push_str(&pattern[last..]);
-    let compiled = regex::RegexBuilder::new(&re)
+    Ok((re, slots))
+}
+
+/// Compiles an expanded pattern of `slots` slots.
+pub fn build(re: &str, slots: usize) -> Result<Regex, String> {
+    let compiled = regex::RegexBuilder::new(re)
         .size_limit(1 << 20)
         .build()
         .map_err(|e| format!("not a valid pattern: {}", first_line(&e.to_string())))?;
-    if compiled.captures_len() != slots.len() + 1 {
+    if compiled.captures_len() != slots + 1 {
         return Err("a group of its own captures: write (?:...) so that only slots capture".into());
     }
-    Ok((compiled, slots))
+    Ok(compiled)
 }
 
 /// A title: text with `{slot}` references to the pattern's slots.
