@@ -19,6 +19,7 @@ pub mod prefix;
 pub mod shapes;
 pub mod signals;
 pub mod sxid;
+pub mod table;
 
 #[cfg(test)]
 mod forum_tests;
@@ -30,6 +31,7 @@ mod other_tests;
 pub(crate) mod testing;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::model::{
     Category, Detail, Finding, FindingKind, GpuIdentity, Origin, PciAddress, RecoveryAction,
@@ -160,6 +162,9 @@ pub struct Classifier {
     open_notice: Option<(u64, Option<u64>)>,
     /// Lines that matched a tag but no shape, counted for `--verbose` style reporting.
     pub unclassified: u64,
+    /// The site's own rows (`[[classify.shape]]`, `[[classify.silence]]`), read before the
+    /// built-in shapes: an operator's wording or silence wins.
+    site: Option<Arc<table::Table>>,
 }
 
 impl Classifier {
@@ -195,6 +200,17 @@ impl Classifier {
         }
     }
 
+    /// Sets the site's rows (from the configuration; a reload sets the new ones). What is pending
+    /// stays pending: a reload does not cut a multi-line message in two.
+    pub fn set_site(&mut self, site: Arc<table::Table>) {
+        self.site = (!site.is_empty()).then_some(site);
+    }
+
+    /// The site's rows, when there are any.
+    pub fn site(&self) -> Option<&table::Table> {
+        self.site.as_deref()
+    }
+
     /// Whether a multi-line finding is waiting for more lines.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()
@@ -202,7 +218,17 @@ impl Classifier {
 
     /// Feeds one message line (starting at its tag, prefix removed).
     pub fn push(&mut self, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
-        let shape = self.notice_tail(shapes::parse(msg), msg, at);
+        let parsed = match self
+            .site
+            .as_deref()
+            .and_then(|t| t.read(msg.trim(), table::Tag::None, None))
+        {
+            // A silenced line is as quiet as a known-harmless one.
+            Some(m) if m.silence => Shape::Harmless,
+            Some(m) => Shape::Row(m),
+            None => shapes::parse(msg),
+        };
+        let shape = self.notice_tail(parsed, msg, at);
         if let Some(p) = &self.pending {
             if at.line > p.last_line() + p.gap() {
                 self.flush(out);
@@ -905,6 +931,7 @@ impl Classifier {
             Shape::Sxid(s) => self.sxid(s, msg, at),
             Shape::FabricManager(ev) => out.push(self.fabric_manager(ev, msg, at)),
             Shape::Aer(a) => self.aer(a, msg, at, out),
+            Shape::Row(m) => self.row(m, msg, at, out),
             Shape::DriverLoaded { version } => self.driver_version = Some(version),
             Shape::UnreadableXid => {
                 let f = base(
@@ -919,6 +946,41 @@ impl Classifier {
             }
             Shape::Harmless => {}
             Shape::Other => self.unclassified += 1,
+        }
+    }
+
+    /// A finding a shape-table row made: the row wrote its kind, severity, category and title.
+    fn row(&mut self, m: table::RowMatch, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
+        if m.silence {
+            return;
+        }
+        let mut f = base_owned(
+            m.kind,
+            m.severity,
+            m.category,
+            m.title,
+            m.message
+                .unwrap_or_else(|| msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string()),
+            msg,
+            at,
+        );
+        f.shape = Some(m.id);
+        f.pci = m.pci;
+        f.pid = m.pid;
+        f.xid = m.xid;
+        f.gpu.index = m.gpu;
+        if m.kind == FindingKind::DriverInitFailure {
+            f.detail = Some(Detail::InitFailure { code: None });
+        }
+        match m.fold {
+            Some(table::Fold::Explain) => {
+                self.pending = Some(Pending::Fold {
+                    finding: f,
+                    mode: FoldMode::Explain,
+                    last_line: at.line,
+                });
+            }
+            None => out.push(self.enrich(f)),
         }
     }
 

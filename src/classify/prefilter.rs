@@ -1,6 +1,6 @@
 //! The literal prefilter: which lines can be ours at all.
 //!
-//! Every line the classifier reads contains one of [`CANDIDATE_LITERALS`]. `scan` searches whole
+//! Every line the classifier reads contains one of [`candidate_literals`]. `scan` searches whole
 //! buffers for them (Teddy/Aho-Corasick, as grep tools do) and never looks at a line without
 //! one; the daemon asks the same question before the costlier message-start search, so both
 //! read exactly the same lines.
@@ -18,22 +18,19 @@
 
 use aho_corasick::{packed, AhoCorasick, Input, MatchKind};
 
-/// Literals at least one of which every line we classify contains: the driver tags, and for the
-/// lines that carry none, the GSP crash report, nvidia-smi/NVML texts, hung-task reports, the X
-/// server NVIDIA driver's errors, the Xid events the Kubernetes device plugin logs and the API
-/// mismatch as NVIDIA's user-space components report it.
-pub const CANDIDATE_LITERALS: &[&str] = &[
+/// The literals of the shapes Rust reads: the driver tags, and for the lines that carry none, the
+/// GSP crash report, NVML texts, hung-task reports, the X server NVIDIA driver's errors, the Xid
+/// events the Kubernetes device plugin logs and the API mismatch as NVIDIA's user-space components
+/// report it. The shape table's literals are added to these by [`candidate_literals`].
+pub const HAND_LITERALS: &[&str] = &[
     "NVRM",
     "SXid",
     "nvidia",
     "AER:",
     "PCIe Bus Error",
     "GSP task",
-    "NVIDIA-SMI",
     "NVML",
-    "Unable to det",
     "nvmlDevice",
-    "No devices were found",
     "blocked for more than",
     "state:D",
     "Call Trace",
@@ -62,6 +59,69 @@ pub const CANDIDATE_LITERALS: &[&str] = &[
     "] [ERROR] ",
     "] [WARNING] ",
 ];
+
+/// Literals at least one of which every line we classify contains: [`HAND_LITERALS`] and the
+/// literals of the built-in shape table's rows, generated from the table so the two cannot drift.
+/// A table literal that holds a hand literal adds nothing (every line holding it holds the other)
+/// and is left out, which keeps the searcher's pattern count, and its cost, down.
+pub fn candidate_literals() -> &'static [&'static str] {
+    static L: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    L.get_or_init(|| {
+        let all = with_table_literals(
+            HAND_LITERALS,
+            crate::classify::table::Table::builtin()
+                .prefilter_literals()
+                .into_iter(),
+        );
+        in_search_order(all)
+    })
+}
+
+/// The order the first literals are searched in: the one they had when all were written by hand.
+/// Teddy puts patterns in buckets by their position, so the order decides which anchors share a
+/// bucket and how often ordinary text stops the search; moving literals to the table keeps it, and
+/// changing it is a decision for whoever measures the searcher. Only an order: a literal named
+/// here that is no candidate is skipped (a test says so), and a candidate not named here follows,
+/// in the generated order.
+pub const SEARCH_ORDER: &[&str] = &[
+    "NVRM",
+    "SXid",
+    "nvidia",
+    "AER:",
+    "PCIe Bus Error",
+    "GSP task",
+    "NVIDIA-SMI has failed",
+    "NVML",
+    "Unable to determine the device handle",
+    "Unable to detect the device handle",
+    "nvmlDevice",
+    "No devices were found",
+];
+
+/// `all` with the literals of [`SEARCH_ORDER`] first, in its order.
+fn in_search_order(all: Vec<&'static str>) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = SEARCH_ORDER
+        .iter()
+        .copied()
+        .filter(|l| all.contains(l))
+        .collect();
+    out.extend(all.into_iter().filter(|l| !SEARCH_ORDER.contains(l)));
+    out
+}
+
+/// `base` and those of `extra` that no literal already in the list is part of.
+pub fn with_table_literals(
+    base: &[&'static str],
+    extra: impl Iterator<Item = &'static str>,
+) -> Vec<&'static str> {
+    let mut all = base.to_vec();
+    for l in extra {
+        if !all.iter().any(|h| l.contains(h)) {
+            all.push(l);
+        }
+    }
+    all
+}
 
 /// Ordinary kernel lines from public bug reports (no NVIDIA lines among them), the reference by
 /// which anchors are chosen: the container-host chatter of `fixtures/ordinary/container-host.log`
@@ -339,7 +399,7 @@ impl Default for Prefilter {
 
 impl Prefilter {
     pub fn new() -> Self {
-        Self::with_literals(CANDIDATE_LITERALS)
+        Self::with_literals(candidate_literals())
     }
 
     /// A prefilter for other literals (the cost test builds one per candidate list).
@@ -456,7 +516,7 @@ mod tests {
 
     fn distinct_anchors() -> Vec<&'static str> {
         let mut d: Vec<&'static str> = Vec::new();
-        for a in choose_anchors(CANDIDATE_LITERALS, ordinary_lines()) {
+        for a in choose_anchors(candidate_literals(), ordinary_lines()) {
             if !d.contains(&a.anchor) {
                 d.push(a.anchor);
             }
@@ -484,7 +544,7 @@ mod tests {
     #[test]
     fn every_literal_is_found_in_any_position() {
         let pre = Prefilter::new();
-        for l in CANDIDATE_LITERALS {
+        for l in candidate_literals() {
             for pad in ["", "x", "[  12.345678] ", "abc def "] {
                 let line = format!("{pad}{l} tail");
                 assert_eq!(

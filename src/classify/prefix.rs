@@ -58,13 +58,22 @@ impl Messages<'_> {
 
 /// [`split`] without copying the message in the common one-message case (the hot path of `scan`).
 pub fn split_borrowed(line: &str) -> Option<(Prefix, Messages<'_>)> {
+    split_borrowed_with(line, None)
+}
+
+/// [`split_borrowed`] that also knows the site's rows: a line in which no built-in message
+/// starts is the site's when one of its rows' patterns matches in it, from where it matches.
+pub fn split_borrowed_with<'a>(
+    line: &'a str,
+    site: Option<&crate::classify::table::Table>,
+) -> Option<(Prefix, Messages<'a>)> {
     if let Some(split) = split_kmsg(line) {
         return Some((split.prefix, Messages::Many(split.messages)));
     }
     // A line pasted as inline code (`` `[ 136.67] RIP: ... [nvidia_modeset]` ``) ends in backticks
     // that no kernel message has.
     let line = line.trim_end().trim_end_matches('`');
-    let start = message_start(line)?;
+    let start = message_start(line).or_else(|| site?.message_start(line))?;
     let (head, msg) = line.split_at(start);
     let prefix = parse_prefix(head);
     let messages = if hash_012().find(msg.as_bytes()).is_some() {
@@ -188,101 +197,9 @@ fn at_word_start(b: &[u8], at: usize) -> bool {
 /// `[drm:nv_drm_...]` errors, nvidia-smi and NVML error texts, hung-task reports and call-trace
 /// lines (frames in NVIDIA modules; the headers, which decide nothing alone).
 fn other_start(line: &str) -> Option<usize> {
-    const ANCHORS: &[&str] = &[
-        "(EE)",
-        "XidCriticalError: Xid=",
-        "API mismatch",
-        "API Mismatch",
-        "GSP task ",
-        "[drm:",
-        "[drm] [nvidia-drm] ",
-        "NVIDIA-SMI has failed",
-        crate::classify::shapes::NVML_MISMATCH,
-        "Unable to determine the device handle",
-        "Unable to detect the device handle",
-        "No devices were found",
-        "Error: nvmlDevice",
-        "INFO: task ",
-        "task:",
-        "Call Trace:",
-        "Call trace:",
-        "RIP: ",
-        " Comm: ",
-        "Bad or missing usercopy",
-        "PM: ",
-        "nvgpu: ",
-        crate::classify::shapes::SMI_ERR_FIELD,
-        "fabricmanager[",
-        crate::classify::shapes::NVML_EXCEPTION,
-    ];
-    let b = line.as_bytes();
-    for a in ANCHORS {
-        let Some(i) = memchr::memmem::find(b, a.as_bytes()) else {
-            continue;
-        };
-        let rest = &line[i..];
-        let ok = match *a {
-            // The X server's NVIDIA driver: its message starts after the `(EE) ` marker.
-            "(EE)" => {
-                if let Some(at) = x_driver_tag(rest) {
-                    return Some(i + at);
-                }
-                false
-            }
-            "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
-            "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
-            "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
-            "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
-            "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
-            "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
-            // `CPU: 5 PID: 9577 Comm: nvidia-smi ...`: the message starts at `CPU: `.
-            " Comm: " => {
-                if let Some(c) = line[..i].rfind("CPU: ") {
-                    if crate::classify::shapes::crash_task(&line[c..]).is_some() {
-                        return Some(c);
-                    }
-                }
-                false
-            }
-            "Bad or missing usercopy" => rest.contains("'nvidia"),
-            // Tegra's GPU driver tag, as a word of its own.
-            "nvgpu: " => at_word_start(b, i),
-            // A row of the nvidia-smi table: the message is the whole row.
-            crate::classify::shapes::SMI_ERR_FIELD => {
-                let t = line.trim_start();
-                if crate::classify::shapes::is_smi_error_row(t) {
-                    return Some(line.len() - t.len());
-                }
-                false
-            }
-            // NVML's Python exception, from its module name when it is there.
-            crate::classify::shapes::NVML_EXCEPTION => {
-                if crate::classify::shapes::nvml_exception(rest).is_some() {
-                    let start = if line[..i].ends_with("pynvml.") {
-                        i - "pynvml.".len()
-                    } else {
-                        i
-                    };
-                    if at_word_start(b, start) {
-                        return Some(start);
-                    }
-                }
-                false
-            }
-            // An NVIDIA daemon's syslog tag (`nv-fabricmanager[29850]: `): from its name.
-            "fabricmanager[" => {
-                let start = line[..i]
-                    .rfind(|c: char| !(c.is_ascii_lowercase() || c == '-'))
-                    .map_or(0, |j| j + 1);
-                if line[start..].starts_with("nv") && at_word_start(b, start) {
-                    return Some(start);
-                }
-                false
-            }
-            _ => true,
-        };
-        if ok {
-            return Some(i);
+    for a in anchors() {
+        if let Some(at) = anchor_start(line, a) {
+            return Some(at);
         }
     }
     // A crash header starts a message wherever it is (`watchdog: BUG: soft lockup`); whose crash
@@ -294,6 +211,114 @@ fn other_start(line: &str) -> Option<usize> {
         .or_else(|| symbol_start(line))
         .or_else(|| crate::classify::shapes::module_loader_failure(line).map(|(at, _, _)| at))
         .or_else(|| crate::classify::fabricmanager::record_start(line))
+}
+
+/// The message-start anchors, in the order they are tried: the hand parsers' before and after
+/// the shape table's (rows with `anchor = true`), which are generated from the table so that a
+/// row's lines are found wherever its literal is, and cannot drift from it.
+fn anchors() -> &'static [&'static str] {
+    static A: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    A.get_or_init(|| {
+        let mut all = HAND_ANCHORS_FIRST.to_vec();
+        all.extend(crate::classify::table::Table::builtin().anchors());
+        all.extend_from_slice(HAND_ANCHORS_THEN);
+        all
+    })
+}
+
+/// The hand parsers' anchors tried before the table's.
+const HAND_ANCHORS_FIRST: &[&str] = &[
+    "(EE)",
+    "XidCriticalError: Xid=",
+    "API mismatch",
+    "API Mismatch",
+    "GSP task ",
+    "[drm:",
+    "[drm] [nvidia-drm] ",
+];
+
+/// The hand parsers' anchors tried after the table's.
+const HAND_ANCHORS_THEN: &[&str] = &[
+    "INFO: task ",
+    "task:",
+    "Call Trace:",
+    "Call trace:",
+    "RIP: ",
+    " Comm: ",
+    "Bad or missing usercopy",
+    "PM: ",
+    "nvgpu: ",
+    crate::classify::shapes::SMI_ERR_FIELD,
+    "fabricmanager[",
+    crate::classify::shapes::NVML_EXCEPTION,
+];
+
+/// Where the message that anchor `a` stands for starts in `line`, if it is there.
+fn anchor_start(line: &str, a: &str) -> Option<usize> {
+    let b = line.as_bytes();
+    let i = memchr::memmem::find(b, a.as_bytes())?;
+    let rest = &line[i..];
+    let ok = match a {
+        // The X server's NVIDIA driver: its message starts after the `(EE) ` marker.
+        "(EE)" => {
+            if let Some(at) = x_driver_tag(rest) {
+                return Some(i + at);
+            }
+            false
+        }
+        "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
+        "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
+        "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
+        "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
+        "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),
+        "RIP: " => crate::classify::shapes::frame_module(rest).is_some(),
+        // `CPU: 5 PID: 9577 Comm: nvidia-smi ...`: the message starts at `CPU: `.
+        " Comm: " => {
+            if let Some(c) = line[..i].rfind("CPU: ") {
+                if crate::classify::shapes::crash_task(&line[c..]).is_some() {
+                    return Some(c);
+                }
+            }
+            false
+        }
+        "Bad or missing usercopy" => rest.contains("'nvidia"),
+        // Tegra's GPU driver tag, as a word of its own.
+        "nvgpu: " => at_word_start(b, i),
+        // A row of the nvidia-smi table: the message is the whole row.
+        crate::classify::shapes::SMI_ERR_FIELD => {
+            let t = line.trim_start();
+            if crate::classify::shapes::is_smi_error_row(t) {
+                return Some(line.len() - t.len());
+            }
+            false
+        }
+        // NVML's Python exception, from its module name when it is there.
+        crate::classify::shapes::NVML_EXCEPTION => {
+            if crate::classify::shapes::nvml_exception(rest).is_some() {
+                let start = if line[..i].ends_with("pynvml.") {
+                    i - "pynvml.".len()
+                } else {
+                    i
+                };
+                if at_word_start(b, start) {
+                    return Some(start);
+                }
+            }
+            false
+        }
+        // An NVIDIA daemon's syslog tag (`nv-fabricmanager[29850]: `): from its name.
+        "fabricmanager[" => {
+            let start = line[..i]
+                .rfind(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+                .map_or(0, |j| j + 1);
+            if line[start..].starts_with("nv") && at_word_start(b, start) {
+                return Some(start);
+            }
+            false
+        }
+        _ => true,
+    };
+    ok.then_some(i)
 }
 
 /// Where a module-loader line about NVIDIA's symbols starts when the module is not NVIDIA's own

@@ -159,6 +159,10 @@ pub struct ScanArgs {
     /// (`-` for the built-in defaults); the evidence is labelled as this machine's, today.
     #[arg(long, value_name = "CONFIG")]
     pub runbooks: Option<PathBuf>,
+    /// Read the site's own shapes and silences (`[[classify.shape]]`, `[[classify.silence]]`)
+    /// from this config; without it, from the `--runbooks` config when one is given.
+    #[arg(long, value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

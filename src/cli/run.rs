@@ -91,6 +91,22 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                 "runbook steps confined by: {}",
                 crate::runbook::confine::Support::probe()
             );
+            // The site's own shapes and silences, each checked against its example lines.
+            let site = c.site_shapes.rows();
+            let (silences, shapes): (Vec<_>, Vec<_>) = site.iter().partition(|r| r.silence);
+            println!(
+                "site shapes: {} added{}, {} silenced (each read its examples as written)",
+                shapes.len(),
+                if shapes.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({})",
+                        shapes.iter().map(|r| r.id).collect::<Vec<_>>().join(", ")
+                    )
+                },
+                silences.len()
+            );
             let h = &c.alerts.handoff;
             match (&h.scheduler, &h.node) {
                 (crate::alert::handoff::Scheduler::None, _) => {

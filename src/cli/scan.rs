@@ -361,17 +361,39 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
             }
         }
     };
+    // The site's own rows: from `--config`, else from the `--runbooks` config.
+    let site = match &args.config {
+        Some(p) => {
+            let path = (p.as_os_str() != "-").then_some(p.as_path());
+            match super::load_config_sending_nothing(path) {
+                Ok(c) => Some(c.site_shapes),
+                Err(code) => return Ok(code),
+            }
+        }
+        None => runbook_config.as_ref().map(|c| c.site_shapes.clone()),
+    }
+    .filter(|t| !t.is_empty());
     let files: Vec<PathBuf> = if args.files.is_empty() {
         vec![PathBuf::from("-")]
     } else {
         args.files.clone()
     };
-    // The process's one prefilter: the classifier asks the same one (`prefix::message_start`),
-    // and building it (anchors, bucket order) twice would cost a short scan a millisecond.
-    let pre = Prefilter::shared();
+    // The process's one prefilter (the classifier asks the same one, `prefix::message_start`),
+    // unless the site's literals join the built-in ones: a line the prefilter drops is never read.
+    let own;
+    let pre = match &site {
+        Some(t) => {
+            own = Prefilter::with_literals(&crate::classify::prefilter::with_table_literals(
+                crate::classify::prefilter::candidate_literals(),
+                t.prefilter_literals().into_iter(),
+            ));
+            &own
+        }
+        None => Prefilter::shared(),
+    };
     let mut failed = false;
     for path in &files {
-        if !scan_one(path, pre, &mut out) {
+        if !scan_one(path, pre, site.as_ref(), &mut out) {
             failed = true;
             out.failed += 1;
         }
@@ -391,13 +413,22 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
 }
 
 /// Scans one input; false when it could not be read to the end.
-fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool {
+fn scan_one<W: Write>(
+    path: &Path,
+    pre: &Prefilter,
+    site: Option<&std::sync::Arc<crate::classify::table::Table>>,
+    out: &mut Output<W>,
+) -> bool {
     let name = if path == Path::new("-") {
         "<stdin>".to_string()
     } else {
         path.display().to_string()
     };
     let mut classifier = Classifier::new();
+    if let Some(t) = site {
+        classifier.set_site(t.clone());
+    }
+    let site = site.map(|t| &**t);
     let mut findings = Vec::new();
     // Grouped for the text blocks, and for `--runbooks` (one run per incident) in either form.
     let mut grouper = (!out.json || out.subjects.is_some()).then(Grouper::new);
@@ -410,7 +441,7 @@ fn scan_one<W: Write>(path: &Path, pre: &Prefilter, out: &mut Output<W>) -> bool
                 String::from_utf8_lossy(bytes)
             }
         };
-        let Some((prefix, messages)) = prefix::split_borrowed(&text) else {
+        let Some((prefix, messages)) = prefix::split_borrowed_with(&text, site) else {
             return;
         };
         let at = LineOrigin {

@@ -2,6 +2,7 @@
 //! succeeds or says exactly what is wrong (file, key, what was expected). Unknown keys are errors:
 //! a typo must never silently fall back to a default on a machine that pages people.
 
+pub mod classify;
 pub mod env;
 
 pub mod metrics;
@@ -157,6 +158,8 @@ pub struct RawConfig {
     pub services: crate::source::services::ServicesConfig,
     /// `[fabricmanager]`: Fabric Manager's log, followed (docs/operating.md).
     pub fabricmanager: crate::source::fabricmanager::FabricManagerConfig,
+    /// `[classify]`: the site's own line shapes and silences (docs/operating.md).
+    pub classify: classify::ClassifyConfig,
 }
 
 /// A validated configuration.
@@ -188,6 +191,10 @@ pub struct Config {
     pub history: crate::health::config::HistoryConfig,
     pub services: crate::source::services::ServicesConfig,
     pub fabricmanager: crate::source::fabricmanager::FabricManagerConfig,
+    pub classify: classify::ClassifyConfig,
+    /// `[classify]`'s rows, checked against their examples and compiled when the config was
+    /// loaded: the classifier reads them before its built-in shapes.
+    pub site_shapes: Arc<crate::classify::table::Table>,
 }
 
 /// A config error, always naming the file.
@@ -624,6 +631,7 @@ impl Config {
             .map_err(invalid)?;
         raw.services.validate().map_err(invalid)?;
         raw.fabricmanager.validate().map_err(invalid)?;
+        let site_shapes = raw.classify.build().map_err(invalid)?;
         // A misspelt runbook name must not fall back silently to the matching rules.
         for (xid, o) in overrides.iter() {
             if let Some(name) = &o.runbook {
@@ -664,6 +672,8 @@ impl Config {
             history: raw.history,
             services: raw.services,
             fabricmanager: raw.fabricmanager,
+            classify: raw.classify,
+            site_shapes,
             channels_left_out,
         })
     }

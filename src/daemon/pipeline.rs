@@ -151,7 +151,11 @@ impl Pipeline {
         };
         let p = Pipeline {
             tel,
-            classifier: Classifier::new(),
+            classifier: {
+                let mut c = Classifier::new();
+                c.set_site(cfg.site_shapes.clone());
+                c
+            },
             engine,
             stats: SourceStats::default(),
             out,
@@ -412,7 +416,14 @@ impl Pipeline {
         let mut at: Option<LineOrigin> = None;
         for line in rec.lines() {
             self.out.remember(rec.seq, rec.ts_usec, line);
-            if crate::classify::prefix::message_start(line) == Some(0) {
+            // A record is one message: it is read when a built-in message starts it, or when
+            // one of the site's rows (`[[classify.shape]]`, `[[classify.silence]]`) reads it.
+            if crate::classify::prefix::message_start(line) == Some(0)
+                || self
+                    .classifier
+                    .site()
+                    .is_some_and(|t| t.message_start(line).is_some())
+            {
                 let at = at.get_or_insert_with(|| LineOrigin {
                     line: 0,
                     seq: Some(rec.seq),
@@ -498,6 +509,8 @@ impl Pipeline {
             &mut self.out_buf,
         )
         .await;
+        // The site's rows in force now (the old ones when the reload was refused).
+        self.classifier.set_site(self.current.site_shapes.clone());
         self.fingerprint = Fingerprint::of(&self.current);
         true
     }

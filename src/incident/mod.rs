@@ -143,7 +143,8 @@ impl Key {
 /// boot failure, a display-driver error, a hung task in nvidia_uvm) would be one incident, and
 /// the second problem would be counted as a repeat of the first and never paged. The title says
 /// which shape it is; digits and the task name are left out, so a storm of one shape with
-/// changing numbers or tasks stays one incident.
+/// changing numbers or tasks stays one incident. A finding a shape-table row made says its shape
+/// by the row's id, which is the topic then: rewording a row's title keeps its incidents whole.
 fn topic(f: &Finding) -> u32 {
     use FindingKind as K;
     // One incident per unit: Fabric Manager down and the persistence daemon down are two
@@ -159,6 +160,13 @@ fn topic(f: &Finding) -> u32 {
         || !matches!(f.kind, K::DriverError | K::DriverInitFailure)
     {
         return 0;
+    }
+    // A shape-table row names its findings: its id is the topic, whatever the title's words.
+    if let Some(id) = f.shape {
+        let mut h = crate::model::Fnv::default();
+        h.eat(f.category.as_str().as_bytes());
+        h.eat(id.as_bytes());
+        return (h.finish() as u32).max(1);
     }
     let title = f.title.split(" (task ").next().unwrap_or(&f.title);
     let title = title

@@ -424,6 +424,12 @@ pub struct Finding {
     /// `None` for other sources, which are dated when seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logged_ms: Option<u64>,
+    /// The id of the shape-table row that read the line (`tool.smi-failed`, `site.ib-link-flap`),
+    /// for findings a table row made: incidents group by it rather than by the title's words, so
+    /// a row's title can be reworded without splitting an open incident. `None` for the shapes
+    /// Rust reads (Xid, SXid, AER, the multi-line reports).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<&'static str>,
 }
 
 impl Finding {
@@ -444,6 +450,7 @@ impl Finding {
             gpu: GpuIdentity::default(),
             origin: Origin::default(),
             logged_ms: None,
+            shape: None,
         }
     }
 }

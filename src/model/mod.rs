@@ -136,6 +136,26 @@ impl fmt::Display for Category {
     }
 }
 
+/// Interns a name (a shape id, a shape table's literal) for the life of the process: findings
+/// carry shape ids as `&'static str` (cheap to copy into every finding and incident), and a
+/// reload that builds the site's rows again gets back the strings it had, so reloading often
+/// does not grow memory. Bounded by the distinct names ever configured.
+pub fn intern(name: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(n) = names.get(name) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
 /// The longest correlation window (and probe interval) accepted anywhere: 30 days.
 pub const MAX_WINDOW_SECS: u64 = 30 * 24 * 3600;
 

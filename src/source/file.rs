@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
-pub use crate::classify::prefilter::{Prefilter, CANDIDATE_LITERALS};
+pub use crate::classify::prefilter::{candidate_literals, Prefilter};
 
 /// Read size. Small enough that a read's bytes are still in the core's L2 cache when the literal
 /// search reaches them (the kernel's copy puts them there): with 2 MiB reads the scan of an
@@ -256,7 +256,7 @@ mod tests {
     /// least 4 bytes, not starting with a space (padding is everywhere in a kernel log).
     #[test]
     fn candidate_literals_are_cheap_to_search() {
-        for l in CANDIDATE_LITERALS {
+        for l in candidate_literals() {
             assert!(l.len() >= 4, "{l:?} is shorter than 4 bytes");
             assert!(
                 !l.starts_with(char::is_whitespace),

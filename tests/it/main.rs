@@ -28,6 +28,7 @@ mod scan_groups;
 mod secrets;
 mod service;
 mod services;
+mod site_shapes;
 mod state_files;
 mod support;
 mod verdict;

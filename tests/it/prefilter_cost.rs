@@ -7,7 +7,7 @@
 //! `/proc/N/status` of a container host. The bound and why it is what it is:
 //! [`prefilter::MAX_ANCHOR_LINES_PER_MILLE`].
 
-use xidwatch::classify::prefilter::{self, Prefilter, ANCHOR_LEN, CANDIDATE_LITERALS};
+use xidwatch::classify::prefilter::{self, Prefilter, ANCHOR_LEN};
 
 /// Lines of the ordinary sample that hold `needle`.
 fn lines_holding(needle: &[u8]) -> u32 {
@@ -52,7 +52,7 @@ fn the_sample_is_ordinary_and_large_enough() {
 
 #[test]
 fn every_literal_is_searched_by_a_rare_anchor() {
-    let bad = costly(CANDIDATE_LITERALS);
+    let bad = costly(prefilter::candidate_literals());
     assert!(
         bad.is_empty(),
         "literals whose anchor is common in ordinary lines (literal, anchor, sample lines): {bad:?}"
@@ -86,8 +86,9 @@ fn the_two_stages_find_exactly_the_lines_with_a_literal() {
             );
         }
     }
+    let literals = prefilter::candidate_literals();
     // Literals at the very start and end of the haystack, next to each other, and cut short.
-    for l in CANDIDATE_LITERALS {
+    for l in literals {
         lines.push(l.to_string());
         lines.push(format!("x{l}"));
         lines.push(format!("{l}{l}"));
@@ -95,12 +96,12 @@ fn the_two_stages_find_exactly_the_lines_with_a_literal() {
         lines.push(l[1..].to_string());
     }
     for l in &lines {
-        let want = CANDIDATE_LITERALS.iter().any(|c| l.contains(c));
+        let want = literals.iter().any(|c| l.contains(c));
         assert_eq!(pre.is_candidate(l.as_bytes()), want, "{l:?}");
         if want {
             let at = pre.find_from(l.as_bytes(), 0).expect("found");
             assert!(
-                CANDIDATE_LITERALS
+                literals
                     .iter()
                     .any(|c| l.as_bytes()[at..].starts_with(c.as_bytes())),
                 "{l:?} at {at}"
@@ -111,7 +112,7 @@ fn the_two_stages_find_exactly_the_lines_with_a_literal() {
     let buf = lines.join("\n");
     let first = lines
         .iter()
-        .position(|l| CANDIDATE_LITERALS.iter().any(|c| l.contains(c)))
+        .position(|l| literals.iter().any(|c| l.contains(c)))
         .expect("some line");
     let at = pre.find_from(buf.as_bytes(), 0).expect("found");
     assert_eq!(buf[..at].matches('\n').count(), first);

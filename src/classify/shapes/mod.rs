@@ -144,6 +144,8 @@ pub enum Shape {
     DriverLoaded {
         version: String,
     },
+    /// A line a shape-table row read (built-in `shapes.toml` or the site's configuration).
+    Row(crate::classify::table::RowMatch),
     /// An `NVRM: Xid` line whose fields could not be read.
     UnreadableXid,
     /// Known harmless lines.
@@ -222,11 +224,6 @@ lazy_re!(
 );
 lazy_re!(re_rm_init, r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?");
 lazy_re!(
-    re_rm_init_minor,
-    r"^rm_init_adapter failed,? (?:for )?device (?:bearing )?minor number (\d+)"
-);
-lazy_re!(re_rm_init_old, r"^rm_init_adapter\((\d+)\) failed");
-lazy_re!(
     re_api_head,
     r"^API mismatch: the client has the version (\S+?),? but"
 );
@@ -240,14 +237,6 @@ lazy_re!(
     r"^(?:this kernel module has )?the version (\S+?)\.?\s+Please"
 );
 lazy_re!(re_rc_all, r"^RC all channels for critical error (\d+)");
-lazy_re!(
-    re_probe_failed,
-    r"^The NVIDIA probe routine failed for (\d+) device"
-);
-lazy_re!(
-    re_probe_not_called,
-    r"^The NVIDIA probe routine was not called for (\d+) device"
-);
 lazy_re!(re_loading, r"^The NVIDIA GPU (ADDR)\s*(.*)$");
 lazy_re!(
     re_fw_load,
@@ -735,13 +724,14 @@ mod tests {
             parse("NVRM: RmInitAdapter failed! (0x27:0x38:1193)"),
             Shape::InitFailure { pci: None, .. }
         ));
+        // Table rows: their shape names the row, the GPU prefix gives the address.
         assert!(matches!(
             parse("NVRM: GPU 0000:17:00.0: rm_init_adapter failed, device minor number 0"),
-            Shape::InitFailure { pci: Some(_), .. }
+            Shape::Row(m) if m.id == "init.rm-init-adapter-minor" && m.pci.is_some()
         ));
         assert!(matches!(
             parse("NVRM: rm_init_adapter(0) failed"),
-            Shape::InitFailure { .. }
+            Shape::Row(m) if m.id == "init.rm-init-adapter-old"
         ));
         assert!(matches!(parse("nvidia 0000:17:00.0: loading /lib/firmware/nvidia/550.54.14/gsp_ga10x.bin failed with error -4"), Shape::InitFailure { pci: Some(_), .. }));
         assert!(matches!(

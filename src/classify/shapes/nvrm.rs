@@ -2,6 +2,7 @@
 //! driver initialisation, GSP boot, banners and the generic error-word verdict.
 
 use super::*;
+pub(crate) use crate::classify::table::split_gpu_prefix;
 
 /// Whether a `[drm:func [module]] *ERROR*` line is nvidia-drm's: the function is in
 /// `[nvidia_drm]`, or the DRM core printed it for nvidia-drm (`... *ERROR* [nvidia-drm] ...`,
@@ -274,8 +275,14 @@ pub(super) fn banner_version(m: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Driver initialisation and probe failures after `NVRM: ` (and a GPU prefix).
+/// Driver initialisation and probe failures after `NVRM: ` (and a GPU prefix): the fixed
+/// wordings are rows of the shape table (`init.*`); Rust keeps the one whose early return guards
+/// the GSP boot check, the any-spelling "init module failed" and the GSP boot word lists.
 pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> {
+    use crate::classify::table::{Table, Tag};
+    if let Some(m) = Table::builtin().read(body, Tag::Nvrm, addr) {
+        return Some(Shape::Row(m));
+    }
     let fail = |what: String, code: Option<String>, folds: bool| {
         Some(Shape::InitFailure {
             pci: addr,
@@ -291,55 +298,6 @@ pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> 
             c.get(1).map(|x| x.as_str().to_string()),
             false,
         );
-    }
-    if body.starts_with("rm_init_adapter") {
-        if let Some(c) = re_rm_init_minor()
-            .captures(body)
-            .or_else(|| re_rm_init_old().captures(body))
-        {
-            return fail(
-                format!("rm_init_adapter failed for device minor {}", &c[1]),
-                None,
-                false,
-            );
-        }
-    }
-    if body.starts_with("RmInitAdapter: Cannot initialize GSP firmware RM") {
-        return fail("cannot initialise GSP firmware RM".into(), None, false);
-    }
-    if body.starts_with("The NVIDIA probe routine") {
-        if let Some(c) = re_probe_failed().captures(body) {
-            return fail(
-                format!("the NVIDIA probe routine failed for {} device(s)", &c[1]),
-                None,
-                false,
-            );
-        }
-        if let Some(c) = re_probe_not_called().captures(body) {
-            return fail(
-                format!(
-                    "the NVIDIA probe routine was not called for {} device(s) (another driver such as nouveau owns them)",
-                    &c[1]
-                ),
-                None,
-                true,
-            );
-        }
-    }
-    if body.starts_with("None of the NVIDIA devices were initialized")
-        || body.starts_with("None of the NVIDIA graphics adapters were initialized")
-    {
-        return fail(
-            "none of the NVIDIA devices were initialised".into(),
-            None,
-            false,
-        );
-    }
-    if body.starts_with("No NVIDIA devices probed")
-        || body.starts_with("No NVIDIA graphics adapter")
-        || body.starts_with("No NVIDIA GPU found")
-    {
-        return fail("no NVIDIA GPU was found or probed".into(), None, false);
     }
     // `NVIDIA init module failed!`: the kernel module itself did not initialise, so no GPU is
     // usable (the lines before say why). Any spelling of "init module failed".
@@ -358,46 +316,11 @@ pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> 
             false,
         );
     }
-    if body.contains("does not have the necessary power cables connected") {
-        return fail(
-            "the GPU's auxiliary power cables are not connected".into(),
-            None,
-            false,
-        );
-    }
-    if body.contains("PCI I/O region assigned to your NVIDIA device is invalid") {
-        return fail(
-            "the PCI I/O region (BAR) assigned to the GPU is invalid".into(),
-            None,
-            true,
-        );
-    }
     let gsp_boot = GSP_BOOT.iter().any(|k| body.contains(k)) && has_error_signal(body);
     if (gsp_boot || GSP_BOOT_FAILED.iter().any(|k| body.contains(k))) && !is_harmless(body) {
         return fail(format!("GPU firmware boot failed: {body}"), None, false);
     }
     None
-}
-
-/// Splits `GPU 0000:17:00.0: text` into the address and the text, and drops a `GPU6 ` index
-/// prefix (the driver's GPU instance number, not an address).
-pub(super) fn split_gpu_prefix(m: &str) -> (Option<PciAddress>, &str) {
-    let Some(rest) = m.strip_prefix("GPU") else {
-        return (None, m);
-    };
-    if let Some(r) = rest.strip_prefix(' ') {
-        if let Some((a, body)) = r.split_once(": ") {
-            if let Some(p) = pci(a) {
-                return (Some(p), body);
-            }
-        }
-        return (None, m);
-    }
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    if digits > 0 && rest[digits..].starts_with(' ') {
-        return (None, &rest[digits + 1..]);
-    }
-    (None, m)
 }
 
 /// Lines of the GSP RPC diagnostic dump that follows a GSP timeout.
@@ -482,15 +405,17 @@ pub(super) fn parse_nvidia_other(m: &str) -> Shape {
             kernel: Some(c[2].to_string()),
         };
     }
-    if let Some(rest) = m.strip_prefix("nvidia-modeset: ") {
-        if let Some(t) = rest
-            .strip_prefix("ERROR: ")
-            .or_else(|| rest.strip_prefix("WARNING: "))
-        {
-            return Shape::ModuleError {
-                module: "nvidia-modeset",
-                pci: None,
-                text: t.trim_end().to_string(),
+    if m.starts_with("nvidia-modeset: ") {
+        // Rows `modeset.*` of the shape table: its ERROR and WARNING levels, and the rest quiet.
+        if let Some(r) = crate::classify::table::Table::builtin().read(
+            m,
+            crate::classify::table::Tag::None,
+            None,
+        ) {
+            return if r.silence {
+                Shape::Harmless
+            } else {
+                Shape::Row(r)
             };
         }
         return Shape::Harmless;

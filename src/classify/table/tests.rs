@@ -1,0 +1,327 @@
+//! The shape table's own tests: the built-in rows are proved by their example lines, their
+//! literals reach the prefilter and the message-start anchors, and a bad row is refused with the
+//! key that is wrong.
+
+use super::*;
+use crate::classify::{prefilter, prefix, testing};
+
+fn spec(id: &str, literal: &str, pattern: &str, examples: &[&str]) -> RowSpec {
+    RowSpec {
+        id: Some(id.into()),
+        literal: literal.into(),
+        pattern: pattern.into(),
+        kind: Some("driver_error".into()),
+        severity: Some("warning".into()),
+        title: Some("t".into()),
+        examples: examples.iter().map(|e| e.to_string()).collect(),
+        ..RowSpec::default()
+    }
+}
+
+#[test]
+fn the_builtin_table_parses_and_is_not_empty() {
+    let t = Table::parse_builtin().unwrap_or_else(|e| panic!("{e}"));
+    assert!(t.rows().len() >= 10, "{} rows", t.rows().len());
+    assert_eq!(Table::builtin().rows().len(), t.rows().len());
+}
+
+/// Each row's examples, read as `scan` reads a saved log (prefilter, prefix split, classifier),
+/// make exactly one loud finding with the row's kind, severity, category and shape id.
+#[test]
+fn every_example_makes_its_rows_finding() {
+    for row in Table::builtin().rows() {
+        for ex in &row.examples {
+            let found = testing::read(&[ex], true);
+            if row.silence {
+                assert!(found.is_empty(), "{}: {ex}: {found:#?}", row.id);
+                continue;
+            }
+            assert_eq!(found.len(), 1, "{}: {ex}: {found:#?}", row.id);
+            let f = &found[0];
+            assert_eq!(
+                (f.kind, f.severity, f.category, f.shape),
+                (row.kind, row.severity, row.category, Some(row.id)),
+                "{}: {ex}",
+                row.id
+            );
+            assert!(
+                !f.title.contains("(not in the log)"),
+                "{}: {}",
+                row.id,
+                f.title
+            );
+        }
+    }
+}
+
+/// The prefilter's list is generated from the table: every row's literal is in it (or a literal
+/// the row's literal holds), and every example holds both.
+#[test]
+fn every_rows_literal_reaches_the_prefilter() {
+    let list = prefilter::candidate_literals();
+    let pre = prefilter::Prefilter::new();
+    for row in Table::builtin().rows() {
+        let l = row.prefilter_literal();
+        assert!(
+            list.iter().any(|c| l.contains(c)),
+            "{}: {l:?} not in {list:?}",
+            row.id
+        );
+        for ex in &row.examples {
+            assert!(
+                ex.contains(l) && ex.contains(row.literal),
+                "{}: {ex}",
+                row.id
+            );
+            assert!(pre.is_candidate(ex.as_bytes()), "{}: {ex}", row.id);
+        }
+    }
+    // The hand literals are all still there, each once.
+    for h in prefilter::HAND_LITERALS {
+        assert_eq!(list.iter().filter(|l| *l == h).count(), 1, "{h}");
+    }
+    // The measured search order names only literals that are candidates (a renamed row's
+    // literal would be searched in another order, and slower).
+    for l in prefilter::SEARCH_ORDER {
+        assert!(
+            list.contains(l),
+            "SEARCH_ORDER names {l:?}, which is no candidate literal"
+        );
+    }
+}
+
+/// A row with `anchor = true` starts a message wherever its literal is in a saved line.
+#[test]
+fn anchor_rows_start_messages() {
+    for row in Table::builtin().rows().iter().filter(|r| r.anchor) {
+        for ex in &row.examples {
+            let line = format!("Mar 16 12:35:19 host tool[77]: {ex}");
+            let at = prefix::message_start(&line);
+            assert_eq!(
+                at.map(|a| &line[a..]),
+                Some(ex.as_str()),
+                "{}: {line}",
+                row.id
+            );
+        }
+    }
+}
+
+#[test]
+fn slots_are_typed_and_read() {
+    let t = Table::build(
+        &[RowSpec {
+            title: Some("{module} link down".into()),
+            ..spec(
+                "site.link",
+                "mlx5_core",
+                r"{module} {pci}: Port \d+ link down, pid {pid}",
+                &["mlx5_core 0000:3b:00.0: Port 1 link down, pid 4242"],
+            )
+        }],
+        "classify.shape",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = t
+        .read(
+            "mlx5_core 0000:3b:00.0: Port 1 link down, pid 4242",
+            Tag::None,
+            None,
+        )
+        .expect("read");
+    assert_eq!(m.title, "mlx5_core link down");
+    assert_eq!(
+        m.pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:3b:00.0")
+    );
+    assert_eq!(m.pid, Some(4242));
+    assert_eq!(m.id, "site.link");
+    // A line without the literal never runs the pattern, one with it but another wording does
+    // not match.
+    assert_eq!(t.read("Port 1 link down", Tag::None, None), None);
+    assert_eq!(t.read("mlx5_core 0000:3b:00.0: up", Tag::None, None), None);
+}
+
+/// A refused row names the key that is wrong.
+#[test]
+fn bad_rows_are_refused_with_their_key() {
+    let ok = spec(
+        "a.b",
+        "mlx5_core",
+        "mlx5_core {pci}: .*link down",
+        &["mlx5_core 0000:3b:00.0: x link down"],
+    );
+    let cases: Vec<(RowSpec, &str, &str)> = vec![
+        (
+            RowSpec {
+                pattern: "mlx5_core {addr}".into(),
+                ..ok.clone()
+            },
+            "classify.shape[1].pattern",
+            "unknown slot {addr}",
+        ),
+        (
+            RowSpec {
+                severity: Some("urgent".into()),
+                ..ok.clone()
+            },
+            "classify.shape[1].severity",
+            "unknown severity",
+        ),
+        (
+            RowSpec {
+                kind: Some("xid".into()),
+                ..ok.clone()
+            },
+            "classify.shape[1].kind",
+            "unknown kind",
+        ),
+        (
+            RowSpec {
+                examples: vec!["mlx5_core 0000:3b:00.0: link up".into()],
+                ..ok.clone()
+            },
+            "classify.shape[1].examples[0]",
+            "does not match",
+        ),
+        (
+            RowSpec {
+                examples: vec!["other 0000:3b:00.0: link down".into()],
+                ..ok.clone()
+            },
+            "classify.shape[1].examples[0]",
+            "does not hold the literal",
+        ),
+        (
+            RowSpec {
+                examples: vec![],
+                ..ok.clone()
+            },
+            "classify.shape[1].examples",
+            "at least one",
+        ),
+        (
+            RowSpec {
+                pattern: "mlx5_core (up|down)".into(),
+                ..ok.clone()
+            },
+            "classify.shape[1].pattern",
+            "(?:...)",
+        ),
+        (
+            RowSpec {
+                literal: "mlx".into(),
+                ..ok.clone()
+            },
+            "classify.shape[1].literal",
+            "4 to 128",
+        ),
+        (
+            RowSpec {
+                title: Some("{pid} down".into()),
+                ..ok.clone()
+            },
+            "classify.shape[1].title",
+            "not a slot of the pattern",
+        ),
+        (
+            RowSpec {
+                pattern: "mlx5_core (".into(),
+                ..ok.clone()
+            },
+            "classify.shape[1].pattern",
+            "not a valid pattern",
+        ),
+    ];
+    let first = spec("a.first", "unrelated", "unrelated", &["unrelated"]);
+    for (bad, key, words) in cases {
+        let e = Table::build(&[first.clone(), bad.clone()], "classify.shape")
+            .expect_err(&format!("{bad:?}"));
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.message.contains(words), "{e}");
+    }
+    // The same id twice, and an example an earlier row reads.
+    let e = Table::build(&[ok.clone(), ok.clone()], "classify.shape").expect_err("dup");
+    assert_eq!(e.key, "classify.shape[1].id");
+    let later = RowSpec {
+        id: Some("a.c".into()),
+        ..ok.clone()
+    };
+    let e = Table::build(&[ok.clone(), later], "classify.shape").expect_err("shadowed");
+    assert_eq!(e.key, "classify.shape[1].examples[0]");
+    assert!(e.message.contains("earlier row \"a.b\""), "{e}");
+}
+
+#[test]
+fn site_rows_take_no_tag_or_anchor() {
+    let ok = spec(
+        "site.a",
+        "mlx5_core",
+        "mlx5_core",
+        &["mlx5_core 0000:3b:00.0: x"],
+    );
+    assert!(Table::build_site(std::slice::from_ref(&ok), &[]).is_ok());
+    let e = Table::build_site(
+        &[RowSpec {
+            tag: Some("NVRM".into()),
+            ..ok.clone()
+        }],
+        &[],
+    )
+    .expect_err("tag");
+    assert_eq!(e.key, "classify.shape[0].tag");
+    let e = Table::build_site(&[], &[RowSpec { anchor: true, ..ok }]).expect_err("anchor");
+    assert_eq!(e.key, "classify.silence[0].anchor");
+}
+
+#[test]
+fn silence_rows_need_no_finding_fields_and_take_none() {
+    let s = RowSpec {
+        id: None,
+        literal: "NVRM".into(),
+        pattern: "NVRM: .*nvCheckOkFailedNoLog".into(),
+        examples: vec!["NVRM: nvCheckOkFailedNoLog: Check failed: Generic Error".into()],
+        ..RowSpec::default()
+    };
+    let t = Table::build(std::slice::from_ref(&s), "classify.silence")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.rows()[0].id, "classify.silence[0]");
+    assert!(t.rows()[0].silence);
+    let e = Table::build(
+        &[RowSpec {
+            severity: Some("warning".into()),
+            ..s
+        }],
+        "classify.silence",
+    )
+    .expect_err("severity on a silence");
+    assert_eq!(e.key, "classify.silence[0].severity");
+}
+
+/// A site row wins over the built-in shapes, and a silence row quiets a line they would report.
+#[test]
+fn site_rows_come_first_in_the_classifier() {
+    let line = "NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x62:0xffff:1863)";
+    let mut c = crate::classify::Classifier::new();
+    let mut out = Vec::new();
+    let at = crate::classify::LineOrigin::default();
+    c.push(line, &at, &mut out);
+    c.flush(&mut out);
+    assert_eq!(out.len(), 1);
+    let silence = Table::build(
+        &[RowSpec {
+            literal: "RmInitAdapter".into(),
+            pattern: r"RmInitAdapter failed! \(0x62".into(),
+            examples: vec![line.into()],
+            ..RowSpec::default()
+        }],
+        "classify.silence",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut c = crate::classify::Classifier::new();
+    c.set_site(std::sync::Arc::new(silence));
+    let mut out = Vec::new();
+    c.push(line, &at, &mut out);
+    c.flush(&mut out);
+    assert!(out.is_empty(), "{out:#?}");
+}
