@@ -6,26 +6,44 @@
 use std::fmt;
 
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::EnvFilter;
+
+/// The levels `XIDWATCH_LOG` (else `RUST_LOG`) asks for: a level, and levels per module
+/// (`info,xidwatch::alert=debug`); `info` when neither is set or one does not parse (said on
+/// standard error, since logging is not up yet).
+fn levels() -> Targets {
+    for var in ["XIDWATCH_LOG", "RUST_LOG"] {
+        let Ok(text) = std::env::var(var) else {
+            continue;
+        };
+        match text.parse::<Targets>() {
+            Ok(t) => return t,
+            Err(e) => {
+                eprintln!("xidwatch: {var}={text:?} is not a list of levels ({e}); logging at info")
+            }
+        }
+    }
+    Targets::new().with_default(Level::INFO)
+}
 
 pub fn init(format: &str) {
-    let filter = EnvFilter::try_from_env("XIDWATCH_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = levels();
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    // The builder's own ceiling (info unless told) is lifted: `filter` decides.
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
         .with_writer(std::io::stderr)
         .with_target(false);
     let _ = if format == "json" {
-        builder.json().try_init()
+        tracing::subscriber::set_global_default(builder.json().finish().with(filter))
     } else if under_journal {
-        builder.event_format(Journal).try_init()
+        tracing::subscriber::set_global_default(builder.event_format(Journal).finish().with(filter))
     } else {
-        builder.with_ansi(false).try_init()
+        tracing::subscriber::set_global_default(builder.finish().with(filter))
     };
 }
 

@@ -723,9 +723,16 @@ pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> (String, Where) {
         .map(str::trim)
         .find(|l| l.starts_with('['))
         .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
-    let key = match (section, key) {
-        (Some(s), Some(k)) => Some(format!("{s}.{k}")),
-        (None, Some(k)) => Some(k.to_string()),
+    // A table header refused as such (a table given twice): its name is the key.
+    let header = line
+        .trim()
+        .strip_prefix('[')
+        .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+        .filter(|h| !h.is_empty());
+    let key = match (header, section, key) {
+        (Some(h), _, _) => Some(h),
+        (None, Some(s), Some(k)) => Some(format!("{s}.{k}")),
+        (None, None, Some(k)) => Some(k.to_string()),
         _ => None,
     };
     let named = key

@@ -924,6 +924,48 @@ fn corrupt_state_files_are_named_and_survived() {
     assert_eq!(pos["last_seq"], 0);
 }
 
+/// `XIDWATCH_LOG` takes a level and levels per module: one module's debug lines appear while the
+/// rest stays at info; a value that does not parse is said, and logging goes on at info.
+#[test]
+fn log_levels_are_read_per_module() {
+    let s = Setup::new("");
+    let env = |log: &str| {
+        vec![
+            (
+                "XIDWATCH_BOOT_ID_PATH",
+                s.boot().to_str().unwrap().to_string(),
+            ),
+            (
+                "XIDWATCH_BOOT_TIME_PATH",
+                s.stat().to_str().unwrap().to_string(),
+            ),
+            ("XIDWATCH_LOG", log.to_string()),
+        ]
+    };
+    let start = |log: &str| {
+        let e = env(log);
+        let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Daemon::start(&s.config(), &pairs)
+    };
+    let d = start("warn,xidwatch::daemon::checkpoint=debug");
+    s.append(&xid_record(0, "17", 79));
+    d.wait_stderr("checkpoint saved");
+    let (code, _, err) = d.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !err.contains("caught up"),
+        "info lines of other modules stay out:\n{err}"
+    );
+
+    let d = start("xidwatch=loud");
+    d.wait_stderr("caught up");
+    let (_, _, err) = d.stop();
+    assert!(
+        err.contains("XIDWATCH_LOG=\"xidwatch=loud\" is not a list of levels"),
+        "{err}"
+    );
+}
+
 #[test]
 fn logs_as_json_lines_for_log_shippers() {
     let s = Setup::new("");
