@@ -941,6 +941,28 @@ mod tests {
 
     /// A refused config names file, line and key for the page, never the value, for a parse
     /// error and for a value that parses but does not validate (a secret URL among them).
+    /// Host names are ASCII (an international one as punycode): a non-ASCII host is refused at
+    /// load, naming the key, and its punycode form is taken.
+    #[test]
+    fn a_host_name_is_ascii_or_punycode() {
+        let hook = |url: &str| {
+            Config::from_toml(
+                &format!("[[alerts.webhook]]\nname = \"h\"\nformat = \"json\"\nurl = \"{url}\"\n"),
+                None,
+            )
+        };
+        match hook("https://b\u{fc}cher.example/hook") {
+            Err(ConfigError::Invalid { at, .. }) => assert!(
+                at.key
+                    .as_deref()
+                    .is_some_and(|k| k.starts_with("alerts.webhook[0]")),
+                "{at:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(hook("https://xn--bcher-kva.example/hook").is_ok());
+    }
+
     #[test]
     fn refusals_carry_their_key_and_line_as_values() {
         let at = |text: &str| match Config::from_toml(text, None) {
