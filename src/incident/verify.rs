@@ -16,22 +16,9 @@ impl Engine {
         if !is_state(f.kind) && !count_back {
             return;
         }
-        let key = Key::of(f);
-        let Some(o) = self.open.remove(&key) else {
-            return;
-        };
-        self.changes += 1;
-        if !o.emitted {
-            return;
-        }
-        let mut inc = o.inc;
-        inc.phase = IncidentPhase::Resolved;
-        inc.last_seen_ms = now.into().wall_ms;
-        if count_back {
-            inc.note = Some(format!("verified: {}", f.title));
-        }
-        self.stats.resolved += 1;
-        out.push(inc);
+        self.end_verified(Key::of(f), now.into().wall_ms, out, |_, _| {
+            count_back.then(|| format!("verified: {}", f.title))
+        });
     }
 
     /// Ends the lost-GPU incidents ([`is_lost`]) a probe round verifies back: their GPU is on
@@ -101,10 +88,10 @@ impl Engine {
                     .clone()
                     .or_else(|| inc.gpu.serial.as_ref().map(|s| format!("serial {s}")))
                     .unwrap_or_default();
-                format!(
+                Some(format!(
                     "recovered{}: {who} reachable again (same board)",
                     after_reboot(carried)
-                )
+                ))
             });
         }
         driver_ok.sort();
@@ -114,22 +101,22 @@ impl Engine {
                 None => format!("NVML reaches {} GPU(s)", v.reached.len()),
             };
             self.end_verified(k, now.wall_ms, out, |_, carried| {
-                format!(
+                Some(format!(
                     "verified{}: the driver is loaded and {what}",
                     after_reboot(carried)
-                )
+                ))
             });
         }
     }
 
-    /// Ends the incident under `k` because a probe round verified it: its resolved notice (when
-    /// it was paged at all) with `note`'s words for what was verified.
+    /// Ends the incident under `k` because its source verified it: its resolved notice (when it
+    /// was paged at all) with `note`'s words for what was verified, when it has some.
     fn end_verified(
         &mut self,
         k: Key,
         now_wall_ms: u64,
         out: &mut Vec<Incident>,
-        note: impl FnOnce(&Incident, bool) -> String,
+        note: impl FnOnce(&Incident, bool) -> Option<String>,
     ) {
         let Some(o) = self.open.remove(&k) else {
             return;
@@ -141,7 +128,9 @@ impl Engine {
         let mut inc = o.inc;
         inc.phase = IncidentPhase::Resolved;
         inc.last_seen_ms = now_wall_ms;
-        inc.note = Some(note(&inc, o.carried));
+        if let Some(n) = note(&inc, o.carried) {
+            inc.note = Some(n);
+        }
         self.stats.resolved += 1;
         out.push(inc);
     }
