@@ -1,9 +1,11 @@
 //! PCIe AER findings: which device an AER line is about, and how bad it is.
 
 use super::pending::Pending;
+use super::severity::{aer_severity, status_severity};
+use super::shape_id as id;
 use super::shapes::{AerLine, AerStatus};
 use super::{base, Classifier, LineOrigin};
-use crate::model::{Category, Detail, Finding, FindingKind, PciAddress, Severity};
+use crate::model::{Category, Detail, Finding, FindingKind, PciAddress};
 
 impl Classifier {
     pub(super) fn aer(&mut self, a: AerLine, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
@@ -42,6 +44,7 @@ impl Classifier {
         let nvidia = self.nvidia_devices.contains(&device);
         if let Some(st) = a.status {
             let mut f = base(
+                id::AER_STATUS,
                 FindingKind::PcieAer,
                 status_severity(st, nvidia),
                 Category::Pcie,
@@ -76,6 +79,7 @@ impl Classifier {
         }
         let class = a.class.clone().unwrap_or_else(|| "unspecified".into());
         let mut f = base(
+            id::AER,
             FindingKind::PcieAer,
             aer_severity(&class, nvidia),
             Category::Pcie,
@@ -98,45 +102,5 @@ impl Classifier {
             reporter: a.reporter,
             last_line: at.line,
         });
-    }
-}
-
-/// How bad an AER recovery status is: a GPU whose link could not be recovered is gone.
-/// A failed recovery or link reset on an NVIDIA device, or on the port above one, costs the GPU.
-/// On a device the log never ties to an NVIDIA GPU it is another driver's problem: when a GPU
-/// is below, the nvidia driver's own "can't recover" line comes first (it has no AER callbacks)
-/// and ties the port to it; without it the device that could not recover is a disk, a NIC, a
-/// USB or Thunderbolt controller. Recorded, not raised.
-pub(super) fn status_severity(st: AerStatus, nvidia: bool) -> Severity {
-    match (st, nvidia) {
-        (AerStatus::RecoveryFailed | AerStatus::CantRecover, true) => Severity::Critical,
-        (_, true) => Severity::Warning,
-        (_, false) => Severity::Info,
-    }
-}
-
-pub(super) fn class_of(f: &Finding) -> &str {
-    match &f.detail {
-        Some(Detail::Aer { class, .. }) => class,
-        _ => "",
-    }
-}
-
-/// A fatal error takes the link down: critical on a GPU, and still a warning on a device not
-/// (yet) known to be one, since the GPU may be below. A non-fatal uncorrected error loses one
-/// transaction and the link stays up: a warning on a GPU, and on other devices (NVMe, NICs,
-/// USB and Thunderbolt controllers) another driver's business. A later line naming the GPU
-/// raises the folded finding to the GPU's severity.
-pub(super) fn aer_severity(class: &str, nvidia: bool) -> Severity {
-    if class.starts_with("Uncorrected (Fatal)") {
-        if nvidia {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        }
-    } else if class.starts_with("Uncorrected") && nvidia {
-        Severity::Warning
-    } else {
-        Severity::Info
     }
 }

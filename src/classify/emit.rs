@@ -1,6 +1,7 @@
 //! From a line's shape to its finding: kind, severity, category and title per shape.
 
 use super::pending::{FoldMode, Pending};
+use super::shape_id as id;
 use super::shapes::Shape;
 use super::{base, base_owned, catalog, table, Classifier, LineOrigin};
 use crate::model::{Category, Detail, Finding, FindingKind, GpuIdentity, Severity};
@@ -32,6 +33,7 @@ impl Classifier {
                     },
                 );
                 let mut f = base(
+                    id::GPU_UUID,
                     FindingKind::GpuIdentity,
                     Severity::Info,
                     Category::Informational,
@@ -44,6 +46,7 @@ impl Classifier {
             }
             Shape::BoardSerial(serial) => {
                 let mut f = base(
+                    id::BOARD_SERIAL,
                     FindingKind::GpuIdentity,
                     Severity::Info,
                     Category::Informational,
@@ -67,6 +70,7 @@ impl Classifier {
             }
             Shape::FallenOffBus { pci } => {
                 let mut f = base(
+                    id::FALLEN_OFF_BUS,
                     FindingKind::FallenOffBus,
                     Severity::Critical,
                     Category::Pcie,
@@ -82,6 +86,7 @@ impl Classifier {
                 let pci = self.last_xid.filter(|(x, _)| *x == code).map(|(_, p)| p);
                 if code == 79 {
                     let mut f = base(
+                        id::RC_ALL_CHANNELS_79,
                         FindingKind::FallenOffBus,
                         Severity::Critical,
                         Category::Pcie,
@@ -97,6 +102,7 @@ impl Classifier {
                             (e.severity, e.category)
                         });
                     let mut f = base(
+                        id::RC_ALL_CHANNELS,
                         FindingKind::DriverError,
                         sev,
                         cat,
@@ -111,6 +117,7 @@ impl Classifier {
             }
             Shape::TheNvidiaGpu { pci, .. } => {
                 let mut f = base(
+                    id::NOT_RESPONDING,
                     FindingKind::FallenOffBus,
                     Severity::Critical,
                     Category::Pcie,
@@ -127,6 +134,7 @@ impl Classifier {
             Shape::FallenOffBusTail => {
                 // The tail without its head (the head was lost or cut off): still a fall.
                 let f = base(
+                    id::FALLEN_OFF_BUS_TAIL,
                     FindingKind::FallenOffBus,
                     Severity::Critical,
                     Category::Pcie,
@@ -137,12 +145,15 @@ impl Classifier {
                 out.push(f);
             }
             Shape::InitFailure {
+                id: shape,
                 pci,
+                module,
                 what,
                 code,
                 folds,
             } => {
                 let mut f = base(
+                    shape,
                     FindingKind::DriverInitFailure,
                     Severity::Critical,
                     Category::Driver,
@@ -151,6 +162,7 @@ impl Classifier {
                     at,
                 );
                 f.pci = pci;
+                f.module = module;
                 f.detail = Some(Detail::InitFailure { code });
                 if folds {
                     self.pending = Some(Pending::Fold {
@@ -168,6 +180,7 @@ impl Classifier {
                 pid,
             } => {
                 let mut f = base(
+                    id::API_MISMATCH,
                     FindingKind::ApiMismatch,
                     Severity::Critical,
                     Category::Driver,
@@ -187,6 +200,7 @@ impl Classifier {
             Shape::ApiMismatchKernel { kernel } => {
                 // The head was lost: report what we have.
                 let mut f = base(
+                    id::API_MISMATCH_TAIL,
                     FindingKind::ApiMismatch,
                     Severity::Critical,
                     Category::Driver,
@@ -207,7 +221,7 @@ impl Classifier {
             } => {
                 // The component refuses to work with the loaded kernel module: the same split as
                 // the kernel's own API mismatch message.
-                let mut f = base(
+                let mut f = base(id::API_VERSION_MISMATCH,
                     FindingKind::ApiMismatch,
                     Severity::Critical,
                     Category::Driver,
@@ -232,6 +246,7 @@ impl Classifier {
                     return;
                 }
                 let mut f = base(
+                    id::GSP_RPC_DUMP,
                     FindingKind::DriverError,
                     Severity::Critical,
                     Category::Gsp,
@@ -247,6 +262,7 @@ impl Classifier {
             }
             Shape::GspCrash { text } => {
                 let mut f = base(
+                    id::GSP_CRASH,
                     FindingKind::DriverError,
                     Severity::Critical,
                     Category::Gsp,
@@ -263,6 +279,7 @@ impl Classifier {
             }
             Shape::NotSupported { pci, text } => {
                 let mut f = base(
+                    id::NOT_SUPPORTED,
                     FindingKind::DriverError,
                     Severity::Warning,
                     Category::Driver,
@@ -298,13 +315,19 @@ impl Classifier {
                 } else {
                     "NVIDIA driver error"
                 };
-                let mut f = base(FindingKind::DriverError, sev, cat, title, msg, at);
+                let shape = if critical {
+                    id::DRIVER_FATAL
+                } else {
+                    id::DRIVER_ERROR
+                };
+                let mut f = base(shape, FindingKind::DriverError, sev, cat, title, msg, at);
                 f.pci = pci;
                 f.message = text;
                 out.push(self.enrich(f));
             }
             Shape::ModuleError { module, pci, text } => {
                 let mut f = base(
+                    id::MODULE_ERROR,
                     FindingKind::DriverError,
                     Severity::Warning,
                     Category::Driver,
@@ -312,6 +335,7 @@ impl Classifier {
                     msg,
                     at,
                 );
+                f.module = Some(module.to_string());
                 f.pci = pci;
                 f.message = text;
                 out.push(self.enrich(f));
@@ -327,6 +351,7 @@ impl Classifier {
                     Severity::Warning
                 };
                 let mut f = base(
+                    id::TOOL_ERROR,
                     FindingKind::DriverError,
                     sev,
                     Category::Driver,
@@ -342,6 +367,7 @@ impl Classifier {
                 task, hung, module, ..
             } => {
                 let f = base(
+                    id::CALL_TRACE,
                     FindingKind::DriverError,
                     Severity::Warning,
                     Category::Driver,
@@ -361,6 +387,7 @@ impl Classifier {
                 // A frame whose header was not seen (cut off, or outside the excerpt).
                 if module.is_some() {
                     let f = base(
+                        id::CALL_TRACE,
                         FindingKind::DriverError,
                         Severity::Warning,
                         Category::Driver,
@@ -384,6 +411,7 @@ impl Classifier {
             Shape::DriverLoaded { version } => self.driver_version = Some(version),
             Shape::UnreadableXid => {
                 let f = base(
+                    id::XID_UNREADABLE,
                     FindingKind::Xid,
                     Severity::Warning,
                     Category::Driver,
@@ -410,16 +438,13 @@ impl Classifier {
             return;
         }
         let mut f = base_owned(
-            m.kind,
-            m.severity,
-            m.category,
-            m.title,
+            m.id,
+            Finding::new(m.kind, m.severity, m.category, m.title),
             m.message
                 .unwrap_or_else(|| msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string()),
             msg,
             at,
         );
-        f.shape = Some(m.id);
         f.pci = m.pci;
         f.pid = m.pid;
         f.xid = m.xid;

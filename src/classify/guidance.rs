@@ -1,7 +1,7 @@
 //! What a finding means and what to do about it, in words for the on-call. Xids take theirs from
 //! the catalog; the other kinds have theirs here.
 
-use super::catalog;
+use super::{catalog, shape_id};
 use crate::model::{Detail, Finding, FindingKind};
 
 /// Meaning and next step for a finding.
@@ -30,7 +30,7 @@ pub fn for_finding(f: &Finding) -> Guidance {
             action: "Look the code up in NVIDIA's current Xid catalog and read the kernel log around it; treat it as a warning until you know more.".into(),
             nvidia: Vec::new(),
         },
-        (FindingKind::DriverError, _) => driver_error_guidance(&f.title),
+        (FindingKind::DriverError, _) => driver_error_guidance(f),
         (kind, _) => kind_guidance(kind),
     };
     match &f.detail {
@@ -93,31 +93,33 @@ fn nvidia_buckets(e: &catalog::XidEntry) -> Vec<String> {
     out
 }
 
-/// Driver errors without an Xid come in families that call for different first steps; the title
-/// the classifier gave says which.
-fn driver_error_guidance(title: &str) -> Guidance {
-    let (meaning, action) = if title.contains("hung in the") || title.contains("kernel call trace")
-    {
+/// Driver errors without an Xid come in families that call for different first steps; the shape
+/// that read the line says which (its family, and for a module's error the module).
+fn driver_error_guidance(f: &Finding) -> Guidance {
+    let shape = f.shape.unwrap_or("");
+    let display = matches!(f.module.as_deref(), Some("nvidia-drm" | "nvidia-modeset"));
+    let family = shape_id::family(shape);
+    let (meaning, action) = if family == "trace" {
         (
             "A task was stuck, or the kernel printed a call trace, inside an NVIDIA kernel module (named in the title, with the task).",
             "A task hung in nvidia or nvidia_uvm usually means the GPU stopped answering: look for an Xid, GSP or AER line around it, capture nvidia-bug-report.sh, then drain the node; only a reboot frees the stuck task.",
         )
-    } else if title.starts_with("nvidia-modeset") || title.starts_with("nvidia-drm") {
+    } else if family == "modeset" || (shape == shape_id::MODULE_ERROR && display) {
         (
             "The NVIDIA display driver reported an error (display engine, flip or modeset ownership).",
             "Display errors alone affect the desktop, not compute jobs; many of them next to Xids or GSP errors point at the GPU itself.",
         )
-    } else if title.starts_with("nvidia-smi") {
+    } else if family == "tool" {
         (
             "nvidia-smi or NVML could not reach the driver, or one GPU (text pasted from the tool's output).",
             "Check that the kernel module is loaded and matches the user-space driver (cat /proc/driver/nvidia/version, modinfo nvidia); a missing device handle for one GPU means that GPU dropped off: look for Xid 79 or AER on it.",
         )
-    } else if title.starts_with("GPU not supported") {
+    } else if shape == shape_id::NOT_SUPPORTED {
         (
             "The installed driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP); the GPU is left unused.",
             "Install the driver branch that supports it (the legacy branch, or the proprietary kernel modules) if the GPU is meant to be used.",
         )
-    } else if title.starts_with("GSP firmware crash") {
+    } else if shape == shape_id::GSP_CRASH {
         (
             "The GSP firmware on the GPU crashed or its watchdog fired; the driver printed the firmware's registers.",
             "Capture nvidia-bug-report.sh before any reset; the GPU needs a reset (the node a reboot if that fails); if it repeats, update the driver and open a case with the report.",
@@ -256,5 +258,50 @@ fn kind_guidance(kind: FindingKind) -> Guidance {
         meaning: meaning.into(),
         action: action.into(),
         nvidia: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(log: &str) -> Finding {
+        let lines: Vec<&str> = log.lines().collect();
+        let mut f = crate::classify::testing::read(&lines, false);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        f.remove(0)
+    }
+
+    #[test]
+    fn advice_follows_the_shape_not_the_title() {
+        // Real lines (fixtures/corpus): a hung task in nvidia_uvm, an nvidia-drm error, and an
+        // nvidia-smi text.
+        let cases = [
+            (
+                "[  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.\n\
+                 [  721.028346] Call Trace:\n\
+                 [  721.028422]  [<ffffffffa09c376e>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]",
+                "stuck",
+            ),
+            (
+                "[   33.1] [drm:nv_drm_load [nvidia_drm]] *ERROR* [nvidia-drm] [GPU ID 0x00000100] Failed to allocate NvKmsKapiDevice",
+                "display",
+            ),
+            (
+                "Failed to initialize NVML: Driver/library version mismatch",
+                "nvidia-smi",
+            ),
+        ];
+        for (log, word) in cases {
+            let mut f = read(log);
+            let before = for_finding(&f);
+            assert!(before.meaning.contains(word), "{word}: {}", before.meaning);
+            f.title = "reworded".into();
+            assert_eq!(
+                for_finding(&f),
+                before,
+                "{word}: the title chose the advice"
+            );
+        }
     }
 }

@@ -20,6 +20,8 @@ pub mod overrides;
 mod pending;
 pub mod prefilter;
 pub mod prefix;
+mod severity;
+pub mod shape_id;
 pub mod shapes;
 pub mod signals;
 pub mod sxid;
@@ -219,6 +221,7 @@ fn merge_identity(into: &mut GpuIdentity, from: &GpuIdentity) {
 }
 
 fn base(
+    shape: &'static str,
     kind: FindingKind,
     sev: Severity,
     cat: Category,
@@ -227,20 +230,25 @@ fn base(
     at: &LineOrigin,
 ) -> Finding {
     let message = msg.strip_prefix("NVRM: ").unwrap_or(msg).to_string();
-    base_owned(kind, sev, cat, title.to_string(), message, msg, at)
+    base_owned(
+        shape,
+        Finding::new(kind, sev, cat, title.to_string()),
+        message,
+        msg,
+        at,
+    )
 }
 
-/// [`base`] with the title and message already built (no copy of either).
+/// [`base`] with the finding's class and title and its message already built (no copy of
+/// either).
 fn base_owned(
-    kind: FindingKind,
-    sev: Severity,
-    cat: Category,
-    title: String,
+    shape: &'static str,
+    mut f: Finding,
     message: String,
     msg: &str,
     at: &LineOrigin,
 ) -> Finding {
-    let mut f = Finding::new(kind, sev, cat, title);
+    f.shape = Some(shape);
     f.message = message;
     f.origin = Origin {
         line: at.line,

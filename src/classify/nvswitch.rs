@@ -1,14 +1,17 @@
 //! NVSwitch findings: SXid lines and Fabric Manager's errors.
 
 use super::pending::Pending;
+use super::severity::{set_sxid_severity, sxid_title};
+use super::shape_id as id;
 use super::shapes::SxidLine;
 use super::xid::link_number;
-use super::{base, fabricmanager, sxid, Classifier, LineOrigin};
+use super::{base, fabricmanager, Classifier, LineOrigin};
 use crate::model::{Category, Detail, Finding, FindingKind, Severity};
 
 impl Classifier {
     pub(super) fn sxid(&mut self, s: SxidLine, msg: &str, at: &LineOrigin) {
         let mut f = base(
+            id::SXID,
             FindingKind::Sxid,
             Severity::Warning,
             Category::Nvlink,
@@ -33,6 +36,7 @@ impl Classifier {
         self.pending = Some(Pending::Sxid {
             finding: f,
             switch: s.switch,
+            severity_known: s.fatal.is_some(),
             last_line: at.line,
         });
     }
@@ -47,7 +51,7 @@ impl Classifier {
         at: &LineOrigin,
     ) -> Finding {
         use fabricmanager::FmEvent;
-        let title = match ev {
+        let (shape, title) = match ev {
             FmEvent::SwitchError {
                 fatal,
                 sxid: no,
@@ -56,6 +60,7 @@ impl Classifier {
                 port,
             } => {
                 let mut f = base(
+                    id::FM_SXID,
                     FindingKind::Sxid,
                     Severity::Warning,
                     Category::Nvlink,
@@ -81,17 +86,20 @@ impl Classifier {
                 f.title = format!("{}{where_}, reported by Fabric Manager", f.title);
                 return self.enrich(f);
             }
-            FmEvent::Aborted { topology: true } => {
-                "Fabric Manager aborted: the NVSwitch topology it found is not one it supports"
-            }
-            FmEvent::Aborted { topology: false } => "Fabric Manager aborted",
-            FmEvent::GpuHandleMissing => {
-                "Fabric Manager cannot find a GPU of the job's NVLink multicast team"
-            }
-            FmEvent::SwitchDriverRequestFailed => {
-                "Fabric Manager's request to the NVSwitch driver failed"
-            }
-            FmEvent::OtherError => "Fabric Manager error",
+            FmEvent::Aborted { topology: true } => (
+                id::FM_ABORTED_TOPOLOGY,
+                "Fabric Manager aborted: the NVSwitch topology it found is not one it supports",
+            ),
+            FmEvent::Aborted { topology: false } => (id::FM_ABORTED, "Fabric Manager aborted"),
+            FmEvent::GpuHandleMissing => (
+                id::FM_GPU_HANDLE,
+                "Fabric Manager cannot find a GPU of the job's NVLink multicast team",
+            ),
+            FmEvent::SwitchDriverRequestFailed => (
+                id::FM_SWITCH_DRIVER,
+                "Fabric Manager's request to the NVSwitch driver failed",
+            ),
+            FmEvent::OtherError => (id::FM_ERROR, "Fabric Manager error"),
         };
         let sev = if matches!(ev, FmEvent::OtherError) {
             Severity::Warning
@@ -99,6 +107,7 @@ impl Classifier {
             Severity::Critical
         };
         base(
+            shape,
             FindingKind::DriverError,
             sev,
             Category::Nvlink,
@@ -106,35 +115,5 @@ impl Classifier {
             msg,
             at,
         )
-    }
-}
-
-pub(super) fn finding_sxid_unknown(f: &Finding) -> bool {
-    f.title.ends_with("(severity not in the log)")
-}
-
-pub(super) fn sxid_title(sxid: u32, fatal: Option<bool>) -> String {
-    let what = match fatal {
-        Some(true) => "fatal",
-        Some(false) => "non-fatal",
-        None => "severity not in the log",
-    };
-    match sxid::lookup(sxid) {
-        Some(e) => format!("NVSwitch SXid {sxid} {} ({what})", e.name),
-        None => format!("NVSwitch SXid {sxid} ({what})"),
-    }
-}
-
-/// Sets an SXid finding's severity from the line's Fatal/Non-fatal word; the catalog, when it
-/// knows the SXid, may make it worse, never better.
-pub(super) fn set_sxid_severity(f: &mut Finding, sxid_no: u32, fatal: bool) {
-    f.severity = if fatal || sxid::lookup(sxid_no).is_some_and(|e| e.fatal) {
-        Severity::Critical
-    } else {
-        Severity::Warning
-    };
-    f.title = sxid_title(sxid_no, Some(fatal));
-    if let Some(Detail::Sxid { fatal: fl, .. }) = f.detail.as_mut() {
-        *fl = fatal;
     }
 }

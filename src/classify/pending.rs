@@ -1,7 +1,6 @@
 //! Multi-line findings: what a pending finding takes, and how it ends.
 
-use super::aer::{aer_severity, class_of, status_severity};
-use super::nvswitch::{finding_sxid_unknown, set_sxid_severity};
+use super::severity::{aer_severity, class_of, set_sxid_severity, status_severity};
 use super::shapes::Shape;
 use super::{shapes, Classifier, LineOrigin};
 use crate::model::{Category, Detail, Finding, FindingKind, PciAddress, Severity};
@@ -42,6 +41,8 @@ pub(super) enum Pending {
     Sxid {
         finding: Finding,
         switch: String,
+        /// Whether a line said Fatal or Non-fatal yet (a continuation line may come first).
+        severity_known: bool,
         last_line: u64,
     },
     Aer {
@@ -116,6 +117,10 @@ impl Classifier {
                 module: Some(module),
                 ..
             } => {
+                if hung {
+                    finding.shape = Some(super::shape_id::HUNG_TASK);
+                }
+                finding.module = Some(module.to_string());
                 finding.title = match (&task, hung) {
                     (Some(t), true) => format!("task {t} hung in the {module} module"),
                     (Some(t), false) => {
@@ -182,6 +187,7 @@ impl Classifier {
                     f.severity = Severity::Warning;
                     f.category = Category::Driver;
                     f.title = "GPU not supported by the installed driver".into();
+                    f.shape = Some(super::shape_id::NOT_SUPPORTED);
                     f.message = "the installed NVIDIA driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP)".into();
                     let last = *last_line;
                     self.pending = Some(Pending::Fold {
@@ -242,19 +248,21 @@ impl Classifier {
                 Pending::Sxid {
                     finding,
                     switch,
+                    severity_known,
                     last_line,
                 },
                 Shape::Sxid(s),
             ) if s.switch == *switch
                 && s.pci == finding.pci
                 && Some(s.sxid) == finding.xid
-                && (s.fatal.is_none() || finding_sxid_unknown(finding)) =>
+                && (s.fatal.is_none() || !*severity_known) =>
             {
                 if let Some(fatal) = s.fatal {
                     // The head line after a continuation line that came first ("Data {...}"
                     // before "Non-fatal, Link 44"): the finding learns its severity.
                     let msg_text = s.rest.clone();
                     set_sxid_severity(finding, s.sxid, fatal);
+                    *severity_known = true;
                     finding.message = msg_text;
                 } else if let Some(Detail::Sxid { continuation, .. }) = finding.detail.as_mut() {
                     if continuation.len() < MAX_FOLDED_LINES {

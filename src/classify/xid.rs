@@ -1,6 +1,7 @@
 //! Xid findings: the catalog's name and severity, and the per-Xid fields.
 
 use super::catalog::Nvlink5Layout;
+use super::shape_id as id;
 use super::shapes::XidLine;
 use super::{base_owned, catalog, Classifier, LineOrigin};
 use crate::model::{Category, Detail, Finding, FindingKind, RecoveryAction, Severity};
@@ -32,7 +33,13 @@ impl Classifier {
         };
         let caused = caused_by(&x.rest);
         let detail = xid_detail(x.xid, &x.rest, self.driver_version.as_deref());
-        let mut f = base_owned(FindingKind::Xid, sev, cat, title, x.rest, msg, at);
+        let mut f = base_owned(
+            id::XID,
+            Finding::new(FindingKind::Xid, sev, cat, title),
+            x.rest,
+            msg,
+            at,
+        );
         f.caused_by = caused;
         f.detail = detail;
         f.xid = Some(x.xid);

@@ -141,10 +141,11 @@ impl Key {
 
 /// What a driver error that names no GPU is about. Without it every such error on a host (a GSP
 /// boot failure, a display-driver error, a hung task in nvidia_uvm) would be one incident, and
-/// the second problem would be counted as a repeat of the first and never paged. The title says
-/// which shape it is; digits and the task name are left out, so a storm of one shape with
-/// changing numbers or tasks stays one incident. A finding a shape-table row made says its shape
-/// by the row's id, which is the topic then: rewording a row's title keeps its incidents whole.
+/// the second problem would be counted as a repeat of the first and never paged. The finding
+/// says which shape read it (a shape-table row's id, or one of [`crate::classify::shape_id`]),
+/// and the module where the shape names one: numbers and task names are not part of it, so a
+/// storm of one shape with changing numbers or tasks stays one incident, and rewording a title
+/// keeps its incidents whole.
 fn topic(f: &Finding) -> u32 {
     use FindingKind as K;
     // One incident per unit: Fabric Manager down and the persistence daemon down are two
@@ -161,22 +162,17 @@ fn topic(f: &Finding) -> u32 {
     {
         return 0;
     }
-    // A shape-table row names its findings: its id is the topic, whatever the title's words.
-    if let Some(id) = f.shape {
-        let mut h = crate::model::Fnv::default();
-        h.eat(f.category.as_str().as_bytes());
-        h.eat(id.as_bytes());
-        return (h.finish() as u32).max(1);
-    }
-    let title = f.title.split(" (task ").next().unwrap_or(&f.title);
-    let title = title
-        .strip_prefix("task ")
-        .and_then(|t| t.split_once(" hung in ").map(|(_, m)| m))
-        .unwrap_or(title);
+    // What was classified names the topic, never the title's words: the shape that read the
+    // line and, for the shapes where it tells two findings apart, the module. A finding no shape
+    // read (a source's own) has one topic per kind.
+    let Some(id) = f.shape else { return 0 };
     let mut h = crate::model::Fnv::default();
     h.eat(f.category.as_str().as_bytes());
-    let words: Vec<u8> = title.bytes().filter(|b| !b.is_ascii_digit()).collect();
-    h.eat(&words);
+    h.eat(id.as_bytes());
+    if let Some(m) = &f.module {
+        h.eat(b"/");
+        h.eat(m.as_bytes());
+    }
     // Never 0, which means "no topic".
     (h.finish() as u32).max(1)
 }
@@ -1843,6 +1839,56 @@ mod tests {
         feed(&mut e2, probe.into_iter().next().unwrap(), 3_000, &mut out);
         assert!(out.is_empty(), "{out:#?}");
         assert_eq!(e2.open_count(), 3);
+    }
+
+    #[test]
+    fn a_driver_error_is_keyed_by_its_shape_and_module_never_by_its_title() {
+        // Real lines (fixtures/corpus): two module-load failures and two hung tasks, in two
+        // modules each. None names a GPU.
+        let read = classify(
+            "[   12.1] systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot allocate memory\n\
+             [   12.2] modprobe: FATAL: Module nvidia-drm not found.\n\
+             [  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.\n\
+             [  721.028346] Call Trace:\n\
+             [  721.028422]  [<ffffffffa09c376e>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]\n\
+             [  900.000001] irq 16: nobody cared\n\
+             [  961.028170] INFO: task Xorg:1234 blocked for more than 120 seconds.\n\
+             [  961.028346] Call Trace:\n\
+             [  961.028422]  [<ffffffffa0a1b2c3>] nvkms_ioctl+0x1e/0x40 [nvidia_modeset]\n",
+        );
+        assert_eq!(read.len(), 4, "{read:#?}");
+        assert!(read.iter().all(|f| f.pci.is_none() && f.shape.is_some()));
+        let modules: Vec<_> = read.iter().map(|f| f.module.as_deref()).collect();
+        assert_eq!(
+            modules,
+            [
+                Some("nvidia_uvm"),
+                Some("nvidia-drm"),
+                Some("nvidia_uvm"),
+                Some("nvidia_modeset")
+            ]
+        );
+        let mut e = engine();
+        let mut out = Vec::new();
+        for f in read.iter().cloned() {
+            feed(&mut e, f, 1_000, &mut out);
+        }
+        assert_eq!(out.len(), 4, "one page per module and shape: {out:#?}");
+
+        // The same findings with their titles reworded: repeats of the open incidents.
+        out.clear();
+        for mut f in read.iter().cloned() {
+            f.title = format!("reworded: {}", f.title.len());
+            feed(&mut e, f, 2_000, &mut out);
+        }
+        assert!(out.is_empty(), "a title is not a key: {out:#?}");
+        assert_eq!(e.open_count(), 4);
+
+        // One title, two shapes: two problems.
+        let mut a = read[0].clone();
+        a.shape = Some(crate::classify::shape_id::INIT_MODULE_SYMBOL);
+        feed(&mut e, a, 3_000, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
     }
 
     #[test]

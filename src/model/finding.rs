@@ -430,6 +430,11 @@ pub struct Finding {
     /// Rust reads (Xid, SXid, AER, the multi-line reports).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shape: Option<&'static str>,
+    /// The NVIDIA kernel module a finding is about, for the shapes where that is what tells two
+    /// findings apart when neither names a GPU: the module that printed an error, the module a
+    /// task hung in, the module that failed to load. Part of such an incident's key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 impl Finding {
@@ -451,6 +456,7 @@ impl Finding {
             origin: Origin::default(),
             logged_ms: None,
             shape: None,
+            module: None,
         }
     }
 }

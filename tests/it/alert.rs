@@ -1728,26 +1728,35 @@ fn rm_init_adapter_and_its_minor_number_line_are_one_event() {
     inc.count = 2;
     inc.echoes.clear();
     inc.title = "GPU 3 (0000:17:00.0) failed to initialise".into();
-    let mut first = Finding::new(
-        FindingKind::DriverInitFailure,
-        Severity::Critical,
-        Category::Driver,
-        "driver initialisation failure: RmInitAdapter failed".into(),
-    );
-    first.pci = inc.pci;
-    first.origin.seq = Some(100);
-    first.origin.timestamp = Some("[   12.500000]".into());
-    first.origin.raw = vec!["NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x22:0x56:884)".into()];
-    let mut second = Finding::new(
-        FindingKind::DriverInitFailure,
-        Severity::Critical,
-        Category::Driver,
-        "driver initialisation failure: rm_init_adapter failed for device minor 3".into(),
-    );
-    second.origin.seq = Some(101);
-    second.origin.timestamp = Some("[   12.500100]".into());
-    second.origin.raw = vec!["NVRM: rm_init_adapter failed, device minor number 3".into()];
-    inc.findings = vec![first, second];
+    // The two lines as the classifier reads them: the pair is told by the shapes that read it.
+    let mut c = xidwatch::classify::Classifier::new();
+    let mut read = Vec::new();
+    for (seq, ts, line) in [
+        (
+            100,
+            "[   12.500000]",
+            "NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x22:0x56:884)",
+        ),
+        (
+            101,
+            "[   12.500100]",
+            "NVRM: rm_init_adapter failed, device minor number 3",
+        ),
+    ] {
+        let at = xidwatch::classify::LineOrigin {
+            line: 0,
+            seq: Some(seq),
+            ts_usec: None,
+            timestamp: Some(ts.into()),
+        };
+        c.push(line, &at, &mut read);
+    }
+    c.flush(&mut read);
+    assert_eq!(read.len(), 2, "{read:#?}");
+    assert!(read
+        .iter()
+        .all(|f| f.kind == FindingKind::DriverInitFailure));
+    inc.findings = read;
     alert.evidence.clear();
     alert.catalog = None;
     let doc = AlertDocument::build(&alert);

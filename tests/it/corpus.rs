@@ -106,6 +106,11 @@ fn classify(block: &Block, pre: &Prefilter) -> Vec<Finding> {
         }
     }
     c.flush(&mut out);
+    // Incidents group and guidance is chosen by the shape that read a line, so every finding
+    // names one.
+    if let Some(f) = out.iter().find(|f| f.shape.is_none()) {
+        panic!("a finding names no shape: {f:#?}");
+    }
     out
 }
 

@@ -406,8 +406,13 @@ fn api_versions(f: &FindingDoc) -> Option<String> {
 /// it are one failure reported twice by the driver: the second is folded into the first (its
 /// lines kept) when it follows for the same GPU (or names none). Returns how many were folded.
 fn fold_init_pairs(findings: &mut Vec<FindingDoc>) -> usize {
-    let is_init = |f: &FindingDoc, what: &str| {
-        f.kind == "driver_init_failure" && f.title.contains(what) && f.xid.is_none()
+    use crate::classify::shape_id;
+    // The first is read by Rust, the second by the shape table's `init.rm-init-adapter-*` rows.
+    let is_head = |f: &FindingDoc| f.shape.as_deref() == Some(shape_id::INIT_RM_ADAPTER);
+    let is_minor = |f: &FindingDoc| {
+        f.shape
+            .as_deref()
+            .is_some_and(|s| s.starts_with("init.rm-init-adapter-"))
     };
     let mut folded = 0;
     let mut i = 1;
@@ -415,8 +420,9 @@ fn fold_init_pairs(findings: &mut Vec<FindingDoc>) -> usize {
         let (head, tail) = findings.split_at_mut(i);
         let (prev, cur) = (&mut head[i - 1], &tail[0]);
         let same_gpu = cur.pci.is_none() || cur.pci == prev.pci;
-        if is_init(prev, "RmInitAdapter failed")
-            && is_init(cur, "rm_init_adapter failed")
+        if is_head(prev)
+            && is_minor(cur)
+            && cur.xid.is_none()
             && same_gpu
             && !prev.raw.iter().any(|l| l.contains("rm_init_adapter"))
         {
@@ -481,6 +487,7 @@ fn finding_doc(f: &Finding) -> FindingDoc {
         .collect();
     FindingDoc {
         kind: f.kind.as_str().to_string(),
+        shape: f.shape.map(str::to_string),
         xid: f.xid,
         pci: f.pci.map(|p| p.to_string()),
         pid: f.pid,

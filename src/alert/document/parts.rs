@@ -59,6 +59,10 @@ pub struct EchoDoc {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FindingDoc {
     pub kind: String,
+    /// The shape that read the line (`xid`, `init.probe-error`, a site row's id): what a site's
+    /// `[[classify.silence]]` row or a receiver's routing can name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -57,7 +57,11 @@ pub enum Shape {
     /// A line that ends a pending `TheNvidiaGpu` as a fall off the bus.
     FallenOffBusTail,
     InitFailure {
+        /// Which failure ([`crate::classify::shape_id`]): the incident's key when no GPU is named.
+        id: &'static str,
         pci: Option<PciAddress>,
+        /// The NVIDIA module that failed, when the line names one.
+        module: Option<String>,
         what: String,
         code: Option<String>,
         /// More lines of explanation follow ("the probe routine was not called", "BAR0 is 0M").

@@ -283,9 +283,12 @@ pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> 
     if let Some(m) = Table::builtin().read(body, Tag::Nvrm, addr) {
         return Some(Shape::Row(m));
     }
-    let fail = |what: String, code: Option<String>, folds: bool| {
+    use crate::classify::shape_id as id;
+    let fail = |id: &'static str, what: String, code: Option<String>, folds: bool| {
         Some(Shape::InitFailure {
+            id,
             pci: addr,
+            module: None,
             what,
             code,
             folds,
@@ -294,6 +297,7 @@ pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> 
     if body.starts_with("RmInitAdapter failed") {
         let c = re_rm_init().captures(body)?;
         return fail(
+            id::INIT_RM_ADAPTER,
             "RmInitAdapter failed".into(),
             c.get(1).map(|x| x.as_str().to_string()),
             false,
@@ -311,6 +315,7 @@ pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> 
     .any(|k| lower.contains(k))
     {
         return fail(
+            id::INIT_MODULE,
             "the NVIDIA kernel module failed to initialise".into(),
             None,
             false,
@@ -318,7 +323,12 @@ pub(super) fn parse_init(addr: Option<PciAddress>, body: &str) -> Option<Shape> 
     }
     let gsp_boot = GSP_BOOT.iter().any(|k| body.contains(k)) && has_error_signal(body);
     if (gsp_boot || GSP_BOOT_FAILED.iter().any(|k| body.contains(k))) && !is_harmless(body) {
-        return fail(format!("GPU firmware boot failed: {body}"), None, false);
+        return fail(
+            id::INIT_FIRMWARE_BOOT,
+            format!("GPU firmware boot failed: {body}"),
+            None,
+            false,
+        );
     }
     None
 }
@@ -346,7 +356,9 @@ pub(super) fn parse_nvidia_other(m: &str) -> Shape {
     if let Some(after) = m.strip_prefix("nvidia ") {
         if let Some(c) = re_fw_load().captures(m) {
             return Shape::InitFailure {
+                id: crate::classify::shape_id::INIT_FIRMWARE_LOAD,
                 pci: pci(&c[1]),
+                module: None,
                 what: format!("loading firmware {} failed with error {}", &c[2], &c[3]),
                 code: Some(c[3].to_string()),
                 folds: false,
@@ -354,7 +366,9 @@ pub(super) fn parse_nvidia_other(m: &str) -> Shape {
         }
         if let Some(c) = re_probe_driver().captures(m) {
             return Shape::InitFailure {
+                id: crate::classify::shape_id::INIT_PROBE_DRIVER,
                 pci: pci(&c[1]),
+                module: None,
                 what: format!("probe with driver nvidia failed with error {}", &c[2]),
                 code: Some(c[2].to_string()),
                 folds: false,
@@ -376,7 +390,9 @@ pub(super) fn parse_nvidia_other(m: &str) -> Shape {
     }
     if let Some(c) = re_probe_of().captures(m) {
         return Shape::InitFailure {
+            id: crate::classify::shape_id::INIT_PROBE,
             pci: pci(&c[1]),
+            module: None,
             what: format!("probe failed with error {}", &c[2]),
             code: Some(c[2].to_string()),
             folds: false,
@@ -387,7 +403,9 @@ pub(super) fn parse_nvidia_other(m: &str) -> Shape {
     }
     if let Some(c) = re_version_magic().captures(m) {
         return Shape::InitFailure {
+            id: crate::classify::shape_id::INIT_VERSION_MAGIC,
             pci: None,
+            module: Some(c[1].to_string()),
             what: format!(
                 "module {} was built for kernel '{}', not the running '{}'",
                 &c[1],

@@ -195,7 +195,9 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
         });
     if let Some(at) = gpu_at {
         return Some(Shape::InitFailure {
+            id: crate::classify::shape_id::INIT_X_GPU,
             pci: xorg_pci(at),
+            module: None,
             what: "the X server's NVIDIA driver failed to initialise the GPU (the kernel log says why)"
                 .into(),
             code: None,
@@ -204,7 +206,9 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
     }
     if body.starts_with("Failed to initialize the NVIDIA kernel module") {
         return Some(Shape::InitFailure {
+            id: crate::classify::shape_id::INIT_X_MODULE,
             pci: None,
+            module: None,
             what: "the X server's NVIDIA driver could not initialise the NVIDIA kernel module"
                 .into(),
             code: None,

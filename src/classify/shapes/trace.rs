@@ -68,8 +68,10 @@ pub(super) fn module_symbol(m: &str) -> Option<Shape> {
         return None;
     }
     Some(Shape::InitFailure {
+        id: crate::classify::shape_id::INIT_MODULE_SYMBOL,
         pci: None,
         what: format!("module {module}: {what}"),
+        module: Some(module),
         code: None,
         folds: false,
     })
@@ -108,7 +110,9 @@ pub(super) fn module_insert(m: &str) -> Option<Shape> {
         format!("module {module} could not be loaded ({reason})")
     };
     Some(Shape::InitFailure {
+        id: crate::classify::shape_id::INIT_MODULE_LOAD,
         pci: None,
+        module: Some(module.to_string()),
         what,
         code: None,
         folds: false,

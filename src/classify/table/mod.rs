@@ -25,6 +25,7 @@ use aho_corasick::AhoCorasick;
 use regex::Regex;
 use serde::Deserialize;
 
+use crate::classify::shape_id;
 use crate::model::{intern, Category, FindingKind, PciAddress, Severity};
 pub use pattern::{Slot, SLOT_NAMES};
 
@@ -153,6 +154,18 @@ impl Table {
                 });
             }
         }
+        // A site row's findings are grouped and advised by its id: a built-in shape's id would
+        // merge them into that shape's incidents.
+        for (key, rows) in [("classify.shape", shapes), ("classify.silence", silences)] {
+            for (i, r) in rows.iter().enumerate() {
+                if let Some(id) = r.id.as_deref().filter(|id| Table::is_builtin_id(id.trim())) {
+                    return Err(RowError {
+                        key: format!("{key}[{i}].id"),
+                        message: format!("\"{id}\" is the id of a built-in shape; a site row needs its own (such as \"site.ib-link-flap\")"),
+                    });
+                }
+            }
+        }
         let silences: Vec<RowSpec> = silences
             .iter()
             .map(|s| RowSpec {
@@ -278,6 +291,17 @@ impl Table {
 
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// Whether `id` names a built-in shape: one Rust reads ([`shape_id`]) or a row of
+    /// `shapes.toml`.
+    pub fn is_builtin_id(id: &str) -> bool {
+        shape_id::ALL.contains(&id) || Table::builtin().has_id(id)
+    }
+
+    /// Whether a row of this table has the id `id`.
+    pub fn has_id(&self, id: &str) -> bool {
+        self.rows.iter().any(|r| r.id == id)
     }
 
     /// What the prefilter must find for each row, each once: an `NVRM` row's lines hold the tag,

@@ -3,6 +3,7 @@
 //! key that is wrong.
 
 use super::*;
+use crate::classify::shape_id::{family, ALL, HUNG_TASK, TOOL_ERROR, XID};
 use crate::classify::{prefilter, prefix, testing};
 
 fn spec(id: &str, literal: &str, pattern: &str, examples: &[&str]) -> RowSpec {
@@ -324,4 +325,36 @@ fn site_rows_come_first_in_the_classifier() {
     c.push(line, &at, &mut out);
     c.flush(&mut out);
     assert!(out.is_empty(), "{out:#?}");
+}
+
+#[test]
+fn every_shape_has_its_own_id() {
+    let table = Table::parse_builtin().expect("shapes.toml");
+    let mut seen = std::collections::HashSet::new();
+    for id in ALL.iter().copied().chain(table.rows().iter().map(|r| r.id)) {
+        assert!(seen.insert(id), "two shapes share the id {id}");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b".-_".contains(&b)),
+            "{id}"
+        );
+    }
+    assert_eq!(family("init.probe-error"), "init");
+    assert_eq!(family(XID), "xid");
+    assert!(Table::is_builtin_id(TOOL_ERROR) && Table::is_builtin_id("tool.smi-failed"));
+    assert!(!Table::is_builtin_id("site.ib-link-flap"));
+}
+
+#[test]
+fn a_site_row_may_not_take_a_builtin_id() {
+    for id in [HUNG_TASK, "tool.smi-failed"] {
+        let spec: crate::classify::table::RowSpec = toml::from_str(&format!(
+            "id = \"{id}\"\nliteral = \"mlx5_core\"\npattern = \"mlx5_core {{text}}\"\nkind = \"driver_error\"\nseverity = \"warning\"\ncategory = \"driver\"\ntitle = \"link flap\"\nexamples = [\"mlx5_core 0000:3b:00.0: link down\"]\n"
+        ))
+        .expect("row");
+        let err = Table::build_site(std::slice::from_ref(&spec), &[])
+            .expect_err("a built-in id is refused");
+        assert_eq!(err.key, "classify.shape[0].id");
+        assert!(err.message.contains("built-in"), "{}", err.message);
+    }
 }
