@@ -38,7 +38,7 @@ pub(super) struct Emitter {
     pub(super) permits: Arc<tokio::sync::Semaphore>,
     /// `[runbooks] max_parallel_runbooks`: the permits, for how long a host page waits.
     pub(super) parallel: usize,
-    pub(super) log: std::collections::VecDeque<crate::runbook::LogLine>,
+    pub(super) log: crate::runbook::LogRing,
     pub(super) tel: Arc<Telemetry>,
     /// Runbooks running (or waiting to run) for new incidents.
     pub(super) tasks: tokio::task::JoinSet<()>,
@@ -85,7 +85,7 @@ impl Emitter {
             limits: cfg.runbook_limits,
             permits: Arc::new(tokio::sync::Semaphore::new(1)),
             parallel: 1,
-            log: std::collections::VecDeque::with_capacity(LOG_RING),
+            log: crate::runbook::LogRing::new(LOG_RING),
             tel,
             pages: None,
             tasks: tokio::task::JoinSet::new(),
@@ -111,16 +111,9 @@ impl Emitter {
 
     /// What the first page after start-up says about the old faults it did not page, once.
     fn before_lookback_note(&self) -> Option<String> {
-        if self.before_lookback == 0 || self.told_before_lookback {
-            return None;
-        }
-        let n = self.before_lookback;
-        Some(format!(
-            "{n} older fault{s} found at start-up (before the {} look-back) {were} recorded, not paged: see xidwatch history",
-            crate::clock::duration_words(self.lookback_secs.saturating_mul(1000)),
-            s = if n == 1 { "" } else { "s" },
-            were = if n == 1 { "was" } else { "were" },
-        ))
+        (self.before_lookback > 0 && !self.told_before_lookback).then(|| {
+            crate::alert::document::older_faults_note(self.before_lookback, self.lookback_secs)
+        })
     }
 
     /// Stops waiting runbooks and lets every task hand its evidence (or its release) over.
@@ -136,20 +129,9 @@ impl Emitter {
         }
     }
 
-    /// Keeps a kernel log line for runbook excerpts. Once the ring is full, the oldest line's
-    /// text buffer takes the new line: no allocation per record on the daemon's hot path.
+    /// Keeps a kernel log line for runbook excerpts.
     pub(super) fn remember(&mut self, seq: u64, ts_usec: u64, text: &str) {
-        let mut buf = match self.log.len() {
-            LOG_RING.. => self.log.pop_front().map(|l| l.text).unwrap_or_default(),
-            _ => String::new(),
-        };
-        buf.clear();
-        buf.push_str(text);
-        self.log.push_back(crate::runbook::LogLine {
-            seq: Some(seq),
-            ts_usec: Some(ts_usec),
-            text: buf,
-        });
+        self.log.remember(seq, ts_usec, text);
     }
 
     /// Hands every incident over. Waits while the alert stage's queue is full (back-pressure
@@ -277,7 +259,7 @@ impl Emitter {
     /// (its placeholders are that GPU's), and every GPU's evidence goes on the one page, named
     /// by its GPU.
     fn spawn_runbook(&mut self, mut alert: crate::alert::Alert, members: Vec<Incident>) {
-        let lines: Vec<_> = self.log.iter().cloned().collect();
+        let lines = self.log.lines();
         let subjects: Vec<crate::runbook::Subject> = std::iter::once(&alert.incident)
             .chain(members.iter())
             .map(|i| crate::runbook::Subject::from(i).with_recent_log(lines.clone()))

@@ -19,8 +19,8 @@ use crate::clock::Now;
 use crate::config::watch::Fingerprint;
 use crate::config::Config;
 use crate::incident::{Engine, Origin};
-use crate::model::{Detail, Finding, FindingKind, Incident};
-use crate::source::fabricmanager::{FmLogEvent, LogPosition, POSITION_FILE};
+use crate::model::{Finding, Incident};
+use crate::source::fabricmanager::{FmLogEvent, LogPosition};
 use crate::source::kmsg::follow::{self, KmsgEvent};
 use crate::source::kmsg::KernelClock;
 use crate::source::nvml::link::{FoundBy, NvmlValue};
@@ -333,7 +333,7 @@ impl Pipeline {
                         "kernel log overrun: {lost} records lost before record {next_seq}"
                     );
                     self.feed(
-                        overrun_finding(lost, next_seq),
+                        follow::overrun_finding(lost, next_seq),
                         Origin::Kmsg,
                         now,
                         at_startup,
@@ -347,7 +347,12 @@ impl Pipeline {
                     self.tel.kmsg_out_of_sequence(1);
                     if anomaly.count == 1 {
                         tracing::warn!("kernel log: {anomaly}; later records are still read");
-                        self.feed(sequence_finding(&anomaly), Origin::Kmsg, now, at_startup);
+                        self.feed(
+                            follow::sequence_finding(&anomaly),
+                            Origin::Kmsg,
+                            now,
+                            at_startup,
+                        );
                     } else if anomaly.count <= 10 || anomaly.count.is_power_of_two() {
                         tracing::warn!(
                             "kernel log: {anomaly}; {} records out of sequence so far",
@@ -428,7 +433,7 @@ impl Pipeline {
                     line: 0,
                     seq: Some(rec.seq),
                     ts_usec: Some(rec.ts_usec),
-                    timestamp: Some(kernel_stamp(rec.ts_usec)),
+                    timestamp: Some(crate::source::kmsg::time::kernel_stamp(rec.ts_usec)),
                 });
                 self.classifier.push(line, at, &mut self.findings);
             }
@@ -485,7 +490,11 @@ impl Pipeline {
         // The Fabric Manager position moves only once what was read is handed over and durable.
         if durable {
             if let Some(pos) = self.fm_position.take() {
-                save_fm_position(&self.ckpt.state, &mut self.fm_saved, pos);
+                crate::source::fabricmanager::save_position(
+                    &self.ckpt.state,
+                    &mut self.fm_saved,
+                    pos,
+                );
             }
         }
         durable
@@ -547,40 +556,6 @@ impl Pipeline {
     }
 }
 
-/// A record's time as the kernel prints it (`[   12.345678]`, seconds padded to five places).
-/// Written digit by digit: the formatting machinery cost a fortieth of the daemon's time in a
-/// storm, where every record gets one.
-fn kernel_stamp(ts_usec: u64) -> String {
-    let (secs, usecs) = (ts_usec / 1_000_000, ts_usec % 1_000_000);
-    let mut digits = [0u8; 20];
-    let mut n = 0;
-    let mut v = secs;
-    loop {
-        digits[n] = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    let mut s = String::with_capacity(n.max(5) + 9);
-    s.push('[');
-    for _ in n..5 {
-        s.push(' ');
-    }
-    for &d in digits[..n].iter().rev() {
-        s.push(char::from(d));
-    }
-    s.push('.');
-    let mut div = 100_000;
-    while div > 0 {
-        s.push(char::from(b'0' + ((usecs / div) % 10) as u8));
-        div /= 10;
-    }
-    s.push(']');
-    s
-}
-
 /// Counts a finding for metrics and status, then hands it to the incident engine.
 fn push(
     tel: &Telemetry,
@@ -593,68 +568,4 @@ fn push(
 ) {
     tel.record_finding(&f);
     engine.push(f, origin, now, at_startup, out);
-}
-
-#[cfg(test)]
-#[test]
-fn kernel_stamps_read_as_the_kernel_prints_them() {
-    for ts in [
-        0,
-        7,
-        999_999,
-        1_000_000,
-        12_345_678,
-        99_999_999_999,
-        123_456_789_012_345,
-        u64::MAX,
-    ] {
-        assert_eq!(
-            kernel_stamp(ts),
-            format!("[{:>5}.{:06}]", ts / 1_000_000, ts % 1_000_000)
-        );
-    }
-}
-
-fn overrun_finding(lost: u64, next_seq: u64) -> Finding {
-    let mut f = crate::classify::signals::finding(
-        FindingKind::KmsgOverrun,
-        None,
-        format!("kernel log overrun: {lost} records lost"),
-    );
-    f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
-    f.detail = Some(Detail::Overrun { lost });
-    f.origin.seq = Some(next_seq);
-    f
-}
-
-fn sequence_finding(a: &follow::SeqAnomaly) -> Finding {
-    let mut f = crate::classify::signals::finding(
-        FindingKind::KmsgSequence,
-        None,
-        format!("kernel log: {a}"),
-    );
-    f.message = format!(
-        "{a}. The kernel numbers its records one by one, so the log being read is not what it \
-         seems (a rewritten or concatenated file, or a bug); records after it are still read. \
-         Later ones are counted in the daemon's log, not reported again."
-    );
-    f.origin.seq = Some(a.seq);
-    f
-}
-
-/// Saves the Fabric Manager log position (atomically, through the state directory's checked
-/// helpers) when it moved.
-fn save_fm_position(state: &StateDir, last: &mut Option<LogPosition>, pos: LogPosition) {
-    if *last == Some(pos) {
-        return;
-    }
-    match state.save_json(POSITION_FILE, &pos) {
-        Ok(()) => *last = Some(pos),
-        Err(e) => {
-            crate::state::log_write_error(
-                "fabricmanager position",
-                &format!("saving the Fabric Manager log position: {e:#}"),
-            );
-        }
-    }
 }

@@ -49,7 +49,7 @@ pub use nvml::{NvmlError, NvmlProbe, NvmlQuery};
 pub use redact::Redactor;
 pub use render::{render_evidence, render_list, render_load_errors, render_show};
 pub use safety::{Catalog, Pattern, Refusal, Rule};
-pub use subject::{GpuUuid, LogLine, Subject};
+pub use subject::{GpuUuid, LogLine, LogRing, Subject};
 pub use template::{Placeholder, Template, Values};
 
 /// Where an installed xidwatch keeps its shipped runbooks.

@@ -82,6 +82,44 @@ pub struct LogLine {
     pub text: String,
 }
 
+/// The latest kernel log lines, for the excerpt step of the runbooks a new incident runs.
+#[derive(Debug)]
+pub struct LogRing {
+    lines: std::collections::VecDeque<LogLine>,
+    cap: usize,
+}
+
+impl LogRing {
+    pub fn new(cap: usize) -> Self {
+        LogRing {
+            lines: std::collections::VecDeque::with_capacity(cap),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Keeps a line. Once the ring is full, the oldest line's text buffer takes the new line:
+    /// no allocation per record on the daemon's hot path.
+    pub fn remember(&mut self, seq: u64, ts_usec: u64, text: &str) {
+        let mut buf = if self.lines.len() >= self.cap {
+            self.lines.pop_front().map(|l| l.text).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        buf.clear();
+        buf.push_str(text);
+        self.lines.push_back(LogLine {
+            seq: Some(seq),
+            ts_usec: Some(ts_usec),
+            text: buf,
+        });
+    }
+
+    /// A copy of the lines kept, oldest first.
+    pub fn lines(&self) -> Vec<LogLine> {
+        self.lines.iter().cloned().collect()
+    }
+}
+
 /// What a runbook is selected and run for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subject {
@@ -236,6 +274,23 @@ impl From<&Incident> for Subject {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_ring_keeps_the_latest_lines_in_order() {
+        let mut ring = LogRing::new(3);
+        for i in 0..5u64 {
+            ring.remember(i, i * 10, &format!("line {i}"));
+        }
+        let kept: Vec<_> = ring.lines().into_iter().map(|l| (l.seq, l.text)).collect();
+        assert_eq!(
+            kept,
+            [
+                (Some(2), "line 2".to_string()),
+                (Some(3), "line 3".to_string()),
+                (Some(4), "line 4".to_string())
+            ]
+        );
+    }
 
     #[test]
     fn uuid_must_be_well_formed() {

@@ -493,6 +493,27 @@ pub fn spawn(
     Ok(())
 }
 
+/// Saves the Fabric Manager log position (atomically, through the state directory's checked
+/// helpers) when it moved.
+pub fn save_position(
+    state: &crate::state::StateDir,
+    last: &mut Option<LogPosition>,
+    pos: LogPosition,
+) {
+    if *last == Some(pos) {
+        return;
+    }
+    match state.save_json(POSITION_FILE, &pos) {
+        Ok(()) => *last = Some(pos),
+        Err(e) => {
+            crate::state::log_write_error(
+                "fabricmanager position",
+                &format!("saving the Fabric Manager log position: {e:#}"),
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

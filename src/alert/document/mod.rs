@@ -402,6 +402,17 @@ fn api_versions(f: &FindingDoc) -> Option<String> {
     })
 }
 
+/// The note on the first page after start-up about `n` older faults it found and did not page
+/// (logged before the `lookback_secs` look-back).
+pub fn older_faults_note(n: u64, lookback_secs: u64) -> String {
+    format!(
+        "{n} older fault{s} found at start-up (before the {} look-back) {were} recorded, not paged: see xidwatch history",
+        crate::clock::duration_words(lookback_secs.saturating_mul(1000)),
+        s = if n == 1 { "" } else { "s" },
+        were = if n == 1 { "was" } else { "were" },
+    )
+}
+
 /// `RmInitAdapter failed!` and the `rm_init_adapter failed, device minor number N` that follows
 /// it are one failure reported twice by the driver: the second is folded into the first (its
 /// lines kept) when it follows for the same GPU (or names none). Returns how many were folded.

@@ -542,6 +542,35 @@ fn wait_readable(file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// The finding for records the kernel overwrote before they were read.
+pub fn overrun_finding(lost: u64, next_seq: u64) -> crate::model::Finding {
+    let mut f = crate::classify::signals::finding(
+        crate::model::FindingKind::KmsgOverrun,
+        None,
+        format!("kernel log overrun: {lost} records lost"),
+    );
+    f.message = format!("{lost} kernel log records were lost before record {next_seq}; faults in them may have been missed");
+    f.detail = Some(crate::model::Detail::Overrun { lost });
+    f.origin.seq = Some(next_seq);
+    f
+}
+
+/// The finding for the first record out of sequence in a run.
+pub fn sequence_finding(a: &SeqAnomaly) -> crate::model::Finding {
+    let mut f = crate::classify::signals::finding(
+        crate::model::FindingKind::KmsgSequence,
+        None,
+        format!("kernel log: {a}"),
+    );
+    f.message = format!(
+        "{a}. The kernel numbers its records one by one, so the log being read is not what it \
+         seems (a rewritten or concatenated file, or a bug); records after it are still read. \
+         Later ones are counted in the daemon's log, not reported again."
+    );
+    f.origin.seq = Some(a.seq);
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,40 @@ fn parse_btime(text: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A record's time as the kernel prints it (`[   12.345678]`, seconds padded to five places).
+/// Written digit by digit: the formatting machinery cost a fortieth of the daemon's time in a
+/// storm, where every record gets one.
+pub fn kernel_stamp(ts_usec: u64) -> String {
+    let (secs, usecs) = (ts_usec / 1_000_000, ts_usec % 1_000_000);
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    let mut v = secs;
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let mut s = String::with_capacity(n.max(5) + 9);
+    s.push('[');
+    for _ in n..5 {
+        s.push(' ');
+    }
+    for &d in digits[..n].iter().rev() {
+        s.push(char::from(d));
+    }
+    s.push('.');
+    let mut div = 100_000;
+    while div > 0 {
+        s.push(char::from(b'0' + ((usecs / div) % 10) as u8));
+        div /= 10;
+    }
+    s.push(']');
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +143,24 @@ mod tests {
             c.wall_ms(3_600_500_000, later),
             boot + 3_600_000 + 3_600_500
         );
+    }
+
+    #[test]
+    fn kernel_stamps_read_as_the_kernel_prints_them() {
+        for ts in [
+            0,
+            7,
+            999_999,
+            1_000_000,
+            12_345_678,
+            99_999_999_999,
+            123_456_789_012_345,
+            u64::MAX,
+        ] {
+            assert_eq!(
+                kernel_stamp(ts),
+                format!("[{:>5}.{:06}]", ts / 1_000_000, ts % 1_000_000)
+            );
+        }
     }
 }
