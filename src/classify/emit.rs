@@ -449,6 +449,7 @@ impl Classifier {
         f.pid = m.pid;
         f.xid = m.xid;
         f.gpu.index = m.gpu;
+        f.module = m.module;
         if m.kind == FindingKind::DriverInitFailure {
             f.detail = Some(Detail::InitFailure { code: None });
         }

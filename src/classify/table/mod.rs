@@ -110,6 +110,8 @@ pub struct RowMatch {
     pub pid: Option<u32>,
     pub xid: Option<u32>,
     pub gpu: Option<u32>,
+    /// The `{module}` slot: with the row's id, the key of an incident that names no GPU.
+    pub module: Option<String>,
     pub fold: Option<Fold>,
 }
 
@@ -431,6 +433,7 @@ impl Row {
             }
         }
         RowMatch {
+            module: value(Slot::Module).map(str::to_string),
             id: self.id,
             silence: self.silence,
             kind: self.kind,

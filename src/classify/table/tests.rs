@@ -358,3 +358,24 @@ fn a_site_row_may_not_take_a_builtin_id() {
         assert!(err.message.contains("built-in"), "{}", err.message);
     }
 }
+
+#[test]
+fn a_rows_module_slot_is_the_findings_module() {
+    let row = spec(
+        "site.module-link",
+        "link down",
+        r"{module}: link down",
+        &["mlx5_core: link down"],
+    );
+    let t = Table::build_site(&[row], &[]).expect("row");
+    let mut c = crate::classify::Classifier::new();
+    c.set_site(std::sync::Arc::new(t));
+    let mut out = Vec::new();
+    for l in ["nvidia_peermem: link down", "nv_peer_mem: link down"] {
+        c.push(l, &crate::classify::LineOrigin::default(), &mut out);
+    }
+    c.flush(&mut out);
+    let modules: Vec<_> = out.iter().map(|f| f.module.as_deref()).collect();
+    assert_eq!(modules, [Some("nvidia_peermem"), Some("nv_peer_mem")]);
+    assert!(out.iter().all(|f| f.shape == Some("site.module-link")));
+}
