@@ -20,6 +20,7 @@ pub mod overrides;
 mod pending;
 pub mod prefilter;
 pub mod prefix;
+pub mod saved;
 mod severity;
 pub mod shape_id;
 pub mod shapes;

@@ -66,6 +66,14 @@ pub fn write_finding<W: Write>(out: &mut W, file: &str, f: &Finding) -> io::Resu
         out.write_all(b",\"detail\":")?;
         serde_json::to_writer(&mut *out, d).map_err(io::Error::from)?;
     }
+    if let Some(s) = f.shape {
+        out.write_all(b",\"shape\":")?;
+        string(out, s)?;
+    }
+    if let Some(m) = &f.module {
+        out.write_all(b",\"module\":")?;
+        string(out, m)?;
+    }
     out.write_all(b",\"raw\":[")?;
     for (i, r) in f.origin.raw.iter().enumerate() {
         if i > 0 {

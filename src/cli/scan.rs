@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::{render, ScanArgs, EXIT_ERROR};
-use crate::classify::{prefix, Classifier, LineOrigin};
+use crate::classify::saved::SavedLog;
 use crate::incident::{Engine, EngineConfig, Origin as FindingOrigin};
 #[cfg(test)]
 use crate::model::Detail;
@@ -47,6 +47,10 @@ struct JsonFinding<'a> {
     gpu: &'a GpuIdentity,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<&'a Detail>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shape: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    module: Option<&'a str>,
     raw: &'a [String],
 }
 
@@ -424,11 +428,7 @@ fn scan_one<W: Write>(
     } else {
         path.display().to_string()
     };
-    let mut classifier = Classifier::new();
-    if let Some(t) = site {
-        classifier.set_site(t.clone());
-    }
-    let site = site.map(|t| &**t);
+    let mut reader = SavedLog::new(site.cloned());
     let mut findings = Vec::new();
     // Grouped for the text blocks, and for `--runbooks` (one run per incident) in either form.
     let mut grouper = (!out.json || out.subjects.is_some()).then(Grouper::new);
@@ -441,18 +441,7 @@ fn scan_one<W: Write>(
                 String::from_utf8_lossy(bytes)
             }
         };
-        let Some((prefix, messages)) = prefix::split_borrowed_with(&text, site) else {
-            return;
-        };
-        let at = LineOrigin {
-            line: line_no,
-            seq: prefix.seq,
-            ts_usec: prefix.ts_usec,
-            timestamp: prefix.text,
-        };
-        for msg in messages.iter() {
-            classifier.push(msg, &at, &mut findings);
-        }
+        reader.line(line_no, &text, &mut findings);
         for f in findings.drain(..) {
             out.emit(&name, &f);
             if let Some(g) = grouper.as_mut() {
@@ -467,7 +456,7 @@ fn scan_one<W: Write>(
             return false;
         }
     };
-    classifier.flush(&mut findings);
+    reader.finish(&mut findings);
     for f in findings.drain(..) {
         out.emit(&name, &f);
         if let Some(g) = grouper.as_mut() {
@@ -573,22 +562,12 @@ mod tests {
         }
         let mut n = 0;
         for text in texts {
-            let mut c = Classifier::new();
+            let mut log = SavedLog::default();
             let mut fs = Vec::new();
             for (i, line) in text.lines().enumerate() {
-                if let Some((p, m)) = prefix::split_borrowed(line) {
-                    let at = LineOrigin {
-                        line: i as u64 + 1,
-                        seq: p.seq,
-                        ts_usec: p.ts_usec,
-                        timestamp: p.text,
-                    };
-                    for msg in m.iter() {
-                        c.push(msg, &at, &mut fs);
-                    }
-                }
+                log.line(i as u64 + 1, line, &mut fs);
             }
-            c.flush(&mut fs);
+            log.finish(&mut fs);
             for f in &fs {
                 let j = JsonFinding {
                     file: "a \"file\".log",
@@ -609,6 +588,8 @@ mod tests {
                     seq: f.origin.seq,
                     gpu: &f.gpu,
                     detail: f.detail.as_ref(),
+                    shape: f.shape,
+                    module: f.module.as_deref(),
                     raw: &f.origin.raw,
                 };
                 let mut mine = Vec::new();

@@ -9,6 +9,8 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
+use crate::classify::saved;
+
 pub use crate::classify::prefilter::{candidate_literals, Prefilter};
 
 /// Read size. Small enough that a read's bytes are still in the core's L2 cache when the literal
@@ -107,6 +109,8 @@ pub fn scan_lines<R: Read>(
     // Newlines before buf[0].
     let mut base_line: u64 = 0;
     let mut skipping_long_line = false;
+    // Whether the last line of the previous region was offered (see `scan_region`).
+    let mut wrapped_carry = false;
     let mut saw_nul = false;
     let mut eof = false;
     while !eof {
@@ -178,7 +182,14 @@ pub fn scan_lines<R: Read>(
                 }
             }
         };
-        base_line += scan_region(&buf[start..end], base_line, pre, &mut st, &mut on_line);
+        base_line += scan_region(
+            &buf[start..end],
+            base_line,
+            pre,
+            &mut st,
+            &mut on_line,
+            &mut wrapped_carry,
+        );
         buf.copy_within(end..filled, 0);
         filled -= end;
     }
@@ -204,16 +215,27 @@ fn long_line_note(line: u64) -> Note {
     }
 }
 
-/// Scans complete lines in `region`; returns how many newlines it holds.
+/// Scans complete lines in `region`; returns how many newlines it holds. `carry` says whether the
+/// last line before the region was offered (its indented followers here are offered too), and
+/// is set to whether the region's last line was.
 fn scan_region(
     region: &[u8],
     base_line: u64,
     pre: &Prefilter,
     st: &mut ScanStats,
     on_line: &mut impl FnMut(u64, &[u8]),
+    carry: &mut bool,
 ) -> u64 {
     let mut counted: u64 = 0;
     let mut pos = 0;
+    // The end of the last line offered, for the carry.
+    let mut offered_end = None;
+    if *carry && saved::continues(region) {
+        let ne = memchr::memchr(b'\n', region).unwrap_or(region.len());
+        on_line(base_line + 1, trim_cr(&region[..ne.min(MAX_LINE)]));
+        pos = offer_wrapped(region, ne, base_line, &mut counted, on_line);
+        offered_end = Some(pos);
+    }
     while pos < region.len() {
         let Some(m_start) = pre.find_from(region, pos) else {
             break;
@@ -234,14 +256,46 @@ fn scan_region(
         } else {
             on_line(line, trim_cr(&region[ls..le]));
         }
-        pos = le;
+        pos = offer_wrapped(region, le, base_line, &mut counted, on_line);
+        offered_end = Some(pos);
     }
+    *carry = offered_end.is_some_and(|e| e + 1 >= region.len());
     counted += bytecount::count(&region[pos.min(region.len())..], b'\n') as u64;
     // A last line without a newline (at EOF) is a line too.
     if !region.is_empty() && region[region.len() - 1] != b'\n' {
         counted += 1;
     }
     counted
+}
+
+/// How many indented lines below an offered line are offered with it.
+const MAX_WRAPPED: usize = 8;
+
+/// Offers the indented lines right below the offered line that ends at `end` (its newline, or
+/// the region's end): a paste that wraps a driver message under its head goes on there, as
+/// `classify::saved::offered` says; the reader decides whether they continue it. Returns where
+/// the last line offered ends; `counted` passes the newlines before each.
+fn offer_wrapped(
+    region: &[u8],
+    mut end: usize,
+    base_line: u64,
+    counted: &mut u64,
+    on_line: &mut impl FnMut(u64, &[u8]),
+) -> usize {
+    for _ in 0..MAX_WRAPPED {
+        let ns = end + 1;
+        if ns >= region.len() || !saved::continues(&region[ns..]) {
+            break;
+        }
+        let ne = memchr::memchr(b'\n', &region[ns..]).map_or(region.len(), |i| ns + i);
+        *counted += 1;
+        on_line(
+            base_line + *counted + 1,
+            trim_cr(&region[ns..ne.min(ns + MAX_LINE)]),
+        );
+        end = ne;
+    }
+    end
 }
 
 fn trim_cr(line: &[u8]) -> &[u8] {
@@ -286,6 +340,25 @@ mod tests {
         );
         assert_eq!(st.lines, 6);
         assert_eq!(st.candidates, 3);
+    }
+
+    #[test]
+    fn indented_lines_below_an_offered_one_are_offered_with_exact_numbers() {
+        let (lines, st) = collect(
+            b"a\nb NVRM: x\n   wrapped\n\tand more\nc\n  not below one\nd nvidia: y\n  last",
+        );
+        assert_eq!(
+            lines,
+            vec![
+                (2, "b NVRM: x".into()),
+                (3, "   wrapped".into()),
+                (4, "\tand more".into()),
+                (7, "d nvidia: y".into()),
+                (8, "  last".into())
+            ]
+        );
+        assert_eq!(st.lines, 8);
+        assert_eq!(st.candidates, 2);
     }
 
     #[test]

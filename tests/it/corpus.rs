@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use xidwatch::classify::{prefix, Classifier, LineOrigin};
+use xidwatch::classify::saved::{self, SavedLog};
 use xidwatch::model::{Finding, FindingKind, Severity};
 use xidwatch::source::file::Prefilter;
 
@@ -86,26 +86,17 @@ fn load(sub: &str) -> Vec<(String, Block)> {
 
 /// Classifies a block as `scan` does (literal prefilter, prefix split, folding, flush at the end).
 fn classify(block: &Block, pre: &Prefilter) -> Vec<Finding> {
-    let mut c = Classifier::new();
+    // Read as `scan` reads a saved log: the lines the prefilter offers, through the one reader.
+    let mut log = SavedLog::default();
     let mut out = Vec::new();
+    let mut after_offered = false;
     for (i, l) in block.lines.iter().enumerate() {
-        if !pre.is_candidate(l.text.as_bytes()) {
-            continue;
-        }
-        let Some(split) = prefix::split(&l.text) else {
-            continue;
-        };
-        let at = LineOrigin {
-            line: i as u64 + 1,
-            seq: split.prefix.seq,
-            ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text.clone(),
-        };
-        for m in &split.messages {
-            c.push(m, &at, &mut out);
+        after_offered = saved::offered(pre, l.text.as_bytes(), after_offered);
+        if after_offered {
+            log.line(i as u64 + 1, &l.text, &mut out);
         }
     }
-    c.flush(&mut out);
+    log.finish(&mut out);
     // Incidents group and guidance is chosen by the shape that read a line, so every finding
     // names one.
     if let Some(f) = out.iter().find(|f| f.shape.is_none()) {
