@@ -176,10 +176,13 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
     // comes from what follows (the task, the RIP, the frames): one outside NVIDIA's modules
     // stays silent.
     if let Some(h) = crash_header(t) {
+        let task = header_task(h);
         return Some(Shape::TraceStart {
-            task: None,
+            task: task.map(str::to_string),
             hung: false,
-            module: frame_module(h).or_else(|| source_module(h)),
+            module: frame_module(h)
+                .or_else(|| source_module(h))
+                .or_else(|| task.and_then(task_module)),
             text: h.trim_end().to_string(),
         });
     }
@@ -252,6 +255,18 @@ pub(super) fn crash_header(t: &str) -> Option<&str> {
     (CRASH_HEADERS.iter().any(|h| t.starts_with(h)) || warning_at_source(t)).then_some(t)
 }
 
+/// The task a lockup header names at its end: `BUG: soft lockup - CPU#2 stuck for 104s!
+/// [nvidia-modeset/:1314]` is the `nvidia-modeset/` kernel thread, pid 1314.
+pub(super) fn header_task(h: &str) -> Option<&str> {
+    if !h.contains(" stuck for ") {
+        return None;
+    }
+    let inner = h.trim_end().strip_suffix(']')?;
+    let (_, inner) = inner.rsplit_once('[')?;
+    let (name, pid) = inner.rsplit_once(':')?;
+    (!name.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(name)
+}
+
 /// A kernel warning that names its source line without `CPU:` first: newer kernels print
 /// `WARNING: drivers/x/y.c:123 at func+0x1/0x2, CPU#3: comm/42`, and people shorten it to
 /// `WARNING at nvidia-drm/nvidia-drm-drv.c:1221 func+0x327/0x340`. The source path must end in
@@ -299,7 +314,15 @@ pub fn hung_wording(rest: &str) -> Option<usize> {
 /// The NVIDIA module a kernel thread or NVIDIA tool belongs to, by its task name: a hang of
 /// `nvidia-modeset/0` or of `nvidia-smi` is a hang in the driver even when no frame is logged.
 pub(super) fn task_module(name: &str) -> Option<&'static str> {
-    let n = name.to_ascii_lowercase();
+    let mut n = name.to_ascii_lowercase();
+    // A threaded interrupt handler is named after its device's driver: `irq/181-nvidia`.
+    if let Some((_, driver)) = n
+        .strip_prefix("irq/")
+        .and_then(|r| r.split_once('-'))
+        .filter(|(num, _)| num.bytes().all(|b| b.is_ascii_digit()))
+    {
+        n = driver.to_string();
+    }
     if n.starts_with("nvidia-modeset") || n.starts_with("nvidia_modeset") {
         Some("nvidia_modeset")
     } else if n.starts_with("nvidia-drm") || n.starts_with("nvidia_drm") {

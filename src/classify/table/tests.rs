@@ -98,9 +98,11 @@ fn anchor_rows_start_messages() {
         for ex in &row.examples {
             let line = format!("Mar 16 12:35:19 host tool[77]: {ex}");
             let at = prefix::message_start(&line);
+            // The message starts at the literal, whatever the tool wrote before it (`ERROR: `).
+            let from = ex.find(row.literal).unwrap_or(0);
             assert_eq!(
                 at.map(|a| &line[a..]),
-                Some(ex.as_str()),
+                Some(&ex[from..]),
                 "{}: {line}",
                 row.id
             );
