@@ -384,3 +384,41 @@ fn xid_154_recover_imex_domain() {
         crate::model::RecoveryAction::BusReset
     );
 }
+
+/// A crash report whose only NVIDIA link is its task: named in a lockup header's brackets, or
+/// an NVIDIA device's threaded interrupt handler in the `Comm:` line (real lines, public
+/// reports).
+#[test]
+fn a_crash_in_an_nvidia_task_is_the_drivers() {
+    let lockup = testing::read(
+        &["Jun 03 10:40:15 pop-os kernel: watchdog: BUG: soft lockup - CPU#2 stuck for 104s! [nvidia-modeset/:1314]"],
+        true,
+    );
+    assert_eq!(lockup.len(), 1, "{lockup:#?}");
+    assert_eq!(lockup[0].module.as_deref(), Some("nvidia_modeset"));
+    assert!(lockup[0].severity >= Severity::Warning);
+
+    let irq = testing::read(
+        &[
+            "Nov 15 07:37:53 chaoran-zenbook kernel: BUG: unable to handle page fault for address: 0000000000001a81",
+            "Nov 15 07:37:53 chaoran-zenbook kernel: #PF: supervisor read access in kernel mode",
+            "Nov 15 07:37:53 chaoran-zenbook kernel: Oops: 0000 [#2] PREEMPT SMP PTI",
+            "Nov 15 07:37:53 chaoran-zenbook kernel: CPU: 11 PID: 1094 Comm: irq/181-nvidia Tainted: P      D W  OE     5.3.11-1-MANJARO #1",
+            "Nov 15 07:37:53 chaoran-zenbook kernel: RIP: 0010:exit_thread+0x12/0xc0",
+        ],
+        true,
+    );
+    assert_eq!(irq.len(), 1, "{irq:#?}");
+    assert_eq!(irq[0].origin.line, 1, "the report starts at its header");
+    assert_eq!(irq[0].module.as_deref(), Some("nvidia"));
+
+    // Another driver's interrupt thread is not the driver's.
+    let other = testing::read(
+        &[
+            "kernel: BUG: unable to handle page fault for address: 0000000000001a81",
+            "kernel: CPU: 11 PID: 1094 Comm: irq/33-iwlwifi Tainted: P      D W  OE     5.3.11-1-MANJARO #1",
+        ],
+        false,
+    );
+    assert!(other.is_empty(), "{other:#?}");
+}
