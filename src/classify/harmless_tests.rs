@@ -214,3 +214,22 @@ fn driver_states_that_stop_the_gpu_are_reported() {
         "nvidia 0000:01:00.0: PM: dpm_run_callback(): pci_pm_suspend returns -5"
     )));
 }
+
+/// The optional GSP log firmware missing at boot: the driver itself says non-fatal, and newer
+/// drivers ask for it at every boot, so a fleet would page on every reboot. The GSP firmware the
+/// driver needs, missing, stays a critical initialisation failure.
+#[test]
+fn the_optional_gsp_log_firmware_missing_is_not_an_error() {
+    let quiet = classify(
+        "[    5.1] nvidia 0000:05:00.0: firmware: failed to load nvidia/595.71.05/gsp_log_ga10x.bin (-2)\n\
+         [    5.2] NVRM: RmFetchGspRmImages: Failed to load gsp_log_*.bin, no GSP-RM logs will be printed (non-fatal)\n\
+         [    5.3] nvidia 0000:01:00.0: Direct firmware load for nvidia/570.86.15/gsp_log_ga10x.bin failed with error -2\n",
+    );
+    assert!(loud(&quiet).is_empty(), "{quiet:#?}");
+    let needed = classify(
+        "[    5.5] nvidia 0000:06:00.0: loading /lib/firmware/nvidia/570.172.08/gsp_ga10x.bin failed with error -4\n",
+    );
+    assert_eq!(needed.len(), 1, "{needed:#?}");
+    assert_eq!(needed[0].kind, FindingKind::DriverInitFailure);
+    assert_eq!(needed[0].severity, Severity::Critical);
+}

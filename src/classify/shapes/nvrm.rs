@@ -355,6 +355,9 @@ pub(super) fn is_gsp_dump_line(body: &str) -> bool {
 pub(super) fn parse_nvidia_other(m: &str) -> Shape {
     if let Some(after) = m.strip_prefix("nvidia ") {
         if let Some(c) = re_fw_load().captures(m) {
+            if is_harmless(&c[2]) {
+                return Shape::Harmless;
+            }
             return Shape::InitFailure {
                 id: crate::classify::shape_id::INIT_FIRMWARE_LOAD,
                 pci: pci(&c[1]),

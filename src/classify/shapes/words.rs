@@ -65,6 +65,10 @@ pub(super) const HARMLESS: &[&str] = &[
     // `free_os_event: failed to find OS event`: a client freed an event handle the driver no
     // longer knows (monitoring agents do this on healthy GPUs); nothing about the GPU.
     "free_os_event",
+    // The optional GSP firmware for firmware logging (`gsp_log_ga10x.bin`), asked for only
+    // when firmware logs are enabled and missing from most installs: the driver says so itself
+    // (`Failed to load gsp_log_*.bin, no GSP-RM logs will be printed (non-fatal)`) and runs on.
+    "gsp_log_",
 ];
 
 /// A probe of what the GPU or the platform can do, or a lookup, answered "no", that the driver
