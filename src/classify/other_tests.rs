@@ -422,3 +422,24 @@ fn a_crash_in_an_nvidia_task_is_the_drivers() {
     );
     assert!(other.is_empty(), "{other:#?}");
 }
+
+/// A kernel warning whose header names another module and whose next line, no message of its
+/// own, names the NVIDIA module it is about (real lines, a public report): one finding from the
+/// header. The same warning without that line is not the driver's.
+#[test]
+fn a_warning_is_the_drivers_when_a_line_of_it_names_the_module() {
+    let lines = [
+        "[ 2643.243066] ------------[ cut here ]------------",
+        "[ 2643.243081] WARNING: CPU: 2 PID: 1090 at /build/linux-Uuaskm/linux-3.18.6/drivers/gpu/drm/drm_ioctl.c:143 drm_setversion+0x176/0x180 [drm]()",
+        "[ 2643.243123] No drm_driver.set_busid() implementation provided by nvidia_frontend_exit_module [nvidia]. Use drm_dev_set_unique() to set the unique name explicitly.",
+        "[ 2643.243124] Modules linked in:",
+    ];
+    let found = testing::read(&lines, true);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].origin.line, 2);
+    assert_eq!(found[0].module.as_deref(), Some("nvidia"));
+    assert_eq!(found[0].origin.lines, 2);
+
+    let without = testing::read(&[lines[0], lines[1], lines[3]], true);
+    assert!(without.is_empty(), "{without:#?}");
+}

@@ -91,6 +91,34 @@ impl Pending {
 }
 
 impl Classifier {
+    /// A line of a pending crash report that holds no message of its own (`No
+    /// drm_driver.set_busid() implementation provided by nvidia_frontend_exit_module [nvidia].`):
+    /// when it names an NVIDIA module in brackets it ties the report to that module, and is part
+    /// of it. Any other line is left alone (it neither joins nor ends the report). Returns
+    /// whether the line was taken.
+    pub fn report_line(&mut self, text: &str, at: &LineOrigin) -> bool {
+        let Some(Pending::Trace {
+            finding,
+            module,
+            last_line,
+            ..
+        }) = self.pending.as_mut()
+        else {
+            return false;
+        };
+        if at.line > *last_line + MAX_TRACE_GAP {
+            return false;
+        }
+        let Some(named) = shapes::named_module(text) else {
+            return false;
+        };
+        if module.is_none() {
+            *module = Some(named);
+        }
+        fold_raw(finding, text, at, last_line);
+        true
+    }
+
     /// Finishes any multi-line finding with what it has (end of input, or the live source went
     /// quiet).
     pub fn flush(&mut self, out: &mut Vec<Finding>) {
@@ -376,6 +404,24 @@ impl Classifier {
                 *hung |= *h;
                 if module.is_none() {
                     *module = *m;
+                }
+                fold_raw(finding, msg, at, last_line);
+                None
+            }
+            // A line of the report that is no message of its own but names an NVIDIA module
+            // (`... provided by nvidia_frontend_exit_module [nvidia].` under a DRM core warning):
+            // the report is the driver's.
+            (
+                Pending::Trace {
+                    finding,
+                    module,
+                    last_line,
+                    ..
+                },
+                Shape::Other | Shape::Harmless,
+            ) if shapes::named_module(msg).is_some() => {
+                if module.is_none() {
+                    *module = shapes::named_module(msg);
                 }
                 fold_raw(finding, msg, at, last_line);
                 None

@@ -449,6 +449,25 @@ fn device_then_colon(s: &str) -> bool {
     }
 }
 
+/// A kernel line's text after its prefix, for a line in which no message we know starts (a line
+/// inside a crash report): after the journal's or syslog's `kernel: `, or after a leading
+/// `[ 9512.238711]` stamp; else the line itself.
+pub fn kernel_text(line: &str) -> (Prefix, &str) {
+    let line = line.trim_end();
+    let at = if let Some(i) = line.find(" kernel: ") {
+        i + " kernel: ".len()
+    } else {
+        let t = line.trim_start();
+        let lead = line.len() - t.len();
+        match t.strip_prefix('[').and_then(|r| r.find(']')) {
+            Some(close) if close < 24 => lead + 1 + close + 1,
+            _ => 0,
+        }
+    };
+    let (head, body) = line.split_at(at);
+    (parse_prefix(head), body.trim_start())
+}
+
 fn parse_prefix(head: &str) -> Prefix {
     plain_stamp(head).unwrap_or_else(|| any_prefix(head))
 }

@@ -54,7 +54,9 @@ impl SavedLog {
     pub fn line(&mut self, line_no: u64, text: &str, out: &mut Vec<Finding>) {
         let Some((prefix, messages)) = prefix::split_borrowed_with(text, self.site.as_deref())
         else {
-            self.continuation(line_no, text, out);
+            if !self.continuation(line_no, text, out) {
+                self.in_report(line_no, text);
+            }
             return;
         };
         let at = LineOrigin {
@@ -77,9 +79,9 @@ impl SavedLog {
 
     /// An indented line without a message start of its own, right below a message that waits
     /// for more lines: the next line of that message.
-    fn continuation(&mut self, line_no: u64, text: &str, out: &mut Vec<Finding>) {
+    fn continuation(&mut self, line_no: u64, text: &str, out: &mut Vec<Finding>) -> bool {
         let Some((prev, tag)) = self.last.take() else {
-            return;
+            return false;
         };
         let body = text.trim();
         if prev + 1 != line_no
@@ -87,7 +89,7 @@ impl SavedLog {
             || body.is_empty()
             || !self.classifier.has_pending()
         {
-            return;
+            return false;
         }
         let at = LineOrigin {
             line: line_no,
@@ -96,6 +98,23 @@ impl SavedLog {
         let msg = format!("{tag}{body}");
         self.classifier.push(&msg, &at, out);
         self.last = Some((line_no, tag));
+        true
+    }
+
+    /// A line with no message start of its own inside a crash report (see
+    /// [`Classifier::report_line`]).
+    fn in_report(&mut self, line_no: u64, text: &str) {
+        if !self.classifier.has_pending() {
+            return;
+        }
+        let (prefix, body) = prefix::kernel_text(text);
+        let at = LineOrigin {
+            line: line_no,
+            seq: prefix.seq,
+            ts_usec: prefix.ts_usec,
+            timestamp: prefix.text,
+        };
+        self.classifier.report_line(body, &at);
     }
 
     /// The end of the log: multi-line findings finish with what they have.

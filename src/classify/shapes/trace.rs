@@ -10,6 +10,26 @@ pub fn frame_module(line: &str) -> Option<&'static str> {
     NVIDIA_MODULES.iter().copied().find(|m| *m == inner)
 }
 
+/// The NVIDIA module a line names in brackets anywhere in it (`... provided by
+/// nvidia_frontend_exit_module [nvidia]. Use ...`), as a line of a crash report does that is not a
+/// frame.
+pub fn named_module(line: &str) -> Option<&'static str> {
+    let mut rest = line;
+    while let Some(open) = rest.find('[') {
+        let after = &rest[open + 1..];
+        let close = after.find(']')?;
+        if let Some(m) = NVIDIA_MODULES
+            .iter()
+            .copied()
+            .find(|m| *m == &after[..close])
+        {
+            return Some(m);
+        }
+        rest = &after[close + 1..];
+    }
+    None
+}
+
 /// Whether a line is a call-trace frame (`sym+0x1f/0x40 [mod]`, with `? ` and `[<addr>] `).
 pub fn is_frame(line: &str) -> bool {
     let t = frame_text(line);
