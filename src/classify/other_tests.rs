@@ -442,4 +442,20 @@ fn a_warning_is_the_drivers_when_a_line_of_it_names_the_module() {
 
     let without = testing::read(&[lines[0], lines[1], lines[3]], true);
     assert!(without.is_empty(), "{without:#?}");
+
+    // The daemon reads the same report as kernel records, messages without prefixes.
+    let mut c = super::Classifier::new();
+    let mut live = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let msg = l.split_once("] ").map_or(*l, |(_, m)| m);
+        let at = super::LineOrigin {
+            seq: Some(i as u64),
+            ts_usec: Some(2_643_243_000 + i as u64),
+            ..super::LineOrigin::default()
+        };
+        c.push(msg, &at, &mut live);
+    }
+    c.flush(&mut live);
+    assert_eq!(live.len(), 1, "{live:#?}");
+    assert_eq!(live[0].module.as_deref(), Some("nvidia"));
 }
