@@ -114,6 +114,11 @@ fn driver_error_guidance(f: &Finding) -> Guidance {
             "nvidia-smi or NVML could not reach the driver, or one GPU (text pasted from the tool's output).",
             "Check that the kernel module is loaded and matches the user-space driver (cat /proc/driver/nvidia/version, modinfo nvidia); a missing device handle for one GPU means that GPU dropped off: look for Xid 79 or AER on it.",
         )
+    } else if shape == shape_id::NEEDS_OPEN_MODULES {
+        (
+            "The GPU is driven only by NVIDIA's open kernel modules (every Blackwell GPU, and later), and the proprietary ones are loaded: the GPU is left unused.",
+            "Install the open kernel modules of the same driver version (the -open package, or the .run installer with -m=kernel-open) and reboot.",
+        )
     } else if shape == shape_id::NOT_SUPPORTED {
         (
             "The installed driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP); the GPU is left unused.",

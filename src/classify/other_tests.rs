@@ -459,3 +459,44 @@ fn a_warning_is_the_drivers_when_a_line_of_it_names_the_module() {
     assert_eq!(live.len(), 1, "{live:#?}");
     assert_eq!(live[0].module.as_deref(), Some("nvidia"));
 }
+
+/// Multi-line driver messages whose first line carries no error word (real lines, public
+/// reports): the GPU that needs the open kernel modules (its second line indented, with or
+/// without the tag), and the missing interrupt line with the driver's BIOS advice below it.
+#[test]
+fn multi_line_driver_messages_are_one_finding() {
+    for second in [
+        "               NVRM: installed in this system requires use of the NVIDIA open kernel modules.",
+        "               installed in this system requires use of the NVIDIA open kernel modules.",
+        "[    5.559842] NVRM: installed in this system requires use of the NVIDIA open kernel modules.",
+    ] {
+        let found = testing::read(
+            &[
+                "[    5.559842] NVRM: The NVIDIA GPU 0000:02:00.0 (PCI ID: 10de:2c58)",
+                second,
+                "[    5.559858] NVRM: GPU 0000:02:00.0: RmInitAdapter failed! (0x22:0x56:884)",
+            ],
+            true,
+        );
+        assert_eq!(found.len(), 2, "{second}: {found:#?}");
+        assert_eq!(found[0].title, "GPU requires the NVIDIA open kernel modules");
+        assert_eq!(found[0].origin.lines, 2, "{second}");
+        assert_eq!(found[0].pci.map(|p| p.to_string()).as_deref(), Some("0000:02:00.0"));
+        assert_eq!(found[1].kind, FindingKind::DriverInitFailure);
+    }
+
+    let irq = testing::read(
+        &[
+            "[   60.644750] NVRM: Can't find an IRQ for your NVIDIA card!",
+            "[   60.644757] NVRM: Please check your BIOS settings.",
+            "[   60.644764] NVRM: [Plug & Play OS] should be set to NO",
+            "[   60.644771] NVRM: [Assign IRQ to VGA] should be set to YES",
+            "[   60.644781] nvidia: probe of 0000:01:00.0 failed with error -1",
+        ],
+        true,
+    );
+    assert_eq!(irq.len(), 2, "{irq:#?}");
+    assert_eq!(irq[0].kind, FindingKind::DriverInitFailure);
+    assert_eq!(irq[0].origin.lines, 4);
+    assert_eq!(irq[1].kind, FindingKind::DriverInitFailure);
+}

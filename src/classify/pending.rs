@@ -206,6 +206,25 @@ impl Classifier {
                         return None;
                     }
                 }
+                if msg.contains("requires use of the NVIDIA open kernel modules") {
+                    // Blackwell and later on the proprietary modules: the driver will not
+                    // drive this GPU until the open ones are installed.
+                    let mut f = finding.clone();
+                    fold_raw(&mut f, msg, at, last_line);
+                    f.kind = FindingKind::DriverError;
+                    f.severity = Severity::Warning;
+                    f.category = Category::Driver;
+                    f.title = "GPU requires the NVIDIA open kernel modules".into();
+                    f.message = "this GPU is driven only by the NVIDIA open kernel modules; the proprietary ones are loaded".into();
+                    f.shape = Some(super::shape_id::NEEDS_OPEN_MODULES);
+                    let last = *last_line;
+                    self.pending = Some(Pending::Fold {
+                        finding: f,
+                        mode: FoldMode::Explain,
+                        last_line: last,
+                    });
+                    return None;
+                }
                 if msg.contains("not supported") || msg.contains("supported through") {
                     // "installed in this system is not supported by the NVIDIA 550.54.14 driver
                     // release" / "by open nvidia.ko": the driver will not drive this GPU.

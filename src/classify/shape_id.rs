@@ -37,6 +37,8 @@ pub const API_VERSION_MISMATCH: &str = "api.version-mismatch";
 pub const GSP_RPC_DUMP: &str = "gsp.rpc-dump";
 pub const GSP_CRASH: &str = "gsp.crash";
 pub const NOT_SUPPORTED: &str = "driver.not-supported";
+/// `The NVIDIA GPU ... installed in this system requires use of the NVIDIA open kernel modules.`
+pub const NEEDS_OPEN_MODULES: &str = "driver.needs-open-modules";
 pub const DRIVER_ERROR: &str = "driver.error";
 pub const DRIVER_FATAL: &str = "driver.fatal";
 /// An error of one NVIDIA module (`nvidia-drm`, `nvidia`); the finding's module says which.
@@ -82,6 +84,7 @@ pub const ALL: &[&str] = &[
     GSP_RPC_DUMP,
     GSP_CRASH,
     NOT_SUPPORTED,
+    NEEDS_OPEN_MODULES,
     DRIVER_ERROR,
     DRIVER_FATAL,
     MODULE_ERROR,
