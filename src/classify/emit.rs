@@ -407,6 +407,27 @@ impl Classifier {
             Shape::Sxid(s) => self.sxid(s, msg, at),
             Shape::FabricManager(ev) => out.push(self.fabric_manager(ev, msg, at)),
             Shape::Aer(a) => self.aer(a, msg, at, out),
+            Shape::Cper(super::shapes::CperLine::Start) => {
+                let f = base(
+                    id::AER_APEI,
+                    FindingKind::PcieAer,
+                    Severity::Info,
+                    Category::Pcie,
+                    "PCIe error reported by the firmware (APEI)",
+                    msg,
+                    at,
+                );
+                self.pending = Some(Pending::Cper {
+                    finding: f,
+                    severity: None,
+                    pcie: false,
+                    device: None,
+                    nvidia: false,
+                    last_line: at.line,
+                });
+            }
+            // A record's line without its start: nothing to attach it to.
+            Shape::Cper(_) => {}
             Shape::Row(m) => self.row(m, msg, at, out),
             Shape::DriverLoaded { version } => self.driver_version = Some(version),
             Shape::UnreadableXid => {

@@ -500,3 +500,51 @@ fn multi_line_driver_messages_are_one_finding() {
     assert_eq!(irq[0].origin.lines, 4);
     assert_eq!(irq[1].kind, FindingKind::DriverInitFailure);
 }
+
+/// A firmware-first (APEI) hardware error record: the firmware reports a GPU's PCIe error in a
+/// block of `[Hardware Error]` lines (real lines, a public write-up of a replay-timer error on
+/// an NVIDIA GPU). It is one finding about the device the record names, as bad as the record
+/// says; the same record for another vendor's device is not a GPU's.
+#[test]
+fn a_firmware_error_record_of_a_gpu_is_one_finding() {
+    let record = |severity: &str, vendor: &str| -> Vec<String> {
+        [
+            "{8}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 514",
+            "{8}[Hardware Error]: It has been corrected by h/w and requires no further action",
+            &format!("{{8}}[Hardware Error]: event severity: {severity}"),
+            "{8}[Hardware Error]:  Error 0, type: corrected",
+            "{8}[Hardware Error]:  fru_text: PcieError",
+            "{8}[Hardware Error]:   section_type: PCIe error",
+            "{8}[Hardware Error]:   port_type: 1, legacy PCI end point",
+            "{8}[Hardware Error]:   command: 0x0406, status: 0x0010",
+            "{8}[Hardware Error]:   device_id: 0000:e3:00.0",
+            &format!("{{8}}[Hardware Error]:   vendor_id: {vendor}, device_id: 0x2bb5"),
+            "{8}[Hardware Error]:   aer_cor_status: 0x00001000, aer_cor_mask: 0x00000000",
+            "nvidia 0000:e3:00.0: aer_status: 0x00001000, aer_mask: 0x00000000",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    for (severity, expect) in [
+        ("corrected", Severity::Info),
+        ("recoverable", Severity::Warning),
+        ("fatal", Severity::Critical),
+    ] {
+        let lines = record(severity, "0x10de");
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let found = testing::read(&refs, true);
+        assert_eq!(found.len(), 1, "{severity}: {found:#?}");
+        assert_eq!(found[0].kind, FindingKind::PcieAer);
+        assert_eq!(found[0].severity, expect, "{severity}");
+        assert_eq!(found[0].origin.line, 1);
+        assert_eq!(found[0].origin.lines, 11);
+        assert_eq!(
+            found[0].pci.map(|p| p.to_string()).as_deref(),
+            Some("0000:e3:00.0")
+        );
+    }
+    let lines = record("fatal", "0x8086");
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let other = testing::read(&refs[..11], true);
+    assert!(other.is_empty(), "{other:#?}");
+}

@@ -59,6 +59,16 @@ pub(super) enum Pending {
         mode: FoldMode,
         last_line: u64,
     },
+    /// A firmware-first hardware error record (APEI): reported when it is a PCIe error of an
+    /// NVIDIA device.
+    Cper {
+        finding: Finding,
+        severity: Option<String>,
+        pcie: bool,
+        device: Option<PciAddress>,
+        nvidia: bool,
+        last_line: u64,
+    },
     /// A call trace or hung-task report; reported only when a frame is in an NVIDIA module.
     Trace {
         finding: Finding,
@@ -78,6 +88,7 @@ impl Pending {
             | Pending::Aer { last_line, .. }
             | Pending::Gsp { last_line, .. }
             | Pending::Fold { last_line, .. }
+            | Pending::Cper { last_line, .. }
             | Pending::Trace { last_line, .. } => *last_line,
         }
     }
@@ -169,6 +180,32 @@ impl Classifier {
             }
             // A trace without NVIDIA frames is none of xidwatch's business.
             Pending::Trace { module: None, .. } => {}
+            Pending::Cper {
+                mut finding,
+                severity,
+                pcie,
+                device: Some(device),
+                nvidia,
+                ..
+            } if pcie && (nvidia || self.nvidia_devices.contains(&device)) => {
+                let sev = severity.unwrap_or_else(|| "unknown".into());
+                finding.severity = match sev.as_str() {
+                    "fatal" => Severity::Critical,
+                    "recoverable" => Severity::Warning,
+                    _ => Severity::Info,
+                };
+                finding.pci = Some(device);
+                finding.title =
+                    format!("PCIe {sev} error on {device}, reported by the firmware (APEI)");
+                finding.detail = Some(Detail::Aer {
+                    reporter: None,
+                    class: format!("{sev} (firmware-first, APEI)"),
+                });
+                self.nvidia_devices.insert(device);
+                out.push(self.enrich(finding));
+            }
+            // Another device's record, or one that names no PCIe device.
+            Pending::Cper { .. } => {}
             Pending::Sxid { finding, .. }
             | Pending::Aer { finding, .. }
             | Pending::Gsp { finding, .. }
@@ -423,6 +460,29 @@ impl Classifier {
                 *hung |= *h;
                 if module.is_none() {
                     *module = *m;
+                }
+                fold_raw(finding, msg, at, last_line);
+                None
+            }
+            (
+                Pending::Cper {
+                    finding,
+                    severity,
+                    pcie,
+                    device,
+                    nvidia,
+                    last_line,
+                },
+                Shape::Cper(l),
+            ) if *l != shapes::CperLine::Start => {
+                match l {
+                    shapes::CperLine::Severity(s) => *severity = Some(s.clone()),
+                    shapes::CperLine::Section(s) => *pcie |= s.starts_with("PCIe"),
+                    shapes::CperLine::Device(d) => {
+                        device.get_or_insert(*d);
+                    }
+                    shapes::CperLine::Vendor(v) => *nvidia |= *v == 0x10de,
+                    shapes::CperLine::Start | shapes::CperLine::Other => {}
                 }
                 fold_raw(finding, msg, at, last_line);
                 None

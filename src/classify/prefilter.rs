@@ -48,6 +48,8 @@ pub const HAND_LITERALS: &[&str] = &[
     // A kernel warning's header (`WARNING: CPU: 2 PID: 1090 at drivers/gpu/drm/drm_ioctl.c:143
     // ...`): a later line of the report may name the NVIDIA module it is about.
     "WARNING: CPU: ",
+    // Firmware-first hardware error records (APEI), whose PCIe section may name a GPU.
+    "[Hardware Error]: ",
     // Tegra's (Jetson's) integrated GPU driver, whose lines carry no NVRM or nvidia tag.
     "nvgpu: ",
     // nvidia-smi's "couldn't communicate with the NVIDIA driver" as management tools reword it.

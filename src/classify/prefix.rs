@@ -251,6 +251,7 @@ const HAND_ANCHORS_THEN: &[&str] = &[
     crate::classify::shapes::SMI_ERR_FIELD,
     "fabricmanager[",
     crate::classify::shapes::NVML_EXCEPTION,
+    "[Hardware Error]: ",
 ];
 
 /// Where the message that anchor `a` stands for starts in `line`, if it is there.

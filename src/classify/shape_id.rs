@@ -8,6 +8,8 @@ pub const XID_UNREADABLE: &str = "xid.unreadable";
 pub const SXID: &str = "sxid";
 pub const AER: &str = "aer.error";
 pub const AER_STATUS: &str = "aer.status";
+/// A firmware-first (APEI/CPER) PCIe error record of an NVIDIA device.
+pub const AER_APEI: &str = "aer.apei";
 pub const GPU_UUID: &str = "identity.uuid";
 pub const BOARD_SERIAL: &str = "identity.serial";
 pub const FALLEN_OFF_BUS: &str = "bus.fallen-off";
@@ -60,6 +62,7 @@ pub const ALL: &[&str] = &[
     SXID,
     AER,
     AER_STATUS,
+    AER_APEI,
     GPU_UUID,
     BOARD_SERIAL,
     FALLEN_OFF_BUS,

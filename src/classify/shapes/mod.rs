@@ -144,6 +144,8 @@ pub enum Shape {
     },
     Sxid(SxidLine),
     Aer(AerLine),
+    /// A line of a firmware-first hardware error record (`[Hardware Error]: ...`, APEI/CPER).
+    Cper(CperLine),
     /// The driver's load banner; carries the version (it decides the NVLink5 register layout).
     DriverLoaded {
         version: String,
@@ -192,6 +194,47 @@ pub enum AerStatus {
     LinkReset,
     /// `AER: can't recover (no error_detected callback)`
     CantRecover,
+}
+
+/// What one line of a firmware-first (APEI) hardware error record says. The firmware reports a
+/// PCIe error in a block of lines: its severity, its section type, the device's address and its
+/// vendor; the block is a GPU's error when the vendor is NVIDIA's or the device is a known GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CperLine {
+    /// `Hardware error from APEI Generic Hardware Error Source: 1`: a record starts.
+    Start,
+    /// `event severity: fatal` (`recoverable`, `corrected`, `info`).
+    Severity(String),
+    /// `section_type: PCIe error`.
+    Section(String),
+    /// `device_id: 0000:e3:00.0` (the PCIe section's address).
+    Device(PciAddress),
+    /// `vendor_id: 0x10de, device_id: 0x2bb5`.
+    Vendor(u16),
+    Other,
+}
+
+/// Reads a `[Hardware Error]: ` line (after the record index `{8}` some kernels print first).
+pub fn parse_cper(msg: &str) -> Option<CperLine> {
+    let rest = msg
+        .trim_start_matches(|c: char| c == '{' || c == '}' || c.is_ascii_digit())
+        .strip_prefix("[Hardware Error]:")?
+        .trim();
+    Some(if rest.starts_with("Hardware error from APEI") {
+        CperLine::Start
+    } else if let Some(s) = rest.strip_prefix("event severity:") {
+        CperLine::Severity(s.trim().to_ascii_lowercase())
+    } else if let Some(s) = rest.strip_prefix("section_type:") {
+        CperLine::Section(s.trim().to_string())
+    } else if let Some(v) = rest.strip_prefix("vendor_id:") {
+        let v = v.split(',').next().unwrap_or("").trim();
+        let v = v.strip_prefix("0x").unwrap_or(v);
+        u16::from_str_radix(v, 16).map_or(CperLine::Other, CperLine::Vendor)
+    } else if let Some(d) = rest.strip_prefix("device_id:") {
+        PciAddress::parse(d.trim()).map_or(CperLine::Other, CperLine::Device)
+    } else {
+        CperLine::Other
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,6 +339,11 @@ const NVIDIA_MODULES: &[&str] = &[
 
 /// Classifies one message line (starting at its tag).
 pub fn parse(msg: &str) -> Shape {
+    if matches!(msg.as_bytes().first(), Some(b'[' | b'{')) {
+        if let Some(c) = parse_cper(msg) {
+            return Shape::Cper(c);
+        }
+    }
     if let Some(rest) = msg.strip_prefix("NVRM: ") {
         return parse_nvrm(rest.trim_end());
     }
