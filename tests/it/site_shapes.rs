@@ -2,9 +2,10 @@
 //! `check` reports them and refuses a bad row by its key, `scan --config` reads an added wording
 //! and stays silent on a silenced line, and a running daemon takes both on at a reload.
 //!
-//! The lines are real ones from the unseen rounds (`fixtures/unseen/`): nvidia-smi's infoROM
-//! warning, which no built-in shape reads, and nvidia-modeset's EDID warning, a false alarm on a
-//! desktop with a monitor that does not answer.
+//! The lines are real ones from the unseen rounds (`fixtures/unseen/`): a GPU health agent's own
+//! summary of an Xid 79, which no built-in shape reads, and nvidia-modeset's "lost display
+//! notification" warning, which the built-in shapes report and a site of desktops may know to be
+//! harmless.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,28 +15,28 @@ use serde_json::Value;
 
 use super::support;
 
-const INFOROM: &str = "WARNING: infoROM is corrupted at gpu 0000:00:05.0";
-const EDID: &str =
-    "Sep 12 14:12:38 Sun kernel: nvidia-modeset: WARNING: GPU:0: Unable to read EDID for display device DP-0";
+const AGENT: &str = "XID 79(GPU has fallen off the bus) detected on PCI:0000:ae:00";
+const LOST: &str =
+    "Jun 12 16:30:35 fedora-box kernel: nvidia-modeset: WARNING: GPU:0: Lost display notification (0:0x00000000); continuing.";
 
 /// The rows a site would write for the two lines.
 fn site_rows() -> String {
     format!(
         r#"
 [[classify.shape]]
-id = "site.inforom-corrupted"
-literal = "infoROM is corrupted"
-pattern = "infoROM is corrupted at gpu {{pci}}"
-kind = "driver_error"
-severity = "warning"
-category = "memory"
-title = "GPU infoROM is corrupted"
-examples = ["{INFOROM}"]
+id = "site.agent-fell-off"
+literal = "detected on PCI:"
+pattern = 'XID 79\(GPU has fallen off the bus\) detected on PCI:{{pci}}'
+kind = "fallen_off_bus"
+severity = "critical"
+category = "pcie"
+title = "GPU has fallen off the bus (the health agent says)"
+examples = ["{AGENT}"]
 
 [[classify.silence]]
-literal = "Unable to read EDID"
-pattern = 'nvidia-modeset: WARNING: GPU:\d+: Unable to read EDID for display device'
-examples = ["{EDID}"]
+literal = "Lost display notification"
+pattern = 'nvidia-modeset: WARNING: GPU:\d+: Lost display notification'
+examples = ["{LOST}"]
 "#
     )
 }
@@ -67,22 +68,30 @@ fn scan_json(args: &[&str], log: &Path) -> Vec<Value> {
 #[test]
 fn scan_with_the_sites_rows_reads_an_added_wording_and_stays_silent_on_a_silenced_one() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let log = write(dir.path(), "host.log", &format!("{EDID}\n{INFOROM}\n"));
-    // Without the site's rows: the EDID warning is reported, the infoROM line is not read.
+    let log = write(dir.path(), "host.log", &format!("{LOST}\n{AGENT}\n"));
+    // Without the site's rows: the display warning is reported, the agent's line is not read.
     let plain = scan_json(&[], &log);
     assert_eq!(plain.len(), 1, "{plain:#?}");
-    assert!(plain[0]["message"].as_str().unwrap_or("").contains("EDID"));
+    assert!(plain[0]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("Lost display notification"));
 
     let cfg = write(dir.path(), "xidwatch.toml", &site_rows());
     let site = scan_json(&["--config", cfg.to_str().expect("path")], &log);
     assert_eq!(site.len(), 1, "{site:#?}");
     let f = &site[0];
-    assert_eq!(f["title"], "GPU infoROM is corrupted");
-    assert_eq!(f["severity"], "warning");
-    assert_eq!(f["category"], "memory");
-    assert_eq!(f["pci"], "0000:00:05.0");
+    assert_eq!(
+        f["title"],
+        "GPU has fallen off the bus (the health agent says)"
+    );
+    assert_eq!(f["kind"], "fallen_off_bus");
+    assert_eq!(f["severity"], "critical");
+    assert_eq!(f["category"], "pcie");
+    assert_eq!(f["pci"], "0000:ae:00.0");
+    assert_eq!(f["shape"], "site.agent-fell-off");
     // In a saved line, the message starts where the row's pattern matched.
-    assert_eq!(f["message"], "infoROM is corrupted at gpu 0000:00:05.0");
+    assert_eq!(f["message"], AGENT);
 }
 
 #[test]
@@ -101,23 +110,26 @@ fn check_reports_the_sites_rows_and_refuses_a_bad_one_by_its_key() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("site shapes: 1 added (site.inforom-corrupted), 1 silenced"),
+        text.contains("site shapes: 1 added (site.agent-fell-off), 1 silenced"),
         "{text}"
     );
 
     for (bad, key, words) in [
         (
-            site_rows().replace("at gpu {pci}", "at gpu {address}"),
+            site_rows().replace("PCI:{pci}", "PCI:{address}"),
             "classify.shape[0].pattern",
             "unknown slot {address}",
         ),
         (
-            site_rows().replace("severity = \"warning\"", "severity = \"loud\""),
+            site_rows().replace("severity = \"critical\"", "severity = \"loud\""),
             "classify.shape[0].severity",
             "unknown severity",
         ),
         (
-            site_rows().replace("display device'", "display device DP-1'"),
+            site_rows().replace(
+                "Lost display notification'",
+                "Lost display notification DP-1'",
+            ),
             "classify.silence[0].examples[0]",
             "does not match",
         ),
@@ -170,38 +182,35 @@ fn a_reload_brings_in_the_sites_rows() {
         writeln!(f, "4,{seq},{},-;{msg}", 1_000_000 + seq).expect("append");
     };
     let xid = |bus: &str| format!("NVRM: Xid (PCI:0000:{bus}:00): 79, pid=42, name=python3, test");
-    let modeset = EDID.split_once("kernel: ").map_or(EDID, |(_, m)| m);
+    let modeset = LOST.split_once("kernel: ").map_or(LOST, |(_, m)| m);
 
-    // Before: the infoROM line is no one's; the marker Xid says the lines before it were read.
-    append(0, INFOROM);
+    // Before: the agent's line is no one's; the marker Xid says the lines before it were read.
+    append(0, AGENT);
     append(1, &xid("17"));
     let v = d.wait_json_within(limit, "the first marker", |l| {
         l.iter().any(|i| i["pci"] == "0000:17:00.0")
     });
-    assert!(!v.iter().any(|i| i["pci"] == "0000:00:05.0"), "{v:#?}");
+    assert!(!v.iter().any(|i| i["pci"] == "0000:ae:00.0"), "{v:#?}");
 
     std::fs::write(&cfg, format!("{base}{}", site_rows())).expect("config");
     d.signal(libc::SIGHUP);
     d.wait_stderr_within(limit, "config reloaded");
     append(2, modeset);
-    append(3, INFOROM);
+    append(3, AGENT);
     append(4, &xid("2a"));
     let v = d.wait_json_within(limit, "the added wording and the second marker", |l| {
-        l.iter().any(|i| i["pci"] == "0000:00:05.0") && l.iter().any(|i| i["pci"] == "0000:2a:00.0")
+        l.iter().any(|i| i["pci"] == "0000:ae:00.0") && l.iter().any(|i| i["pci"] == "0000:2a:00.0")
     });
     let stopped = d.stop();
     let all = stopped.json();
     let added = v
         .iter()
-        .find(|i| i["pci"] == "0000:00:05.0")
-        .expect("the infoROM incident");
-    assert_eq!(added["severity"], "warning", "{added:#}");
+        .find(|i| i["pci"] == "0000:ae:00.0")
+        .expect("the agent's incident");
+    assert_eq!(added["severity"], "critical", "{added:#}");
+    assert_eq!(added["kind"], "fallen_off_bus", "{added:#}");
     assert!(
-        added.to_string().contains("GPU infoROM is corrupted"),
-        "{added:#}"
-    );
-    assert!(
-        !all.iter().any(|i| i.to_string().contains("EDID")),
+        !all.iter().any(|i| i.to_string().contains("Lost display")),
         "the silenced line paged: {all:#?}"
     );
 }
