@@ -185,6 +185,8 @@ struct Output<W: Write> {
     json: bool,
     /// Standard output went away (`| head`): stop writing, still exit normally.
     closed: bool,
+    /// `--json`: the finding being written, reused for every finding.
+    line: Vec<u8>,
     worst: Option<Severity>,
     per_gpu: BTreeMap<Device, Tally>,
     counts: BTreeMap<Severity, u64>,
@@ -214,8 +216,9 @@ impl<W: Write> Output<W> {
         if self.closed || !self.json {
             return;
         }
-        let res = super::json::write_finding(&mut self.out, file, f);
-        if res.is_err() {
+        self.line.clear();
+        super::json::write_finding(&mut self.line, file, f);
+        if self.out.write_all(&self.line).is_err() {
             self.closed = true;
         }
     }
@@ -345,6 +348,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         out: io::BufWriter::with_capacity(64 * 1024, stdout),
         json: args.json,
         closed: false,
+        line: Vec::with_capacity(1024),
         worst: None,
         per_gpu: BTreeMap::new(),
         counts: BTreeMap::new(),
@@ -612,7 +616,7 @@ mod tests {
                     raw: &f.origin.raw,
                 };
                 let mut mine = Vec::new();
-                super::super::json::write_finding(&mut mine, "a \"file\".log", f).unwrap();
+                super::super::json::write_finding(&mut mine, "a \"file\".log", f);
                 let want = serde_json::to_string(&j).unwrap() + "\n";
                 assert_eq!(String::from_utf8(mine).unwrap(), want);
                 n += 1;
