@@ -92,6 +92,11 @@ pub fn split_borrowed_with<'a>(
 
 /// A raw `/dev/kmsg` dump line: `PRIO,SEQ,TS_USEC,FLAGS;MESSAGE` with `\xNN` escapes.
 fn split_kmsg(line: &str) -> Option<SplitLine> {
+    // The priority comes first and is digits: any other line is out before the search for `;`
+    // (on a storm log every other line reaches here).
+    if !line.as_bytes().first().is_some_and(u8::is_ascii_digit) {
+        return None;
+    }
     let semi = line.get(..line.len().min(64))?.find(';')?;
     let mut fields = line[..semi].split(',');
     let prio = fields.next()?;
@@ -490,24 +495,36 @@ fn any_prefix(head: &str) -> Prefix {
 /// byte: what [`parse_prefix`] makes of it, without its general search for a stamp. `None` for
 /// anything else, which takes the general path.
 fn plain_stamp(head: &str) -> Option<Prefix> {
-    let text = head.trim();
-    let inner = text.strip_prefix('[')?.strip_suffix(']')?;
-    let (secs, usecs) = inner.trim_start_matches(' ').split_once('.')?;
-    // At most 12 digits of seconds: the product below cannot overflow.
-    if secs.is_empty() || secs.len() > 12 || usecs.len() != 6 {
+    // Byte by byte: `trim`, `strip_prefix` and `split_once` each cost a call here, on every
+    // candidate line. Only ASCII spaces are trimmed; a prefix with other white space takes the
+    // general path, which trims it as before.
+    let b = head.as_bytes();
+    let start = b.iter().position(|c| !c.is_ascii_whitespace())?;
+    let end = b.iter().rposition(|c| !c.is_ascii_whitespace())? + 1;
+    let t = &b[start..end];
+    // `[`, spaces, 1 to 12 digits of seconds, `.`, 6 digits, `]`. At most 12 digits of seconds:
+    // the product below cannot overflow.
+    if t.len() < 10 || t[0] != b'[' || t[t.len() - 1] != b']' || t[t.len() - 8] != b'.' {
+        return None;
+    }
+    let inner = &t[1..t.len() - 1];
+    let digits_from = inner.iter().position(|&c| c != b' ')?;
+    let secs = &inner[digits_from..inner.len() - 7];
+    let usecs = &inner[inner.len() - 6..];
+    if secs.is_empty() || secs.len() > 12 {
         return None;
     }
     let mut ts = 0u64;
-    for b in secs.bytes().chain(usecs.bytes()) {
-        if !b.is_ascii_digit() {
+    for &c in secs.iter().chain(usecs) {
+        if !c.is_ascii_digit() {
             return None;
         }
-        ts = ts * 10 + u64::from(b - b'0');
+        ts = ts * 10 + u64::from(c - b'0');
     }
     Some(Prefix {
         ts_usec: Some(ts),
         seq: None,
-        text: Some(text.to_string()),
+        text: Some(head[start..end].to_string()),
     })
 }
 
