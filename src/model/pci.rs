@@ -42,7 +42,12 @@ impl PciAddress {
     /// The domain may have any width from 1 to 8 hex digits; a missing function means 0, as the
     /// driver's `Xid (PCI:0000:17:00)` form always names function 0.
     pub fn parse(text: &str) -> Result<Self, PciParseError> {
-        let s = text.strip_prefix("PCI:").unwrap_or(text);
+        // Byte compares, not `strip_prefix`: this is built for size, where a compare with a
+        // string is a call to `memcmp`.
+        let s = match text.as_bytes() {
+            [b'P', b'C', b'I', b':', ..] => &text[4..],
+            _ => text,
+        };
         if let Some(p) = Self::parse_usual(s.as_bytes()) {
             return Ok(p);
         }
