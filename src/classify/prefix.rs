@@ -67,8 +67,41 @@ pub fn split_borrowed_with<'a>(
     line: &'a str,
     site: Option<&crate::classify::table::Table>,
 ) -> Option<(Prefix, Messages<'a>)> {
+    let (p, m) = split_ref_with(line, site)?;
+    Some((
+        Prefix {
+            ts_usec: p.ts_usec,
+            seq: p.seq,
+            text: p.text.map(std::borrow::Cow::into_owned),
+        },
+        m,
+    ))
+}
+
+/// A [`Prefix`] whose text is borrowed from the line where it can be.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixRef<'a> {
+    pub ts_usec: Option<u64>,
+    pub seq: Option<u64>,
+    pub text: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// [`split_borrowed_with`] with the prefix text borrowed: `scan` copies it into one buffer it
+/// keeps, where an owned text was an allocation (and a free) for every candidate line.
+pub fn split_ref_with<'a>(
+    line: &'a str,
+    site: Option<&crate::classify::table::Table>,
+) -> Option<(PrefixRef<'a>, Messages<'a>)> {
     if let Some(split) = split_kmsg(line) {
-        return Some((split.prefix, Messages::Many(split.messages)));
+        let p = split.prefix;
+        return Some((
+            PrefixRef {
+                ts_usec: p.ts_usec,
+                seq: p.seq,
+                text: p.text.map(std::borrow::Cow::Owned),
+            },
+            Messages::Many(split.messages),
+        ));
     }
     // A line pasted as inline code (`` `[ 136.67] RIP: ... [nvidia_modeset]` ``) ends in backticks
     // that no kernel message has.
@@ -454,20 +487,20 @@ fn device_then_colon(s: &str) -> bool {
     }
 }
 
-fn parse_prefix(head: &str) -> Prefix {
+fn parse_prefix(head: &str) -> PrefixRef<'_> {
     plain_stamp(head).unwrap_or_else(|| any_prefix(head))
 }
 
 /// Any prefix: its text, and an uptime stamp wherever it stands.
-fn any_prefix(head: &str) -> Prefix {
+fn any_prefix(head: &str) -> PrefixRef<'_> {
     let text = head.trim().trim_end_matches(':').trim();
-    let mut p = Prefix {
+    let mut p = PrefixRef {
         text: (!text.is_empty()).then(|| {
-            // The first 80 characters, cut at a character boundary (one copy, no per-char work).
+            // The first 80 characters, cut at a character boundary (no per-char work).
             let end = text.char_indices().nth(80).map_or(text.len(), |(i, _)| i);
-            text[..end].to_string()
+            std::borrow::Cow::Borrowed(&text[..end])
         }),
-        ..Prefix::default()
+        ..PrefixRef::default()
     };
     // An uptime stamp `[ 9512.238711]` anywhere in the prefix (dmesg, syslog with the stamp kept).
     // A relative `[  +0.000844]` or a `dmesg -T` date is not an uptime and is left as text.
@@ -494,7 +527,7 @@ fn any_prefix(head: &str) -> Prefix {
 /// The common prefix, a bare `[ 9512.238711]` stamp (dmesg, a saved kernel log), read byte by
 /// byte: what [`parse_prefix`] makes of it, without its general search for a stamp. `None` for
 /// anything else, which takes the general path.
-fn plain_stamp(head: &str) -> Option<Prefix> {
+fn plain_stamp(head: &str) -> Option<PrefixRef<'_>> {
     // Byte by byte: `trim`, `strip_prefix` and `split_once` each cost a call here, on every
     // candidate line. Only ASCII spaces are trimmed; a prefix with other white space takes the
     // general path, which trims it as before.
@@ -521,10 +554,10 @@ fn plain_stamp(head: &str) -> Option<Prefix> {
         }
         ts = ts * 10 + u64::from(c - b'0');
     }
-    Some(Prefix {
+    Some(PrefixRef {
         ts_usec: Some(ts),
         seq: None,
-        text: Some(head[start..end].to_string()),
+        text: Some(std::borrow::Cow::Borrowed(&head[start..end])),
     })
 }
 

@@ -450,6 +450,14 @@ fn scan_one<W: Write>(
     // Grouped for the text blocks, and for `--runbooks` (one run per incident) in either form.
     let mut grouper = (!out.json || out.subjects.is_some()).then(Grouper::new);
     let mut invalid_utf8 = 0u64;
+    // One origin for every line, its timestamp text copied into the same buffer each time: a
+    // new string per candidate line was an allocation and a free for every line of a storm.
+    let mut at = LineOrigin {
+        line: 0,
+        seq: None,
+        ts_usec: None,
+        timestamp: None,
+    };
     let mut on_line = |line_no: u64, bytes: &[u8]| {
         let text = match std::str::from_utf8(bytes) {
             Ok(t) => std::borrow::Cow::Borrowed(t),
@@ -458,15 +466,20 @@ fn scan_one<W: Write>(
                 String::from_utf8_lossy(bytes)
             }
         };
-        let Some((prefix, messages)) = prefix::split_borrowed_with(&text, site) else {
+        let Some((prefix, messages)) = prefix::split_ref_with(&text, site) else {
             return;
         };
-        let at = LineOrigin {
-            line: line_no,
-            seq: prefix.seq,
-            ts_usec: prefix.ts_usec,
-            timestamp: prefix.text,
-        };
+        at.line = line_no;
+        at.seq = prefix.seq;
+        at.ts_usec = prefix.ts_usec;
+        match prefix.text {
+            Some(t) => {
+                let buf = at.timestamp.get_or_insert_with(String::new);
+                buf.clear();
+                buf.push_str(&t);
+            }
+            None => at.timestamp = None,
+        }
         for msg in messages.iter() {
             classifier.push(msg, &at, &mut findings);
         }
