@@ -67,8 +67,41 @@ pub fn split_borrowed_with<'a>(
     line: &'a str,
     site: Option<&crate::classify::table::Table>,
 ) -> Option<(Prefix, Messages<'a>)> {
+    let (p, m) = split_ref_with(line, site)?;
+    Some((
+        Prefix {
+            ts_usec: p.ts_usec,
+            seq: p.seq,
+            text: p.text.map(std::borrow::Cow::into_owned),
+        },
+        m,
+    ))
+}
+
+/// A [`Prefix`] whose text is borrowed from the line where it can be.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixRef<'a> {
+    pub ts_usec: Option<u64>,
+    pub seq: Option<u64>,
+    pub text: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// [`split_borrowed_with`] with the prefix text borrowed: `scan` copies it into one buffer it
+/// keeps, where an owned text was an allocation (and a free) for every candidate line.
+pub fn split_ref_with<'a>(
+    line: &'a str,
+    site: Option<&crate::classify::table::Table>,
+) -> Option<(PrefixRef<'a>, Messages<'a>)> {
     if let Some(split) = split_kmsg(line) {
-        return Some((split.prefix, Messages::Many(split.messages)));
+        let p = split.prefix;
+        return Some((
+            PrefixRef {
+                ts_usec: p.ts_usec,
+                seq: p.seq,
+                text: p.text.map(std::borrow::Cow::Owned),
+            },
+            Messages::Many(split.messages),
+        ));
     }
     // A line pasted as inline code (`` `[ 136.67] RIP: ... [nvidia_modeset]` ``) ends in backticks
     // that no kernel message has.
@@ -92,6 +125,11 @@ pub fn split_borrowed_with<'a>(
 
 /// A raw `/dev/kmsg` dump line: `PRIO,SEQ,TS_USEC,FLAGS;MESSAGE` with `\xNN` escapes.
 fn split_kmsg(line: &str) -> Option<SplitLine> {
+    // The priority comes first and is digits: any other line is out before the search for `;`
+    // (on a storm log every other line reaches here).
+    if !line.as_bytes().first().is_some_and(u8::is_ascii_digit) {
+        return None;
+    }
     let semi = line.get(..line.len().min(64))?.find(';')?;
     let mut fields = line[..semi].split(',');
     let prio = fields.next()?;
@@ -453,7 +491,7 @@ fn device_then_colon(s: &str) -> bool {
 /// A kernel line's text after its prefix, for a line in which no message we know starts (a line
 /// inside a crash report): after the journal's or syslog's `kernel: `, or after a leading
 /// `[ 9512.238711]` stamp; else the line itself.
-pub fn kernel_text(line: &str) -> (Prefix, &str) {
+pub fn kernel_text(line: &str) -> (PrefixRef<'_>, &str) {
     let line = line.trim_end();
     let at = if let Some(i) = line.find(" kernel: ") {
         i + " kernel: ".len()
@@ -469,20 +507,20 @@ pub fn kernel_text(line: &str) -> (Prefix, &str) {
     (parse_prefix(head), body.trim_start())
 }
 
-fn parse_prefix(head: &str) -> Prefix {
+fn parse_prefix(head: &str) -> PrefixRef<'_> {
     plain_stamp(head).unwrap_or_else(|| any_prefix(head))
 }
 
 /// Any prefix: its text, and an uptime stamp wherever it stands.
-fn any_prefix(head: &str) -> Prefix {
+fn any_prefix(head: &str) -> PrefixRef<'_> {
     let text = head.trim().trim_end_matches(':').trim();
-    let mut p = Prefix {
+    let mut p = PrefixRef {
         text: (!text.is_empty()).then(|| {
-            // The first 80 characters, cut at a character boundary (one copy, no per-char work).
+            // The first 80 characters, cut at a character boundary (no per-char work).
             let end = text.char_indices().nth(80).map_or(text.len(), |(i, _)| i);
-            text[..end].to_string()
+            std::borrow::Cow::Borrowed(&text[..end])
         }),
-        ..Prefix::default()
+        ..PrefixRef::default()
     };
     // An uptime stamp `[ 9512.238711]` anywhere in the prefix (dmesg, syslog with the stamp kept).
     // A relative `[  +0.000844]` or a `dmesg -T` date is not an uptime and is left as text.
@@ -509,25 +547,37 @@ fn any_prefix(head: &str) -> Prefix {
 /// The common prefix, a bare `[ 9512.238711]` stamp (dmesg, a saved kernel log), read byte by
 /// byte: what [`parse_prefix`] makes of it, without its general search for a stamp. `None` for
 /// anything else, which takes the general path.
-fn plain_stamp(head: &str) -> Option<Prefix> {
-    let text = head.trim();
-    let inner = text.strip_prefix('[')?.strip_suffix(']')?;
-    let (secs, usecs) = inner.trim_start_matches(' ').split_once('.')?;
-    // At most 12 digits of seconds: the product below cannot overflow.
-    if secs.is_empty() || secs.len() > 12 || usecs.len() != 6 {
+fn plain_stamp(head: &str) -> Option<PrefixRef<'_>> {
+    // Byte by byte: `trim`, `strip_prefix` and `split_once` each cost a call here, on every
+    // candidate line. Only ASCII spaces are trimmed; a prefix with other white space takes the
+    // general path, which trims it as before.
+    let b = head.as_bytes();
+    let start = b.iter().position(|c| !c.is_ascii_whitespace())?;
+    let end = b.iter().rposition(|c| !c.is_ascii_whitespace())? + 1;
+    let t = &b[start..end];
+    // `[`, spaces, 1 to 12 digits of seconds, `.`, 6 digits, `]`. At most 12 digits of seconds:
+    // the product below cannot overflow.
+    if t.len() < 10 || t[0] != b'[' || t[t.len() - 1] != b']' || t[t.len() - 8] != b'.' {
+        return None;
+    }
+    let inner = &t[1..t.len() - 1];
+    let digits_from = inner.iter().position(|&c| c != b' ')?;
+    let secs = &inner[digits_from..inner.len() - 7];
+    let usecs = &inner[inner.len() - 6..];
+    if secs.is_empty() || secs.len() > 12 {
         return None;
     }
     let mut ts = 0u64;
-    for b in secs.bytes().chain(usecs.bytes()) {
-        if !b.is_ascii_digit() {
+    for &c in secs.iter().chain(usecs) {
+        if !c.is_ascii_digit() {
             return None;
         }
-        ts = ts * 10 + u64::from(b - b'0');
+        ts = ts * 10 + u64::from(c - b'0');
     }
-    Some(Prefix {
+    Some(PrefixRef {
         ts_usec: Some(ts),
         seq: None,
-        text: Some(text.to_string()),
+        text: Some(std::borrow::Cow::Borrowed(&head[start..end])),
     })
 }
 

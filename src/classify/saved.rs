@@ -35,6 +35,9 @@ pub struct SavedLog {
     /// The line number of the last line read, and the tag its last message started with
     /// (`NVRM: `, or none), for an indented continuation below it.
     last: Option<(u64, &'static str)>,
+    /// One origin for every line, its timestamp text copied into the same buffer each time: a
+    /// new string per candidate line was an allocation and a free for every line of a storm.
+    at: LineOrigin,
 }
 
 impl SavedLog {
@@ -47,24 +50,30 @@ impl SavedLog {
             classifier,
             site: site.filter(|t| !t.is_empty()),
             last: None,
+            at: LineOrigin::default(),
         }
     }
 
     /// Reads physical line `line_no` (1-based).
     pub fn line(&mut self, line_no: u64, text: &str, out: &mut Vec<Finding>) {
-        let Some((prefix, messages)) = prefix::split_borrowed_with(text, self.site.as_deref())
-        else {
+        let Some((prefix, messages)) = prefix::split_ref_with(text, self.site.as_deref()) else {
             if !self.continuation(line_no, text, out) {
                 self.in_report(line_no, text);
             }
             return;
         };
-        let at = LineOrigin {
-            line: line_no,
-            seq: prefix.seq,
-            ts_usec: prefix.ts_usec,
-            timestamp: prefix.text,
-        };
+        let at = &mut self.at;
+        at.line = line_no;
+        at.seq = prefix.seq;
+        at.ts_usec = prefix.ts_usec;
+        match prefix.text {
+            Some(t) => {
+                let buf = at.timestamp.get_or_insert_with(String::new);
+                buf.clear();
+                buf.push_str(&t);
+            }
+            None => at.timestamp = None,
+        }
         let mut tag = "";
         for msg in messages.iter() {
             tag = if msg.starts_with("NVRM: ") {
@@ -72,7 +81,7 @@ impl SavedLog {
             } else {
                 ""
             };
-            self.classifier.push(msg, &at, out);
+            self.classifier.push(msg, &self.at, out);
         }
         self.last = Some((line_no, tag));
     }
@@ -112,7 +121,7 @@ impl SavedLog {
             line: line_no,
             seq: prefix.seq,
             ts_usec: prefix.ts_usec,
-            timestamp: prefix.text,
+            timestamp: prefix.text.map(std::borrow::Cow::into_owned),
         };
         self.classifier.report_line(body, &at);
     }

@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 ///
 /// Only ever built by [`PciAddress::parse`] (or from already numeric values), so a value of this
 /// type is safe to place on a command line: it renders as `dddd:bb:dd.f` and nothing else.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PciAddress {
     domain: u32,
     bus: u8,
@@ -42,8 +42,49 @@ impl PciAddress {
     /// The domain may have any width from 1 to 8 hex digits; a missing function means 0, as the
     /// driver's `Xid (PCI:0000:17:00)` form always names function 0.
     pub fn parse(text: &str) -> Result<Self, PciParseError> {
+        // Byte compares, not `strip_prefix`: this is built for size, where a compare with a
+        // string is a call to `memcmp`.
+        let s = match text.as_bytes() {
+            [b'P', b'C', b'I', b':', ..] => &text[4..],
+            _ => text,
+        };
+        if let Some(p) = Self::parse_usual(s.as_bytes()) {
+            return Ok(p);
+        }
+        Self::parse_any(text, s)
+    }
+
+    /// The form the driver and NVML print, `DOMAIN:BB:DD[.F]` with a two-digit bus and device,
+    /// read byte by byte: every Xid line names one, and the general reader below (splits,
+    /// radix parsing) was a twentieth of a storm scan. `None` for any other form, which the
+    /// general reader then reads (or refuses) as before; for this form both give the same.
+    fn parse_usual(b: &[u8]) -> Option<Self> {
+        fn hex(c: u8) -> Option<u32> {
+            char::from(c).to_digit(16)
+        }
+        let colon = b.iter().position(|&c| c == b':')?;
+        if colon == 0 || colon > 8 {
+            return None;
+        }
+        let mut domain = 0u32;
+        for &c in &b[..colon] {
+            domain = domain << 4 | hex(c)?;
+        }
+        let r = &b[colon..];
+        let (bus, device, function) = match *r {
+            [b':', b1, b2, b':', d1, d2] => (hex(b1)? << 4 | hex(b2)?, hex(d1)? << 4 | hex(d2)?, 0),
+            [b':', b1, b2, b':', d1, d2, b'.', f] => {
+                (hex(b1)? << 4 | hex(b2)?, hex(d1)? << 4 | hex(d2)?, hex(f)?)
+            }
+            _ => return None,
+        };
+        // Each below 0x100 (two hex digits), function below 0x10 (one).
+        PciAddress::new(domain, bus as u8, device as u8, function as u8)
+    }
+
+    /// Every accepted form; `s` is `text` without its `PCI:`.
+    fn parse_any(text: &str, s: &str) -> Result<Self, PciParseError> {
         let err = || PciParseError(text.chars().take(64).collect());
-        let s = text.strip_prefix("PCI:").unwrap_or(text);
         let (head, function) = match s.rsplit_once('.') {
             Some((head, f)) => (head, parse_hex_u8(f, 1).ok_or_else(err)?),
             None => (s, 0),
@@ -100,6 +141,20 @@ fn parse_hex_u8(s: &str, max_len: usize) -> Option<u8> {
         return None;
     }
     u8::from_str_radix(s, 16).ok()
+}
+
+/// One hash of the packed address rather than one per field: the classifier keeps a set of the
+/// GPUs it has seen and looks every Xid line's address up in it. Equal addresses pack equally,
+/// as `Eq` (derived, field by field) requires.
+impl std::hash::Hash for PciAddress {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_u64(
+            u64::from(self.domain) << 24
+                | u64::from(self.bus) << 16
+                | u64::from(self.device) << 8
+                | u64::from(self.function),
+        );
+    }
 }
 
 impl fmt::Display for PciAddress {
@@ -182,5 +237,28 @@ mod tests {
         ] {
             assert!(PciAddress::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The byte-by-byte reader gives what the general one gives, wherever it answers at all.
+    #[test]
+    fn the_usual_form_reads_as_the_general_path_does() {
+        let digits = [
+            "0", "00", "000", "0000", "c1", "C1", "1f", "20", "ff", "x0", "", "4a7f1",
+        ];
+        let mut n = 0;
+        for d in ["0000", "0", "00000000", "4a7f1", "123456789", "x000", ""] {
+            for b in digits {
+                for v in digits {
+                    for f in ["", ".0", ".7", ".8", ".f", ".", ".00"] {
+                        let s = format!("{d}:{b}:{v}{f}");
+                        if let Some(p) = PciAddress::parse_usual(s.as_bytes()) {
+                            assert_eq!(Ok(p), PciAddress::parse_any(&s, &s), "{s}");
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(n > 100, "{n} addresses compared");
     }
 }
