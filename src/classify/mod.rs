@@ -180,8 +180,11 @@ impl Classifier {
                 matches!((ts, at.ts_usec), (Some(a), Some(b)) if b >= a && b - a <= 1_000)
             }
         });
-        let Some(body) = msg.strip_prefix("NVRM: ") else {
-            return shape;
+        // Bytes, not `strip_prefix`: the size-built binary calls `memcmp` for that, on every
+        // line of a storm.
+        let body = match msg.as_bytes() {
+            [b'N', b'V', b'R', b'M', b':', b' ', ..] => &msg[6..],
+            _ => return shape,
         };
         let tail = follows && shapes::continues_sentence(body);
         let quiet = matches!(shape, Shape::Harmless | Shape::Other);
@@ -198,6 +201,7 @@ impl Classifier {
     }
 
     /// Attaches what is known about the GPU at the finding's address.
+    #[inline]
     fn enrich(&self, mut f: Finding) -> Finding {
         if let Some(id) = f.pci.and_then(|p| self.gpus.get(&p)) {
             merge_identity(&mut f.gpu, id);
@@ -242,6 +246,7 @@ fn base(
 
 /// [`base`] with the finding's class and title and its message already built (no copy of
 /// either).
+#[inline]
 fn base_owned(
     shape: &'static str,
     mut f: Finding,

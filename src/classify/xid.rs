@@ -64,7 +64,11 @@ impl Classifier {
             }
             _ => {}
         }
-        self.enrich(f)
+        // In place: the finding is a few hundred bytes, and `enrich` moved it twice.
+        if let Some(id) = f.pci.and_then(|p| self.gpus.get(&p)) {
+            super::merge_identity(&mut f.gpu, id);
+        }
+        f
     }
 }
 
@@ -101,7 +105,7 @@ pub(super) fn link_number(rest: &str) -> Option<u32> {
 }
 
 pub(super) fn parse_num_after(hay: &str, key: &str) -> Option<u32> {
-    let i = hay.find(key)?;
+    let i = memchr::memmem::find(hay.as_bytes(), key.as_bytes())?;
     let n = hay[i + key.len()..].trim_start();
     let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
     n[..end].parse().ok()
@@ -120,7 +124,7 @@ pub(super) fn hex_u32(s: &str) -> Option<u32> {
 pub(super) fn xid_detail(xid: u32, rest: &str, driver: Option<&str>) -> Option<Detail> {
     match xid {
         13 => {
-            let at = rest.find("GPC ")?;
+            let at = memchr::memmem::find(rest.as_bytes(), b"GPC ")?;
             let loc = &rest[at..];
             let gpc = parse_num_after(loc, "GPC ")?;
             let tpc = parse_num_after(loc, "TPC ")?;

@@ -12,16 +12,25 @@ pub fn parse_xid(m: &str) -> Option<XidLine> {
 /// A redacted address (`PCI:...`) still gives the Xid number.
 pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
     let inner = x.strip_prefix('(')?;
-    let close = inner.find("):")?;
+    let ib = inner.as_bytes();
+    let close = memchr::memchr_iter(b')', ib).find(|&i| ib.get(i + 1) == Some(&b':'))?;
     let addr = &inner[..close];
-    if addr.contains('(') {
+    if memchr::memchr(b'(', addr.as_bytes()).is_some() {
         return None;
     }
     // The address is the first word: on a MIG GPU the driver adds the instances after it
     // (`PCI:0000:01:00 GPU-I:05 GPU-CI:02`). An address the reporter redacted (`PCI:...`,
     // `PCI:0000:XX:00`, `PCI:<redacted>`) or the driver left out still gives the Xid number.
-    let addr = addr.split_whitespace().next().unwrap_or("");
-    let pci = PciAddress::parse(addr.strip_prefix("PCI:").unwrap_or(addr)).ok();
+    let addr = if addr.bytes().all(|c| c.is_ascii_graphic()) {
+        addr
+    } else {
+        addr.split_whitespace().next().unwrap_or("")
+    };
+    let addr = match addr.as_bytes() {
+        [b'P', b'C', b'I', b':', ..] => &addr[4..],
+        _ => addr,
+    };
+    let pci = PciAddress::parse(addr).ok();
     let after = inner[close + 2..].trim_start_matches(' ');
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
@@ -41,7 +50,8 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
         tail = tail.trim_start();
     }
     let (mut pid, mut process) = (None, None);
-    if let Some(rest) = tail.strip_prefix("pid=") {
+    if let [b'p', b'i', b'd', b'=', ..] = tail.as_bytes() {
+        let rest = &tail[4..];
         let end = rest.find(',').unwrap_or(rest.len());
         let v = rest[..end].trim().trim_matches('\'');
         pid = v.parse().ok();
@@ -50,7 +60,8 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
             .unwrap_or(&rest[end..])
             .trim_start();
     }
-    if let Some(rest) = tail.strip_prefix("name=") {
+    if let [b'n', b'a', b'm', b'e', b'=', ..] = tail.as_bytes() {
+        let rest = &tail[5..];
         let end = rest.find(',').unwrap_or(rest.len());
         let v = rest[..end].trim();
         if !v.is_empty() && v != "<unknown>" && v != "'<unknown>'" {

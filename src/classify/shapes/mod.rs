@@ -344,8 +344,8 @@ pub fn parse(msg: &str) -> Shape {
             return Shape::Cper(c);
         }
     }
-    if let Some(rest) = msg.strip_prefix("NVRM: ") {
-        return parse_nvrm(rest.trim_end());
+    if let [b'N', b'V', b'R', b'M', b':', b' ', ..] = msg.as_bytes() {
+        return parse_nvrm(msg[6..].trim_end());
     }
     if let Some(rest) = msg.strip_prefix("NVRM ") {
         // Older open-module builds print `NVRM funcName: text`.

@@ -98,8 +98,8 @@ pub(super) fn module_line(module: &'static str, msg: &str) -> Shape {
 }
 
 pub(super) fn parse_nvrm(m: &str) -> Shape {
-    if let Some(x) = m.strip_prefix("Xid ") {
-        return match parse_xid_after(x) {
+    if let [b'X', b'i', b'd', b' ', ..] = m.as_bytes() {
+        return match parse_xid_after(&m[4..]) {
             Some(x) => Shape::Xid(x),
             // Never silent: an Xid line in a shape we do not know is still reported.
             None => Shape::UnreadableXid,
