@@ -44,7 +44,6 @@ pub const HAND_LITERALS: &[&str] = &[
     // Kernel crash headers: the task and frames after them say whether the crash is NVIDIA's.
     "BUG:",
     "general protection fault",
-    "kernel BUG at",
     // A kernel warning's header (`WARNING: CPU: 2 PID: 1090 at drivers/gpu/drm/drm_ioctl.c:143
     // ...`): a later line of the report may name the NVIDIA module it is about.
     "WARNING: CPU: ",
