@@ -7,8 +7,6 @@
 //! where a message we understand begins: an NVIDIA or PCIe tag at a word boundary, followed by the
 //! exact shape that tag always has. A hostname such as `nvidia-node-7` fails that shape check.
 
-use crate::source::kmsg::record::unescape;
-
 /// What the prefix told us.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prefix {
@@ -130,18 +128,10 @@ fn split_kmsg(line: &str) -> Option<SplitLine> {
     if !line.as_bytes().first().is_some_and(u8::is_ascii_digit) {
         return None;
     }
-    let semi = line.get(..line.len().min(64))?.find(';')?;
-    let mut fields = line[..semi].split(',');
-    let prio = fields.next()?;
-    let seq = fields.next()?;
-    let ts = fields.next()?;
-    fields.next()?;
-    if !(is_digits(prio) && is_digits(seq) && is_digits(ts)) {
-        return None;
-    }
-    let (seq, ts): (u64, u64) = (seq.parse().ok()?, ts.parse().ok()?);
-    let msg = unescape(&line.as_bytes()[semi + 1..]);
-    let messages: Vec<String> = msg
+    // The record format is read in one place, where the live source reads `/dev/kmsg`.
+    let rec = crate::source::kmsg::record::parse_record(line.as_bytes()).ok()?;
+    let messages: Vec<String> = rec
+        .message
         .split('\n')
         .map(str::trim_end)
         .filter(|m| !m.is_empty())
@@ -153,9 +143,9 @@ fn split_kmsg(line: &str) -> Option<SplitLine> {
     }
     Some(SplitLine {
         prefix: Prefix {
-            ts_usec: Some(ts),
-            seq: Some(seq),
-            text: Some(format!("[{:>5}.{:06}]", ts / 1_000_000, ts % 1_000_000)),
+            ts_usec: Some(rec.ts_usec),
+            seq: Some(rec.seq),
+            text: Some(crate::source::kmsg::time::kernel_stamp(rec.ts_usec)),
         },
         messages,
     })
@@ -584,6 +574,23 @@ fn plain_stamp(head: &str) -> Option<PrefixRef<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A saved `/dev/kmsg` dump line is read by the live source's record reader: the same
+    /// sequence number, time and message (escapes and all), the continuation fields left out.
+    #[test]
+    fn a_kmsg_dump_line_reads_as_the_live_record_does() {
+        let line = "4,1187,9512238711,-,caller=T812;NVRM: Xid (PCI:0000:17:00): 79, pid=0, GPU has fallen off the bus.\\x0aNVRM: GPU 0000:17:00.0: GPU has fallen off the bus.";
+        let rec = crate::source::kmsg::record::parse_record(line.as_bytes()).expect("record");
+        let split = split(line).expect("a dump line");
+        assert_eq!(split.prefix.seq, Some(rec.seq));
+        assert_eq!(split.prefix.ts_usec, Some(rec.ts_usec));
+        assert_eq!(split.prefix.text.as_deref(), Some("[ 9512.238711]"));
+        assert_eq!(split.messages.join("\n"), rec.message);
+        assert_eq!(split.messages.len(), 2);
+        // Not a record: a bad field, or no message we know.
+        assert!(split_kmsg("4,x,9512238711,-;NVRM: Xid (PCI:0000:17:00): 79, pid=0").is_none());
+        assert!(split_kmsg("6,1,2,-;EXT4-fs (nvme0n1p2): mounted filesystem").is_none());
+    }
 
     /// The bare stamp's fast path reads exactly what the general path reads.
     #[test]
