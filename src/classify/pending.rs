@@ -101,6 +101,26 @@ impl Pending {
     }
 }
 
+/// The tails of `The NVIDIA GPU <addr> (PCI ID: ...) installed in this system` that say the
+/// driver will not drive the GPU, first match wins: the words, the shape, the title, the message.
+const NOT_DRIVEN: &[(&[&str], &str, &str, &str)] = &[
+    // Blackwell and later on the proprietary modules.
+    (
+        &["requires use of the NVIDIA open kernel modules"],
+        super::shape_id::NEEDS_OPEN_MODULES,
+        "GPU requires the NVIDIA open kernel modules",
+        "this GPU is driven only by the NVIDIA open kernel modules; the proprietary ones are loaded",
+    ),
+    // "is not supported by the NVIDIA 550.54.14 driver release" / "supported through open
+    // nvidia.ko".
+    (
+        &["not supported", "supported through"],
+        super::shape_id::NOT_SUPPORTED,
+        "GPU not supported by the installed driver",
+        "the installed NVIDIA driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP)",
+    ),
+];
+
 impl Classifier {
     /// A line of a pending crash report that holds no message of its own (`No
     /// drm_driver.set_busid() implementation provided by nvidia_frontend_exit_module [nvidia].`):
@@ -243,36 +263,20 @@ impl Classifier {
                         return None;
                     }
                 }
-                if msg.contains("requires use of the NVIDIA open kernel modules") {
-                    // Blackwell and later on the proprietary modules: the driver will not
-                    // drive this GPU until the open ones are installed.
+                if let Some(&(_, shape, title, message)) = NOT_DRIVEN
+                    .iter()
+                    .find(|(words, ..)| words.iter().any(|w| msg.contains(w)))
+                {
+                    // The driver will not drive this GPU: one finding that takes the driver's
+                    // explanation lines after it.
                     let mut f = finding.clone();
                     fold_raw(&mut f, msg, at, last_line);
                     f.kind = FindingKind::DriverError;
                     f.severity = Severity::Warning;
                     f.category = Category::Driver;
-                    f.title = "GPU requires the NVIDIA open kernel modules".into();
-                    f.message = "this GPU is driven only by the NVIDIA open kernel modules; the proprietary ones are loaded".into();
-                    f.shape = Some(super::shape_id::NEEDS_OPEN_MODULES);
-                    let last = *last_line;
-                    self.pending = Some(Pending::Fold {
-                        finding: f,
-                        mode: FoldMode::Explain,
-                        last_line: last,
-                    });
-                    return None;
-                }
-                if msg.contains("not supported") || msg.contains("supported through") {
-                    // "installed in this system is not supported by the NVIDIA 550.54.14 driver
-                    // release" / "by open nvidia.ko": the driver will not drive this GPU.
-                    let mut f = finding.clone();
-                    fold_raw(&mut f, msg, at, last_line);
-                    f.kind = FindingKind::DriverError;
-                    f.severity = Severity::Warning;
-                    f.category = Category::Driver;
-                    f.title = "GPU not supported by the installed driver".into();
-                    f.shape = Some(super::shape_id::NOT_SUPPORTED);
-                    f.message = "the installed NVIDIA driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP)".into();
+                    f.title = title.into();
+                    f.message = message.into();
+                    f.shape = Some(shape);
                     let last = *last_line;
                     self.pending = Some(Pending::Fold {
                         finding: f,
