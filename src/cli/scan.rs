@@ -469,8 +469,8 @@ fn scan_one<W: Write>(
             None => findings.clear(),
         }
     };
-    let stats = match file::open(path) {
-        Ok(reader) => file::scan_lines(reader, pre, &mut on_line),
+    let stats = match file::scan_path(path, pre, &mut on_line) {
+        Ok(stats) => stats,
         Err(e) => {
             eprintln!("xidwatch: {name}: cannot read: {e}");
             return false;

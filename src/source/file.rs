@@ -3,7 +3,9 @@
 //! Scanning is a hot path: bug-report archives are hundreds of MB and almost every line is
 //! ordinary kernel chatter. So the reader never looks at a line on its own unless a literal
 //! prefilter (Teddy/Aho-Corasick over the whole buffer, the same technique grep tools use) says it
-//! may be ours; line numbers come from a SIMD newline count over the skipped stretches.
+//! may be ours; line numbers come from a SIMD newline count per window, made before the search
+//! (see [`LineIndex`]). Regular files are read through a memory map that survives truncation
+//! ([`super::mapped`]), FIFOs, standard input and gzip archives with `read(2)`.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read};
@@ -13,24 +15,19 @@ use crate::classify::saved;
 
 pub use crate::classify::prefilter::{candidate_literals, Prefilter};
 
-/// Read size. Small enough that a read's bytes are still in the core's L2 cache when the literal
-/// search reaches them (the kernel's copy puts them there): with 2 MiB reads the scan of an
-/// ordinary log was an eighth slower than with 256 KiB ones. Large enough that per-read
-/// overhead vanishes.
+/// Window size: the reads' size, and the stretch of a mapped file searched at a time. Small
+/// enough that a window is still in the core's L2 cache when the literal search reaches it (the
+/// kernel's copy, or the newline count over a mapped window, puts it there): with 2 MiB reads the
+/// scan of an ordinary log was an eighth slower than with 256 KiB ones. Large enough that
+/// per-window overhead vanishes.
 ///
-/// Measured again against a memory map on a GPU host's log (bench/scan.sh's gpu-host log, 277 MB,
-/// page cache warm, one core; CPU time, best of five): `read(2)` in 256 KiB pieces 105-110 ms;
-/// a whole-file map 171-176 ms with no advice, 163-167 ms with `MADV_SEQUENTIAL`, 152-170 ms with
-/// `MADV_WILLNEED`, 152-175 ms with `MADV_HUGEPAGE` (the page cache is not in huge pages), also
-/// when searched in 256 KiB windows. The map saves the copy (system time) but the search and the
-/// newline count then read memory instead of cache, which costs more; it also needs a SIGBUS
-/// handler to survive truncation. So reads stay.
-///
-/// Measured once more on the same logs (task-clock, best of five): a whole-file map with
-/// `MAP_POPULATE`, with and without `MADV_SEQUENTIAL`, and with `MADV_WILLNEED` one window ahead,
-/// all cost more than reads (the search of mapped pages is slower by more than the copy it
-/// saves); reads of 64 KiB to 2 MiB cost the same within noise; a read buffer in a transparent
-/// huge page saved nothing. ripgrep itself searches these logs faster with `--no-mmap`.
+/// Regular files are mapped ([`scan_path`]), everything else read. Measured on bench/scan.sh's
+/// ordinary log (352 MB, page cache warm, one core, best of five): reads cost 77 ms of copying
+/// before any search; a map whose windows are searched first cost more than reads (the search
+/// then reads memory, not cache), but one whose windows are first counted for newlines (one
+/// streaming pass that faults the pages in) and then searched in cache cost 96 ms with three
+/// literals against 111 ms for reads. `MADV_POPULATE_READ` per window, `MADV_SEQUENTIAL` and
+/// `MAP_POPULATE` saved nothing more.
 const CHUNK: usize = 256 << 10;
 /// Longest line classified in full; a longer one has its first `MAX_LINE` bytes classified and
 /// the rest skipped, with a note.
@@ -61,19 +58,21 @@ pub struct ScanStats {
     pub error: Option<io::Error>,
 }
 
-/// Opens a file (or `-` for standard input), transparently decompressing gzip.
+/// Opens a file (or `-` for standard input) to be read, transparently decompressing gzip.
 ///
-/// The input is opened exactly once and only ever read with `read(2)`: a FIFO or standard input
-/// cannot be opened or read a second time (a second open of a FIFO waits for a writer that has
-/// already gone), and a memory map of a file that someone truncates meanwhile kills the process
-/// with SIGBUS, where a read just ends early. Reads go straight into the scanner's buffer in
-/// 256 KiB pieces; the gzip sniff is the only buffered read.
+/// The input is opened exactly once: a FIFO or standard input cannot be opened or read a second
+/// time (a second open of a FIFO waits for a writer that has already gone). Reads go straight
+/// into the scanner's buffer in 256 KiB pieces; the gzip sniff is the only buffered read.
 pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
-    let raw: Box<dyn Read> = if path == Path::new("-") {
-        Box::new(io::stdin().lock())
+    if path == Path::new("-") {
+        reader(Box::new(io::stdin().lock()))
     } else {
-        Box::new(File::open(path)?)
-    };
+        reader(Box::new(File::open(path)?))
+    }
+}
+
+/// `raw`, decompressed when it starts like gzip.
+fn reader(raw: Box<dyn Read>) -> io::Result<Box<dyn Read>> {
     let mut r = BufReader::with_capacity(CHUNK, raw);
     let magic = {
         use std::io::BufRead;
@@ -91,6 +90,115 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     } else {
         Ok(Box::new(r))
     }
+}
+
+/// Files smaller than this are read, not mapped: the map's set-up would cost more than the copy.
+pub const MAP_MIN: u64 = 1 << 20;
+
+/// Scans the file at `path` (or `-` for standard input) as [`scan_lines`] does: a regular,
+/// uncompressed file of at least [`MAP_MIN`] bytes through a memory map ([`super::mapped`]),
+/// anything else with `read(2)`. The file is opened once either way (a FIFO cannot be opened
+/// twice). Fails only when the file cannot be opened.
+pub fn scan_path(
+    path: &Path,
+    pre: &Prefilter,
+    on_line: impl FnMut(u64, &[u8]),
+) -> io::Result<ScanStats> {
+    if path == Path::new("-") {
+        return Ok(scan_lines(open(path)?, pre, on_line));
+    }
+    let file = File::open(path)?;
+    let len = match file.metadata() {
+        Ok(m) if m.is_file() && m.len() >= MAP_MIN => usize::try_from(m.len()).ok(),
+        _ => None,
+    };
+    let gzip = || {
+        use std::os::unix::fs::FileExt;
+        let mut magic = [0u8; 2];
+        matches!(file.read_at(&mut magic, 0), Ok(2) if magic == [0x1f, 0x8b])
+    };
+    if let Some(len) = len.filter(|_| !gzip()) {
+        if let Ok(map) = super::mapped::Mapped::new(&file, len) {
+            return Ok(scan_mapped(&map, pre, on_line));
+        }
+    }
+    Ok(scan_lines(reader(Box::new(file))?, pre, on_line))
+}
+
+/// Serialises the tests that map files: one map at a time per process.
+#[cfg(test)]
+pub(crate) static MAP_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`scan_lines`] over a mapped file: the same windows, lines, numbers and notes, without the
+/// copy. Stops with a note when the file shrank under the map.
+fn scan_mapped(
+    map: &super::mapped::Mapped,
+    pre: &Prefilter,
+    mut on_line: impl FnMut(u64, &[u8]),
+) -> ScanStats {
+    let data = map.bytes();
+    let mut st = ScanStats::default();
+    let mut index = LineIndex::default();
+    let mut base_line: u64 = 0;
+    let mut wrapped_carry = false;
+    if let Some(i) = memchr::memchr(0, &data[..data.len().min(BINARY_SNIFF)]) {
+        st.notes
+            .push(binary_note(bytecount::count(&data[..i], b'\n') as u64 + 1));
+    }
+    let mut pos = 0;
+    while pos < data.len() {
+        let lim = (pos + CHUNK).min(data.len());
+        // Whole lines only: up to the window's last newline, or a longer line's end.
+        let end = if lim == data.len() {
+            lim
+        } else if let Some(i) = memchr::memrchr(b'\n', &data[pos..lim]) {
+            pos + i + 1
+        } else {
+            let cap = (pos + MAX_LINE).min(data.len());
+            match memchr::memchr(b'\n', &data[lim..cap]) {
+                Some(i) => lim + i + 1,
+                None if cap == data.len() => cap,
+                None => {
+                    // A line longer than MAX_LINE: its head is classified, the rest skipped.
+                    let line = base_line + 1;
+                    st.notes.push(long_line_note(line));
+                    let head = &data[pos..pos + MAX_LINE];
+                    if pre.is_candidate(head) {
+                        st.candidates += 1;
+                        on_line(line, trim_cr(head));
+                    }
+                    wrapped_carry = false;
+                    // Its newline (kept) is the first byte of the next region, where it counts.
+                    pos = memchr::memchr(b'\n', &data[cap..]).map_or(data.len(), |i| cap + i);
+                    if pos == data.len() {
+                        base_line += 1;
+                    }
+                    continue;
+                }
+            }
+        };
+        base_line += scan_region(
+            &data[pos..end],
+            base_line,
+            pre,
+            &mut st,
+            &mut on_line,
+            &mut wrapped_carry,
+            &mut index,
+        );
+        pos = end;
+        if map.shrunk() {
+            st.notes.push(Note {
+                line: None,
+                text: "the file shrank while it was read: the lines past its new end were not read"
+                    .into(),
+            });
+            break;
+        }
+    }
+    st.bytes = pos as u64;
+    st.lines = base_line;
+    st
 }
 
 /// Reads `r` to the end, calling `on_line(line_number, bytes)` for every candidate line (without
@@ -113,6 +221,7 @@ pub fn scan_lines<R: Read>(
     let mut wrapped_carry = false;
     let mut saw_nul = false;
     let mut eof = false;
+    let mut index = LineIndex::default();
     while !eof {
         let old = filled;
         // At most CHUNK per read. The carried-over part is shorter than MAX_LINE, so the slice is
@@ -189,6 +298,7 @@ pub fn scan_lines<R: Read>(
             &mut st,
             &mut on_line,
             &mut wrapped_carry,
+            &mut index,
         );
         buf.copy_within(end..filled, 0);
         filled -= end;
@@ -215,7 +325,44 @@ fn long_line_note(line: u64) -> Note {
     }
 }
 
-/// Scans complete lines in `region`; returns how many newlines it holds. `carry` says whether the
+/// Newlines per block of a region, counted before the region is searched.
+///
+/// Why first: the count is one streaming pass over the region, which brings a mapped region's
+/// pages into the cache for the literal search after it (see [`super::mapped`]); and a
+/// candidate's line number is then the count before its block plus a count within the block,
+/// never a second pass over the whole region.
+#[derive(Default)]
+pub(crate) struct LineIndex {
+    /// `before[i]`: newlines in the region before block `i`.
+    before: Vec<u64>,
+    total: u64,
+}
+
+/// Bytes per block of a [`LineIndex`].
+const BLOCK: usize = 4096;
+
+impl LineIndex {
+    fn build(&mut self, region: &[u8]) {
+        self.before.clear();
+        let mut n = 0u64;
+        for b in region.chunks(BLOCK) {
+            self.before.push(n);
+            n += bytecount::count(b, b'\n') as u64;
+        }
+        self.total = n;
+    }
+
+    /// Newlines in `region[..at]`.
+    fn newlines_before(&self, region: &[u8], at: usize) -> u64 {
+        let b = at / BLOCK;
+        match self.before.get(b) {
+            Some(&n) => n + bytecount::count(&region[b * BLOCK..at], b'\n') as u64,
+            None => self.total,
+        }
+    }
+}
+
+/// Scans complete lines in `region`; returns how many lines it holds. `carry` says whether the
 /// last line before the region was offered (its indented followers here are offered too), and
 /// is set to whether the region's last line was.
 fn scan_region(
@@ -225,15 +372,17 @@ fn scan_region(
     st: &mut ScanStats,
     on_line: &mut impl FnMut(u64, &[u8]),
     carry: &mut bool,
+    index: &mut LineIndex,
 ) -> u64 {
-    let mut counted: u64 = 0;
+    index.build(region);
+    let line_at = |at: usize| base_line + index.newlines_before(region, at) + 1;
     let mut pos = 0;
     // The end of the last line offered, for the carry.
     let mut offered_end = None;
     if *carry && saved::continues(region) {
         let ne = memchr::memchr(b'\n', region).unwrap_or(region.len());
         on_line(base_line + 1, trim_cr(&region[..ne.min(MAX_LINE)]));
-        pos = offer_wrapped(region, ne, base_line, &mut counted, on_line);
+        pos = offer_wrapped(region, ne, &line_at, on_line);
         offered_end = Some(pos);
     }
     while pos < region.len() {
@@ -242,9 +391,8 @@ fn scan_region(
         };
         let ls = memchr::memrchr(b'\n', &region[pos..m_start]).map_or(pos, |i| pos + i + 1);
         let le = memchr::memchr(b'\n', &region[m_start..]).map_or(region.len(), |i| m_start + i);
-        counted += bytecount::count(&region[pos..ls], b'\n') as u64;
         st.candidates += 1;
-        let line = base_line + counted + 1;
+        let line = line_at(ls);
         if memchr::memchr(0, &region[ls..le]).is_some()
             && !st.notes.iter().any(|n| n.text.starts_with("binary"))
         {
@@ -256,16 +404,13 @@ fn scan_region(
         } else {
             on_line(line, trim_cr(&region[ls..le]));
         }
-        pos = offer_wrapped(region, le, base_line, &mut counted, on_line);
+        pos = offer_wrapped(region, le, &line_at, on_line);
         offered_end = Some(pos);
     }
     *carry = offered_end.is_some_and(|e| e + 1 >= region.len());
-    counted += bytecount::count(&region[pos.min(region.len())..], b'\n') as u64;
     // A last line without a newline (at EOF) is a line too.
-    if !region.is_empty() && region[region.len() - 1] != b'\n' {
-        counted += 1;
-    }
-    counted
+    let partial = !region.is_empty() && region[region.len() - 1] != b'\n';
+    index.total + u64::from(partial)
 }
 
 /// How many indented lines below an offered line are offered with it.
@@ -274,12 +419,11 @@ const MAX_WRAPPED: usize = 8;
 /// Offers the indented lines right below the offered line that ends at `end` (its newline, or
 /// the region's end): a paste that wraps a driver message under its head goes on there, as
 /// `classify::saved::offered` says; the reader decides whether they continue it. Returns where
-/// the last line offered ends; `counted` passes the newlines before each.
+/// the last line offered ends; `line_at` numbers the line that starts at an offset.
 fn offer_wrapped(
     region: &[u8],
     mut end: usize,
-    base_line: u64,
-    counted: &mut u64,
+    line_at: &impl Fn(usize) -> u64,
     on_line: &mut impl FnMut(u64, &[u8]),
 ) -> usize {
     for _ in 0..MAX_WRAPPED {
@@ -288,11 +432,7 @@ fn offer_wrapped(
             break;
         }
         let ne = memchr::memchr(b'\n', &region[ns..]).map_or(region.len(), |i| ns + i);
-        *counted += 1;
-        on_line(
-            base_line + *counted + 1,
-            trim_cr(&region[ns..ne.min(ns + MAX_LINE)]),
-        );
+        on_line(line_at(ns), trim_cr(&region[ns..ne.min(ns + MAX_LINE)]));
         end = ne;
     }
     end
@@ -324,7 +464,119 @@ mod tests {
         let st = scan_lines(input, &Prefilter::new(), |n, l| {
             out.push((n, String::from_utf8_lossy(l).into_owned()))
         });
+        let mapped = collect_mapped(input, |_| ());
+        assert_eq!(mapped.0, out, "the map and the reads offer the same lines");
+        assert_eq!(
+            (mapped.1.lines, mapped.1.candidates, mapped.1.bytes),
+            (st.lines, st.candidates, st.bytes)
+        );
+        assert_eq!(mapped.1.notes, st.notes);
         (out, st)
+    }
+
+    /// Maps `input` (written to a file) and scans the map; `meanwhile` runs between the map and
+    /// the scan, with the file.
+    fn collect_mapped(
+        input: &[u8],
+        meanwhile: impl FnOnce(&File),
+    ) -> (Vec<(u64, String)>, ScanStats) {
+        use std::io::Write;
+        let _one = MAP_TEST_LOCK.lock();
+        let mut f = tempfile::NamedTempFile::new().expect("temp");
+        f.write_all(input).expect("write");
+        let mut out = Vec::new();
+        if input.is_empty() {
+            let st = scan_path(f.path(), &Prefilter::new(), |n, l| {
+                out.push((n, String::from_utf8_lossy(l).into_owned()))
+            })
+            .expect("scan");
+            return (out, st);
+        }
+        let file = File::open(f.path()).expect("open");
+        // Another test of this process may hold the one map for a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let map = loop {
+            match super::super::mapped::Mapped::new(&file, input.len()) {
+                Ok(m) => break m,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => panic!("map: {e}"),
+            }
+        };
+        meanwhile(f.as_file());
+        let st = scan_mapped(&map, &Prefilter::new(), |n, l| {
+            out.push((n, String::from_utf8_lossy(l).into_owned()))
+        });
+        (out, st)
+    }
+
+    /// A file someone truncates while it is mapped: the scan reads what is left, says the file
+    /// shrank, and the process lives (without the SIGBUS handler it dies here).
+    #[test]
+    fn a_file_truncated_under_the_map_ends_the_scan_with_a_note() {
+        let mut input = Vec::new();
+        for n in 1..=40_000u64 {
+            if n % 1000 == 0 {
+                input.extend_from_slice(format!("NVRM: Xid line {n}\n").as_bytes());
+            } else {
+                input.extend_from_slice(&[b'x'; 99]);
+                input.push(b'\n');
+            }
+        }
+        let keep = 1_000_000u64;
+        let (lines, st) = collect_mapped(&input, |f| f.set_len(keep).expect("truncate"));
+        assert!(
+            st.notes.iter().any(|n| n.text.contains("shrank")),
+            "{:?}",
+            st.notes
+        );
+        // Every line wholly before the new end was read, with its number; none after the map
+        // went to zeros.
+        let before: Vec<u64> = (1..=40_000u64)
+            .filter(|n| n % 1000 == 0 && n * 100 <= keep)
+            .collect();
+        let got: Vec<u64> = lines.iter().map(|(n, _)| *n).collect();
+        assert_eq!(&got[..before.len()], &before[..], "{got:?}");
+        assert!(lines
+            .iter()
+            .all(|(n, l)| *l == format!("NVRM: Xid line {n}")));
+        assert!(st.bytes < input.len() as u64);
+    }
+
+    /// A regular file of at least MAP_MIN bytes is mapped, anything else read: both give the same
+    /// result, and a FIFO (which cannot be mapped, nor opened twice) is read.
+    #[test]
+    fn scan_path_maps_large_files_and_reads_fifos() {
+        use std::io::Write;
+        let mut input = Vec::new();
+        while (input.len() as u64) < 2 * MAP_MIN {
+            input.extend_from_slice(b"[  1.0] ordinary line\n[  1.1] NVRM: Xid (PCI:0000:17:00): 79, GPU has fallen off the bus.\n");
+        }
+        let (lines, st) = collect(&input);
+        assert_eq!(st.candidates as usize, lines.len());
+        let dir = tempfile::tempdir().expect("dir");
+        let fifo = dir.path().join("log.fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let writer = {
+            let fifo = fifo.clone();
+            let input = input.clone();
+            std::thread::spawn(move || {
+                let mut w = File::options().write(true).open(fifo).expect("open fifo");
+                w.write_all(&input).expect("write fifo");
+            })
+        };
+        let mut got = Vec::new();
+        let st2 = scan_path(&fifo, &Prefilter::new(), |n, l| {
+            got.push((n, String::from_utf8_lossy(l).into_owned()))
+        })
+        .expect("scan fifo");
+        writer.join().expect("writer");
+        assert_eq!(got, lines);
+        assert_eq!(st2.lines, st.lines);
     }
 
     #[test]

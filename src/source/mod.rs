@@ -4,6 +4,7 @@ pub mod fabricmanager;
 pub mod file;
 pub mod health;
 pub mod kmsg;
+pub mod mapped;
 pub mod nvml;
 pub mod probe;
 pub mod services;

@@ -59,6 +59,69 @@ fn every_literal_is_searched_by_a_rare_anchor() {
     );
 }
 
+/// Every literal added costs a pattern of the first stage unless it shares an anchor, and past
+/// [`prefilter::MAX_ANCHORS`] patterns the packed searcher is refused.
+#[test]
+fn the_anchors_fit_the_packed_searcher() {
+    let pre = Prefilter::new();
+    assert!(
+        pre.patterns().len() <= prefilter::MAX_ANCHORS,
+        "{} distinct anchors for {} literals, at most {}: let a new literal share a window",
+        pre.patterns().len(),
+        pre.anchors().len(),
+        prefilter::MAX_ANCHORS
+    );
+}
+
+/// The first stage's buckets, as the searcher fills them, stop its SIMD loop on few windows of
+/// ordinary text: a literal added to a crowded bucket, or an order that mixes unlike anchors,
+/// costs every line of every log (in list order the same anchors stop on a fifth of the lines).
+#[test]
+fn the_buckets_pass_few_ordinary_windows() {
+    let pre = Prefilter::new();
+    let lines = prefilter::ordinary_lines().count();
+    let passes: usize = prefilter::ordinary_lines()
+        .map(|l| prefilter::bucket_passes(pre.patterns(), l.as_bytes()))
+        .sum();
+    assert!(
+        passes * 20 <= lines,
+        "{passes} bucket passes on {lines} ordinary lines (at most one line in 20)"
+    );
+    // The bound means something: the same anchors in the order they were found pass far more.
+    let mut listed: Vec<&str> = Vec::new();
+    for a in pre.anchors() {
+        if !listed.contains(&a.anchor) {
+            listed.push(a.anchor);
+        }
+    }
+    let unordered: usize = prefilter::ordinary_lines()
+        .map(|l| prefilter::bucket_passes(&listed, l.as_bytes()))
+        .sum();
+    assert!(unordered * 20 > lines, "{unordered} on {lines}");
+}
+
+/// Literals that hold a common window no ordinary line holds are searched by it once: the two
+/// tool messages naming "the NVIDIA driver" share one anchor, and each literal is still found.
+#[test]
+fn literals_that_share_an_unseen_window_share_an_anchor() {
+    let lits: &[&'static str] = &[
+        "communicate with the NVIDIA driver",
+        "NVIDIA driver is not loaded",
+        "SXid",
+    ];
+    let pre = Prefilter::with_literals(lits);
+    assert_eq!(pre.patterns().len(), 2, "{:?}", pre.anchors());
+    for a in pre.anchors() {
+        assert_eq!(&a.literal[a.offset..a.offset + a.anchor.len()], a.anchor);
+        let line = format!("[ 1.0] tool: {} here", a.literal);
+        assert_eq!(pre.find_from(line.as_bytes(), 0), Some(13), "{line}");
+    }
+    // A window shared by one literal only is no reason to leave its rare first bytes.
+    let pre = Prefilter::with_literals(&["SXid", "nvidia"]);
+    let heads: Vec<&str> = pre.anchors().iter().map(|a| a.anchor).collect();
+    assert_eq!(heads, ["SXid", "nvid"]);
+}
+
 /// The guard holds for literals added later (from a table or by hand): a literal made only of
 /// common words gets no rare anchor, and the check says so.
 #[test]
