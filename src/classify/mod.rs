@@ -36,6 +36,8 @@ mod ml_tests;
 #[cfg(test)]
 mod other_tests;
 #[cfg(test)]
+mod rig_tests;
+#[cfg(test)]
 pub(crate) mod testing;
 
 use std::collections::{HashMap, HashSet};

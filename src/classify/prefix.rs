@@ -234,6 +234,7 @@ fn other_start(line: &str) -> Option<usize> {
     // it is, the lines after it say.
     crate::classify::shapes::crash_start(line)
         .or_else(|| crate::classify::shapes::nvml_failure_start(line))
+        .or_else(|| crate::classify::shapes::nvml_code(line).map(|(at, _)| at))
         .or_else(|| crate::classify::shapes::driver_unreachable_start(line))
         .or_else(|| frame_start(line))
         .or_else(|| symbol_start(line))
@@ -293,7 +294,9 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
             if let Some(at) = x_driver_tag(rest) {
                 return Some(i + at);
             }
-            false
+            // The X server's own loader failing on an NVIDIA module: from the marker.
+            rest.strip_prefix("(EE) ")
+                .is_some_and(crate::classify::shapes::x_module_load_failure)
         }
         "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
         "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
@@ -425,6 +428,10 @@ fn tag_shape_ok(s: &str) -> bool {
         return true;
     }
     if let Some(rest) = s.strip_prefix("NVRM ") {
+        // Old drivers' Xid lines: `NVRM Xid (PCI:0000:0b:00) : 32, Channel ID 00000009 ...`.
+        if rest.starts_with("Xid (") {
+            return true;
+        }
         // Older open-module builds: `NVRM funcName: text`.
         let end = rest
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))

@@ -8,12 +8,17 @@ pub fn parse_xid(m: &str) -> Option<XidLine> {
 }
 
 /// The Xid line grammar, read left to right without backtracking:
-/// `(` [`PCI:`] ADDRESS `):` [spaces] NUMBER [`,` | spaces] [`pid=`PID`,`] [`name=`NAME`,`] REST.
-/// A redacted address (`PCI:...`) still gives the Xid number.
+/// `(` [`PCI:`] ADDRESS `)` [spaces] `:` [spaces] NUMBER [`,` | spaces] [`pid=`PID`,`]
+/// [`name=`NAME`,`] REST. A redacted address (`PCI:...`) still gives the Xid number. Old drivers
+/// put a space before the colon (`NVRM Xid (PCI:0000:0b:00) : 32, Channel ID 00000009 ...`).
 pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
     let inner = x.strip_prefix('(')?;
     let ib = inner.as_bytes();
-    let close = memchr::memchr_iter(b')', ib).find(|&i| ib.get(i + 1) == Some(&b':'))?;
+    let colon_after = |i: usize| {
+        let spaces = ib[i + 1..].iter().take_while(|&&c| c == b' ').count();
+        (ib.get(i + 1 + spaces) == Some(&b':')).then_some(i + 1 + spaces)
+    };
+    let (close, colon) = memchr::memchr_iter(b')', ib).find_map(|i| Some((i, colon_after(i)?)))?;
     let addr = &inner[..close];
     if memchr::memchr(b'(', addr.as_bytes()).is_some() {
         return None;
@@ -31,7 +36,7 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
         _ => addr,
     };
     let pci = PciAddress::parse(addr).ok();
-    let after = inner[close + 2..].trim_start_matches(' ');
+    let after = inner[colon + 1..].trim_start_matches(' ');
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
         return None;

@@ -389,6 +389,11 @@ pub fn parse(msg: &str) -> Shape {
             return s;
         }
     }
+    if let Some(body) = msg.strip_prefix("(EE) ") {
+        if x_module_load_failure(body.trim_end()) {
+            return x_module_error(body.trim_end());
+        }
+    }
     if msg.starts_with("GSP task ") {
         return Shape::GspCrash {
             text: msg.trim_end().to_string(),

@@ -26,6 +26,11 @@ pub(super) fn parse_tool(msg: &str) -> Option<Shape> {
             return Some(Shape::Harmless);
         }
         (name == "GpuIsLost", None)
+    } else if let Some((0, name)) = nvml_code(t) {
+        if NVML_ANSWERS.contains(&name) {
+            return Some(Shape::Harmless);
+        }
+        (matches!(name, "GpuIsLost" | "ResetRequired"), None)
     } else if is_smi_error_row(t) {
         // A GPU row of the nvidia-smi table whose fields read `ERR!`: nvidia-smi could not read
         // the GPU at all.
@@ -91,7 +96,62 @@ pub(super) const NVML_ANSWERS: &[&str] = &[
     "AlreadyInitialized",
     "Uninitialized",
     "InsufficientSize",
+    "InUse",
+    "NoData",
+    "VgpuEccNotSupported",
+    "FreqNotSupported",
+    "ArgumentVersionMismatch",
+    "Deprecated",
+    "NotReady",
 ];
+
+/// NVML's return codes by number (`nvmlReturn_t` in NVIDIA's `nvml.h`), named as its Python
+/// binding names its exceptions, so that a code by number and an exception by name read alike.
+const NVML_CODES: &[(u32, &str)] = &[
+    (1, "Uninitialized"),
+    (2, "InvalidArgument"),
+    (3, "NotSupported"),
+    (4, "NoPermission"),
+    (5, "AlreadyInitialized"),
+    (6, "NotFound"),
+    (7, "InsufficientSize"),
+    (8, "InsufficientPower"),
+    (9, "DriverNotLoaded"),
+    (10, "Timeout"),
+    (11, "IrqIssue"),
+    (12, "LibraryNotFound"),
+    (13, "FunctionNotFound"),
+    (14, "CorruptedInforom"),
+    (15, "GpuIsLost"),
+    (16, "ResetRequired"),
+    (17, "OperatingSystem"),
+    (18, "LibRmVersionMismatch"),
+    (19, "InUse"),
+    (20, "Memory"),
+    (21, "NoData"),
+    (22, "VgpuEccNotSupported"),
+    (23, "InsufficientResources"),
+    (24, "FreqNotSupported"),
+    (25, "ArgumentVersionMismatch"),
+    (26, "Deprecated"),
+    (27, "NotReady"),
+    (28, "GpuNotFound"),
+    (29, "InvalidState"),
+    (999, "Unknown"),
+];
+
+/// Where an NVML call failure that a tool reports by the return code's number starts
+/// (`WARN: NVML: can't get GPU #0, error code 15`, a miner's words), at `NVML`, with the code's
+/// name. A number NVML does not define is no NVML code.
+pub fn nvml_code(line: &str) -> Option<(usize, &'static str)> {
+    let at = memchr::memmem::find(line.as_bytes(), b"NVML")?;
+    let rest = &line[at..];
+    let i = memchr::memmem::find(rest.as_bytes(), b"error code ")? + "error code ".len();
+    let digits = rest[i..].bytes().take_while(u8::is_ascii_digit).count();
+    let code: u32 = rest[i..i + digits].parse().ok()?;
+    let name = NVML_CODES.iter().find(|c| c.0 == code)?.1;
+    Some((at, name))
+}
 
 /// The nvidia-smi marker for a field it could not read, padded as the table prints it (a
 /// single-spaced `ERR!` is npm's, not nvidia-smi's).
@@ -185,6 +245,9 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
     if let Some(s) = parse_user_api(body) {
         return Some(s);
     }
+    if x_module_load_failure(body) {
+        return Some(x_module_error(body));
+    }
     // Older drivers: "Failed to initialize the NVIDIA graphics device PCI:1:0:0." (the line
     // "... graphics device!" that follows it explains, and folds).
     let gpu_at = body
@@ -216,6 +279,25 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
         });
     }
     Some(Shape::Other)
+}
+
+/// The X server failing to load an NVIDIA module: its loader's `Failed to load module "nvidia"
+/// (module does not exist, 0)`, or the NVIDIA driver's own `NVIDIA: Failed to load module
+/// "glxserver_nvidia" ...` (its GLX extension). The driver's X components are missing or do not
+/// match it, and X runs without the GPU.
+pub fn x_module_load_failure(body: &str) -> bool {
+    body.strip_prefix("Failed to load module \"")
+        .and_then(|rest| rest.split('"').next())
+        .is_some_and(|module| module.contains("nvidia"))
+}
+
+/// The finding for [`x_module_load_failure`]: an error of the X server's NVIDIA driver module.
+pub(super) fn x_module_error(body: &str) -> Shape {
+    Shape::ModuleError {
+        module: "nvidia_drv",
+        pci: None,
+        text: body.to_string(),
+    }
 }
 
 /// The X server's `PCI:BUS:DEVICE:FUNCTION` (decimal, domain 0, or `BUS@DOMAIN:DEVICE:FUNCTION`).

@@ -1,0 +1,91 @@
+//! Classifier tests for the classes of lines that unseen round `s` (mining rigs, media and
+//! homelab hosts) showed read badly, each on the round's real lines and on others of its class.
+
+use super::testing;
+use crate::model::{FindingKind, Severity};
+
+fn loud(line: &str) -> Vec<crate::model::Finding> {
+    testing::loud_line(line, true)
+}
+
+/// Old drivers print `NVRM Xid (PCI:...) : N, ...`: no colon after the tag, a space before the
+/// colon after the address. Still an Xid, with its number and GPU.
+#[test]
+fn an_old_drivers_xid_line_is_an_xid() {
+    for line in [
+        "[12146.826127] NVRM Xid (PCI:0000:0b:00) : 32, Channel ID 00000009 intr 00008000",
+        "Jan  3 10:00:01 rig kernel: NVRM Xid (PCI:0000:01:00) : 79, GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:01:00) : 13, Graphics Exception",
+    ] {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::Xid, "{line}");
+        let (xid, pci) = (f[0].xid, f[0].pci.map(|p| p.to_string()));
+        assert!(xid.is_some() && pci.is_some(), "{line}: {f:?}");
+    }
+    let f =
+        loud("[12146.826127] NVRM Xid (PCI:0000:0b:00) : 32, Channel ID 00000009 intr 00008000");
+    assert_eq!(f[0].xid, Some(32));
+    assert_eq!(
+        f[0].pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:0b:00.0")
+    );
+}
+
+/// A tool that calls NVML and prints its return code by number (`error code 15`): the code's
+/// name in NVML's header decides, a lost GPU being critical, an answer ("not supported") none.
+#[test]
+fn an_nvml_return_code_by_number_is_read_by_its_name() {
+    let lost = [
+        "WARN: NVML: can't get GPU #0, error code 15",
+        "20220503 13:51:11 WARN: NVML: can't get temperature for GPU #0, error code 15",
+        "20220503 13:51:11 WARN: NVML: can't get fan speed for GPU #0, error code 15",
+    ];
+    for line in lost {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert_eq!(f[0].severity, Severity::Critical, "{line}");
+    }
+    let f = loud("20210918 14:09:54 WARN: NVML: can't get GPU #0, error code 999");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].severity >= Severity::Warning);
+    // An answer, not a fault: NVML_ERROR_NOT_SUPPORTED (3) for a fan reading on a passive card.
+    assert!(loud("WARN: NVML: can't get fan speed for GPU #1, error code 3").is_empty());
+    // A number NVML does not define is no NVML code.
+    assert!(loud("NVML: something, error code 4242").is_empty());
+}
+
+/// The vGPU host's manager daemon at its error level (`nvidia-vgpu-mgr[pid]: error: ...`): the
+/// VM's vGPU failed. Its notices are quiet.
+#[test]
+fn the_vgpu_managers_errors_are_driver_errors() {
+    for line in [
+        "nvidia-vgpu-mgr[10884]: error: vmiop_log: NVOS status 0x56",
+        "nvidia-vgpu-mgr[10884]: error: vmiop_log: Assertion Failed at 0xd3940183:293",
+        "Jun 10 09:12:01 pve nvidia-vgpu-mgr[2011]: error: vmiop_log: (0x0): RPC RINGs are not valid",
+    ] {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverError, "{line}");
+    }
+    assert!(loud("nvidia-vgpu-mgr[10884]: notice: vmiop_log: Initializing vGPU").is_empty());
+}
+
+/// The X server could not load the NVIDIA driver's GLX or video module: the X components of
+/// the driver are missing or do not match.
+#[test]
+fn the_x_server_failing_to_load_an_nvidia_module_is_a_driver_error() {
+    for line in [
+        "[  7899.414] (EE) NVIDIA: Failed to load module \"glxserver_nvidia\" (module does not exist, 0)",
+        "[    23.102] (EE) Failed to load module \"nvidia\" (module does not exist, 0)",
+    ] {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverError, "{line}");
+    }
+    // Another module's load failure is not ours.
+    assert!(
+        loud("[    23.102] (EE) Failed to load module \"fbdev\" (module does not exist, 0)")
+            .is_empty()
+    );
+}
