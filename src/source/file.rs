@@ -336,6 +336,9 @@ pub(crate) struct LineIndex {
     /// `before[i]`: newlines in the region before block `i`.
     before: Vec<u64>,
     total: u64,
+    /// The last answer (offset, newlines before it): candidates come in order, and in a storm
+    /// every other line is one, so the next count starts there rather than at its block.
+    last: std::cell::Cell<(usize, u64)>,
 }
 
 /// Bytes per block of a [`LineIndex`].
@@ -344,6 +347,7 @@ const BLOCK: usize = 4096;
 impl LineIndex {
     fn build(&mut self, region: &[u8]) {
         self.before.clear();
+        self.last.set((0, 0));
         let mut n = 0u64;
         for b in region.chunks(BLOCK) {
             self.before.push(n);
@@ -355,10 +359,14 @@ impl LineIndex {
     /// Newlines in `region[..at]`.
     fn newlines_before(&self, region: &[u8], at: usize) -> u64 {
         let b = at / BLOCK;
-        match self.before.get(b) {
-            Some(&n) => n + bytecount::count(&region[b * BLOCK..at], b'\n') as u64,
-            None => self.total,
-        }
+        let (from, n) = match (self.last.get(), self.before.get(b)) {
+            ((off, n), Some(_)) if off <= at && off >= b * BLOCK => (off, n),
+            (_, Some(&n)) => (b * BLOCK, n),
+            (_, None) => return self.total,
+        };
+        let n = n + bytecount::count(&region[from..at], b'\n') as u64;
+        self.last.set((at, n));
+        n
     }
 }
 
