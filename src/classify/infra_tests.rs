@@ -26,3 +26,46 @@ fn an_error_naming_its_gpu_as_gpu_at_pci_is_not_an_identity_line() {
         assert!(f.is_empty(), "{quiet}: {f:?}");
     }
 }
+
+/// Round `t` (enterprise Kubernetes and HPC stacks): a container runtime that quotes its hook's
+/// stderr whole puts the NVIDIA hook's error after an escaped newline (`\n`) inside one line.
+#[test]
+fn a_hook_error_after_an_escaped_newline_is_read() {
+    let l = r#"4月 28 15:08:10 master-02 containerd[3862899]: time="2026-04-28T15:08:10.867655874+08:00" level=error msg="StartContainer for \"8c9e\" failed" error="failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: detection error: nvml error: unknown error: unknown""#;
+    let f = loud(l);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(
+        f[0].origin.raw[0].starts_with("nvidia-container-cli: detection error"),
+        "{f:?}"
+    );
+    // A path or a name that merely ends in `\n` before the word is still no tag.
+    assert!(loud(r"C:\\nvidia: something").is_empty());
+}
+
+/// The stacks' own words for the NVIDIA pieces they need being absent or unable to start:
+/// the container toolkit's CLI, NVML's library, DCGM, and a driver that cannot be replaced.
+#[test]
+fn the_stacks_missing_nvidia_pieces_are_driver_errors() {
+    for l in [
+        "ch-fromhost: 204: ch-fromhost: nvidia-container-cli: not found",
+        "slurmstepd: error: pyxis:     [ERROR] Command not found: nvidia-container-cli, see https://github.com/NVIDIA/libnvidia-container",
+        r#"FATAL:   container creation failed: exec: "/usr/bin/nvidia-container-cli": stat /usr/bin/nvidia-container-cli: no such file or directory"#,
+        "DEBUG 10-01 12:03:47 [__init__.py:76] Exception happens when checking CUDA platform: NVML Shared Library Not Found",
+        r#"time=2025-09-09T20:19:25.195Z level=ERROR msg="Cannot init NVML library; err: Unknown Error""#,
+        "W0921 16:33:36.433532 5424 metrics.cc:731] DCGM unable to start: DCGM initialization error",
+        "Could not unload NVIDIA driver kernel modules, driver is in use",
+        "   nvidia-container-cli: initialization error: cuda error: unknown error",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].kind, crate::model::FindingKind::DriverError, "{l}");
+    }
+    // The same tools when all is well stay quiet.
+    for quiet in [
+        "ch-fromhost: nvidia-container-cli found at /usr/bin/nvidia-container-cli",
+        "I0921 16:33:36.433532 5424 metrics.cc:757] Collecting metrics for GPU 0: NVIDIA A100",
+        "nvidia-container-cli: mount error: file creation failed: /var/lib/docker/overlay2/x/merged/run/nvidia-persistenced/socket: no such device or address",
+    ] {
+        assert!(loud(quiet).is_empty(), "{quiet}");
+    }
+}

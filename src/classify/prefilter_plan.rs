@@ -41,6 +41,8 @@ pub const LITERALS: &[&str] = &[
     "NVIDIA driver is not loaded",
     "Unable to find any GPUs in the system",
     "nvc.c:",
+    "DCGM initialization error",
+    "Could not unload NVIDIA driver kernel modules",
     "Unable to load the kernel module",
     "kernel module failed to load",
     "kernel modules are incompatible with the GPU",
@@ -85,10 +87,12 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("IA d", 4),
     ("Unab", 0),
     ("nvc.", 0),
+    ("DCGM", 0),
+    ("IA d", 21),
     ("Unab", 0),
     ("to l", 21),
     ("tibl", 26),
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[7, 19, 12, 24, 32, 25, 27, 18, 6, 29, 20, 11, 17, 10, 13, 3, 28, 1, 14, 16, 22, 15, 5, 4, 30, 2, 26, 21, 31, 23, 8, 0, 9];
+pub const ORDER: &[usize] = &[6, 19, 20, 8, 7, 2, 24, 18, 25, 14, 23, 11, 17, 10, 4, 16, 0, 27, 1, 12, 22, 32, 26, 5, 30, 31, 13, 21, 33, 28, 3, 29, 15, 9];

@@ -213,11 +213,14 @@ fn tag_start(line: &str) -> Option<usize> {
 /// part of a name (`libnvidia`, `x_NVRM`, `foo-nvidia`) nor of a path (`/lib/nvidia`,
 /// `nvidia.ko`). Spaces and timestamps come before a tag, and so do the quotes, backticks,
 /// markdown `>`, `<4>` priorities and `key=` or `"key":"` wrappers that pasted and re-emitted logs
-/// put around the kernel's text; the tag's exact shape is checked after.
+/// put around the kernel's text; the tag's exact shape is checked after. So does an escaped
+/// newline (`\n`) inside a quoted error string: a container runtime quotes its hook's stderr
+/// whole (`stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: detection error: ...`).
 fn at_word_start(b: &[u8], at: usize) -> bool {
     at == 0
         || !(b[at - 1].is_ascii_alphanumeric()
             || matches!(b[at - 1], b'_' | b'-' | b'.' | b'/' | b'\\'))
+        || (at >= 2 && &b[at - 2..at] == b"\\n")
 }
 
 /// Messages that carry no driver tag: the X server NVIDIA driver's errors, NVML Xid events as the

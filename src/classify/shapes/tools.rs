@@ -314,7 +314,7 @@ pub(super) fn xorg_pci(s: &str) -> Option<PciAddress> {
     PciAddress::new(domain.parse().ok()?, bus.parse().ok()?, device, function)
 }
 
-/// The container toolkit's hook failing on NVML or the driver (`nvidia-container-cli:
+/// The container toolkit's hook failing on NVML, CUDA or the driver (`nvidia-container-cli:
 /// initialization error: nvml error: driver/library version mismatch`, `... detection error: nvml
 /// error: unknown error`): no container gets the GPU. Its other errors (cgroups, mounts, a missing
 /// binary) are the container setup's, not the GPU's, and stay quiet.
@@ -322,7 +322,10 @@ pub(super) fn container_cli(m: &str) -> Option<Shape> {
     let rest = m.strip_prefix("nvidia-container-cli")?;
     let (_, text) = rest.split_once(": ")?;
     let text = text.trim_end();
-    let driver = text.contains("nvml error") || text.contains("driver error");
+    // NVML or the driver failing, or CUDA failing to start on the GPU (`initialization error:
+    // cuda error: unknown error`): the GPU's trouble, not the container's set-up.
+    let driver =
+        text.contains("nvml error") || text.contains("driver error") || text.contains("cuda error");
     if !driver {
         return Some(Shape::Harmless);
     }
