@@ -342,7 +342,7 @@ pub(crate) struct LineIndex {
 }
 
 /// Bytes per block of a [`LineIndex`].
-const BLOCK: usize = 4096;
+const BLOCK: usize = 64 << 10;
 
 impl LineIndex {
     fn build(&mut self, region: &[u8]) {
