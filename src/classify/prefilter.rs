@@ -44,6 +44,8 @@ pub const HAND_LITERALS: &[&str] = &[
     // Kernel crash headers: the task and frames after them say whether the crash is NVIDIA's.
     "BUG:",
     "general protection fault",
+    // arm64's oops header, which holds no `BUG:`.
+    "Unable to handle kernel",
     // A kernel warning's header (`WARNING: CPU: 2 PID: 1090 at drivers/gpu/drm/drm_ioctl.c:143
     // ...`): a later line of the report may name the NVIDIA module it is about.
     "WARNING: CPU: ",

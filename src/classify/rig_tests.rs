@@ -89,3 +89,40 @@ fn the_x_server_failing_to_load_an_nvidia_module_is_a_driver_error() {
             .is_empty()
     );
 }
+
+/// An arm64 oops (a Raspberry Pi with a PCIe card, Grace, Jetson) starts at `Unable to handle
+/// kernel ...`; it is the driver's when its `pc :` or a frame is in an NVIDIA module, and one
+/// finding from the header on. One in core code with no NVIDIA line stays quiet.
+#[test]
+fn an_arm64_oops_in_an_nvidia_module_is_one_finding_from_its_header() {
+    let f = testing::read(
+        &[
+            "[   38.523167] Unable to handle kernel write to read-only memory at virtual address ffffffc0096dc3e1",
+            "[   38.532214] Mem abort info:",
+            "[   38.535043]   ESR = 0x9600004f",
+            "[   38.579212] Internal error: Oops: 9600004f [#1] PREEMPT SMP",
+            "[   38.600000] pc : _nv000816rm+0x1c/0x40 [nvidia]",
+            "[   38.600001] lr : _nv000815rm+0x2c/0x60 [nvidia]",
+            "[   38.600002] Call trace:",
+            "[   38.600003]  _nv000816rm+0x1c/0x40 [nvidia]",
+        ],
+        true,
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].origin.line, 1, "{f:?}");
+    assert!(f[0].severity >= Severity::Warning);
+    // The same header in another driver's oops (a display controller's, a public report).
+    let quiet = testing::read(
+        &[
+            "[ 2227.011089] Unable to handle kernel NULL pointer dereference at virtual address 00000000",
+            "[ 2227.029027] Internal error: Oops: 96000005 [#1] SMP",
+            "[ 2227.058116] PC is at vop_crtc_bandwidth+0x1f8/0x2dc",
+            "[ 2227.062992] LR is at vop_crtc_bandwidth+0xe4/0x2dc",
+        ],
+        true,
+    );
+    assert!(
+        quiet.iter().all(|f| f.severity < Severity::Warning),
+        "{quiet:?}"
+    );
+}

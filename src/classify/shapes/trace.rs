@@ -254,6 +254,10 @@ pub const CRASH_HEADERS: &[&str] = &[
     "general protection fault",
     "kernel BUG at ",
     "WARNING: CPU: ",
+    // arm64's page-fault oops (Grace, Jetson, a board with a PCIe card): `Unable to handle kernel
+    // NULL pointer dereference at virtual address ...`, then `Internal error: Oops: ...`, the
+    // modules, `pc : symbol+0x1c/0x40 [nvidia]` and the call trace.
+    "Unable to handle kernel ",
 ];
 
 /// Where a kernel crash or warning header starts in `line`, if it holds one.
