@@ -436,6 +436,19 @@ impl Pipeline {
                     timestamp: Some(crate::source::kmsg::time::kernel_stamp(rec.ts_usec)),
                 });
                 self.classifier.push(line, at, &mut self.findings);
+            } else if self.classifier.has_pending()
+                && crate::classify::shapes::named_module(line).is_some()
+            {
+                // A line of a pending crash report with no message of its own that names an
+                // NVIDIA module (`... provided by nvidia_frontend_exit_module [nvidia].` under a
+                // DRM core warning): it ties the report to the driver, as `scan` reads it.
+                let at = at.get_or_insert_with(|| LineOrigin {
+                    line: 0,
+                    seq: Some(rec.seq),
+                    ts_usec: Some(rec.ts_usec),
+                    timestamp: Some(crate::source::kmsg::time::kernel_stamp(rec.ts_usec)),
+                });
+                self.classifier.report_line(line, at);
             }
         }
         if self.findings.is_empty() {

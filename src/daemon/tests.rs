@@ -131,6 +131,32 @@ async fn a_kernel_record_is_classified_and_handed_over_as_one_incident() {
     d.stop().await;
 }
 
+/// A crash report whose only NVIDIA link is a later line with no message of its own (a DRM core
+/// warning, then `... provided by nvidia_frontend_exit_module [nvidia]. ...`) is the driver's in
+/// the daemon as in `scan`: one incident besides the Xid that follows it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_crash_report_tied_by_a_later_line_is_the_drivers_in_the_daemon_too() {
+    let dir = Dir::new("", "");
+    let mut d = dir.build().await;
+    d.handle(Event::Kmsg(vec![
+        record("4,5,1000005,-;WARNING: CPU: 2 PID: 1090 at /build/linux-Uuaskm/linux-3.18.6/drivers/gpu/drm/drm_ioctl.c:143 drm_setversion+0x176/0x180 [drm]()"),
+        record("4,6,1000006,-;No drm_driver.set_busid() implementation provided by nvidia_frontend_exit_module [nvidia]. Use drm_dev_set_unique() to set the unique name explicitly."),
+        record(&xid(7, "17", 79)),
+    ]))
+    .await
+    .unwrap();
+    d.after().await;
+    let snap = d.tel.snapshot();
+    let kinds: Vec<&str> = snap
+        .open_incidents
+        .iter()
+        .map(|i| i.kind.as_str())
+        .collect();
+    assert_eq!(snap.open_incidents_total, 2, "{kinds:?}");
+    assert!(kinds.contains(&"xid"), "{kinds:?}");
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn nvml_values_teach_the_classifier_and_reach_the_counters() {
     let dir = Dir::new("", "");
