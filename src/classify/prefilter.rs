@@ -46,6 +46,13 @@ pub const HAND_LITERALS: &[&str] = &[
     "general protection fault",
     // arm64's oops header, which holds no `BUG:`.
     "Unable to handle kernel",
+    // A crash report's instruction pointer in kernel code (x86's `RIP: 0010:` and old `IP: [<`,
+    // arm64's `pc : `): where a crash that names no NVIDIA module happened, which decides whether
+    // the modules it was linked with make it the driver's. Not `RIP: 0033:`, the user-space
+    // address every hung task's dump prints.
+    "RIP: 0010:",
+    "IP: [<",
+    "pc : ",
     // A kernel warning's header (`WARNING: CPU: 2 PID: 1090 at drivers/gpu/drm/drm_ioctl.c:143
     // ...`): a later line of the report may name the NVIDIA module it is about.
     "WARNING: CPU: ",

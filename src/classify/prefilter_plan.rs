@@ -28,6 +28,9 @@ pub const LITERALS: &[&str] = &[
     "BUG:",
     "general protection fault",
     "Unable to handle kernel",
+    "RIP: 0010:",
+    "IP: [<",
+    "pc : ",
     "WARNING: CPU: ",
     "[Hardware Error]: ",
     "nvgpu: ",
@@ -75,6 +78,9 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("BUG:", 0),
     ("eral", 3),
     ("Unab", 0),
+    ("010:", 6),
+    (": [<", 2),
+    ("pc :", 0),
     ("ING:", 4),
     ("[Har", 0),
     ("nvgp", 0),
@@ -97,4 +103,4 @@ pub const ANCHORS: &[(&str, usize)] = &[
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[6, 19, 20, 8, 7, 2, 24, 18, 25, 14, 23, 11, 17, 10, 4, 16, 0, 27, 1, 12, 22, 32, 26, 5, 30, 31, 13, 21, 33, 28, 3, 29, 15, 9];
+pub const ORDER: &[usize] = &[35, 19, 4, 8, 7, 33, 1, 31, 22, 21, 3, 11, 17, 32, 14, 10, 5, 23, 27, 12, 25, 0, 13, 20, 34, 28, 29, 24, 36, 30, 26, 2, 16, 18, 6, 15, 9];

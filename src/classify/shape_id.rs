@@ -48,6 +48,8 @@ pub const MODULE_ERROR: &str = "module.error";
 pub const TOOL_ERROR: &str = "tool.error";
 pub const CALL_TRACE: &str = "trace.call";
 pub const HUNG_TASK: &str = "trace.hung-task";
+/// A crash in core kernel code on a kernel whose only out-of-tree modules are NVIDIA's.
+pub const CORE_CRASH_NVIDIA_TAINTED: &str = "trace.core-nvidia-tainted";
 pub const FM_SXID: &str = "fabricmanager.sxid";
 pub const FM_ABORTED_TOPOLOGY: &str = "fabricmanager.aborted-topology";
 pub const FM_ABORTED: &str = "fabricmanager.aborted";
@@ -94,6 +96,7 @@ pub const ALL: &[&str] = &[
     TOOL_ERROR,
     CALL_TRACE,
     HUNG_TASK,
+    CORE_CRASH_NVIDIA_TAINTED,
     FM_SXID,
     FM_ABORTED_TOPOLOGY,
     FM_ABORTED,

@@ -437,7 +437,9 @@ impl Pipeline {
                 });
                 self.classifier.push(line, at, &mut self.findings);
             } else if self.classifier.has_pending()
-                && crate::classify::shapes::named_module(line).is_some()
+                && (crate::classify::shapes::named_module(line).is_some()
+                    || crate::classify::shapes::modules_linked_in(line).is_some()
+                    || crate::classify::shapes::ip_line_module(line).is_some())
             {
                 // A line of a pending crash report with no message of its own that names an
                 // NVIDIA module (`... provided by nvidia_frontend_exit_module [nvidia].` under a

@@ -157,6 +157,31 @@ async fn a_crash_report_tied_by_a_later_line_is_the_drivers_in_the_daemon_too() 
     d.stop().await;
 }
 
+/// A crash in core kernel code whose only out-of-tree modules are NVIDIA's is the driver's in
+/// the daemon as in `scan`: its instruction pointer and module list reach the pending report.
+#[tokio::test(flavor = "current_thread")]
+async fn a_core_crash_that_only_nvidia_taints_is_the_drivers_in_the_daemon_too() {
+    let dir = Dir::new("", "");
+    let mut d = dir.build().await;
+    d.handle(Event::Kmsg(vec![
+        record("1,5,1000005,-;BUG: unable to handle page fault for address: ffffb1e0c0a3f000"),
+        record("4,6,1000006,-;RIP: 0010:memcpy_orig+0x31/0x140"),
+        record("4,7,1000007,-;Modules linked in: nvidia_uvm(POE) nvidia(POE) ext4"),
+        record(&xid(8, "17", 79)),
+    ]))
+    .await
+    .unwrap();
+    d.after().await;
+    let snap = d.tel.snapshot();
+    let kinds: Vec<&str> = snap
+        .open_incidents
+        .iter()
+        .map(|i| i.kind.as_str())
+        .collect();
+    assert_eq!(snap.open_incidents_total, 2, "{kinds:?}");
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn nvml_values_teach_the_classifier_and_reach_the_counters() {
     let dir = Dir::new("", "");

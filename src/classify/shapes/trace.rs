@@ -272,6 +272,65 @@ pub fn crash_start(line: &str) -> Option<usize> {
         })
 }
 
+/// Whether `t` starts with a crash header (a hung task's report is not one).
+pub fn is_crash_header(t: &str) -> bool {
+    crash_header(t).is_some()
+}
+
+/// Whether `m` is one of NVIDIA's kernel modules, as the kernel names them.
+pub fn is_nvidia_module(m: &str) -> bool {
+    NVIDIA_MODULES.contains(&m)
+}
+
+/// A crash report's `Modules linked in:` line: whether it names out-of-tree modules (a flag
+/// group with `O`, `nvidia(POE)`) and all of them are NVIDIA's. `None` for any other line.
+pub fn modules_linked_in(line: &str) -> Option<bool> {
+    const HEAD: &str = "Modules linked in:";
+    let i = line.find(HEAD)?;
+    let mut any = false;
+    for word in line[i + HEAD.len()..].split_whitespace() {
+        let Some((name, flags)) = word.split_once('(') else {
+            continue;
+        };
+        if flags.contains('O') {
+            if !is_nvidia_module(name) {
+                return Some(false);
+            }
+            any = true;
+        }
+    }
+    Some(any)
+}
+
+/// An instruction-pointer line of a crash report (`RIP: 0010:ext4_readdir+0x3c/0x9a0 [ext4]`,
+/// `IP: [<ffffffffc01cc246>] amdgpu_bo_list_set+0x196/0x3d0 [amdgpu]`, arm64's `pc : ...`): the
+/// module the fault is in, or `None` inside for core kernel code. Not such a line, or a user-space
+/// address (`RIP: 0033:0x7f...`, the task's own code): `None`.
+pub fn ip_line_module(t: &str) -> Option<Option<&str>> {
+    let t = t.trim_start();
+    let rest = t
+        .strip_prefix("RIP: ")
+        .or_else(|| t.strip_prefix("IP: "))
+        .or_else(|| t.strip_prefix("pc : "))?;
+    if rest.starts_with("0033:") {
+        return None;
+    }
+    let r = rest.trim_end();
+    if let Some(inner) = r.strip_suffix(']') {
+        if let Some(open) = inner.rfind('[') {
+            let name = &inner[open + 1..];
+            if !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Some(Some(name));
+            }
+        }
+    }
+    Some(None)
+}
+
 /// The crash header `t` starts with, from the header on (`watchdog: BUG: soft lockup` included).
 pub(super) fn crash_header(t: &str) -> Option<&str> {
     let t = t.strip_prefix("watchdog: ").unwrap_or(t);
