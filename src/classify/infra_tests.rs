@@ -69,3 +69,13 @@ fn the_stacks_missing_nvidia_pieces_are_driver_errors() {
         assert!(loud(quiet).is_empty(), "{quiet}");
     }
 }
+
+/// The installer's summary when it gives up, as a GPU operator's driver container prints it: no
+/// driver was installed. Its pointer to the log in other words stays quiet.
+#[test]
+fn the_installers_failure_summary_is_a_driver_init_failure() {
+    let f = loud("ERROR: Installation has failed.  Please see the file '/var/log/nvidia-installer.log' for details.  You may find suggestions on fixing installation problems in the README available on the Linux driver download page at www.nvidia.com.");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, crate::model::FindingKind::DriverInitFailure);
+    assert!(loud("Please see the log entries 'Kernel module load error' and 'Kernel messages' at the end of the file '/var/log/nvidia-installer.log' for more information.").is_empty());
+}

@@ -369,13 +369,16 @@ pub fn parse(msg: &str) -> Shape {
         return s;
     }
     if msg.starts_with("nvidia") {
-        // A tool's text that starts with its name (`nvidia-persistenced failed to initialize`):
-        // the `tool.*` rows of the shape table, before the modules' own readings.
+        // A tool's text that starts with its name (`nvidia-persistenced failed to initialize`,
+        // the installer's `nvidia-installer.log' for details`): the `tool.*` and `installer.*`
+        // rows of the shape table, before the modules' own readings.
         use crate::classify::table::{Table, Tag};
-        if let Some(r) = Table::builtin()
-            .read(msg, Tag::None, None)
-            .filter(|r| crate::classify::shape_id::family(r.id) == "tool")
-        {
+        if let Some(r) = Table::builtin().read(msg, Tag::None, None).filter(|r| {
+            matches!(
+                crate::classify::shape_id::family(r.id),
+                "tool" | "installer"
+            )
+        }) {
             return Shape::Row(r);
         }
         return parse_nvidia_other(msg);
