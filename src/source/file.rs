@@ -147,38 +147,32 @@ fn scan_mapped(
     }
     let mut pos = 0;
     while pos < data.len() {
-        let lim = (pos + CHUNK).min(data.len());
-        // Whole lines only: up to the window's last newline, or a longer line's end.
-        let end = if lim == data.len() {
-            lim
-        } else if let Some(i) = memchr::memrchr(b'\n', &data[pos..lim]) {
-            pos + i + 1
-        } else {
-            let cap = (pos + MAX_LINE).min(data.len());
-            match memchr::memchr(b'\n', &data[lim..cap]) {
-                Some(i) => lim + i + 1,
-                None if cap == data.len() => cap,
-                None => {
-                    // A line longer than MAX_LINE: its head is classified, the rest skipped.
-                    let line = base_line + 1;
-                    st.notes.push(long_line_note(line));
-                    let head = &data[pos..pos + MAX_LINE];
-                    if pre.is_candidate(head) {
-                        st.candidates += 1;
-                        on_line(line, trim_cr(head));
-                    }
-                    wrapped_carry = false;
-                    // Its newline (kept) is the first byte of the next region, where it counts.
-                    pos = memchr::memchr(b'\n', &data[cap..]).map_or(data.len(), |i| cap + i);
-                    if pos == data.len() {
+        let n = match cut(&data[pos..], true) {
+            Cut::Lines(n) => n,
+            // Not at the end's side: the map holds the whole rest of the file.
+            Cut::More => data.len() - pos,
+            Cut::Long => {
+                long_line_head(
+                    &data[pos..pos + MAX_LINE],
+                    base_line + 1,
+                    pre,
+                    &mut st,
+                    &mut on_line,
+                );
+                wrapped_carry = false;
+                // Its newline (kept) is the first byte of the next region, where it counts.
+                match memchr::memchr(b'\n', &data[pos + MAX_LINE..]) {
+                    Some(i) => pos += MAX_LINE + i,
+                    None => {
+                        pos = data.len();
                         base_line += 1;
                     }
-                    continue;
                 }
+                continue;
             }
         };
         base_line += scan_region(
-            &data[pos..end],
+            &data[pos..pos + n],
             base_line,
             pre,
             &mut st,
@@ -186,7 +180,7 @@ fn scan_mapped(
             &mut wrapped_carry,
             &mut index,
         );
-        pos = end;
+        pos += n;
         if map.shrunk() {
             st.notes.push(Note {
                 line: None,
@@ -224,7 +218,7 @@ pub fn scan_lines<R: Read>(
     let mut index = LineIndex::default();
     while !eof {
         let old = filled;
-        // At most CHUNK per read. The carried-over part is shorter than MAX_LINE, so the slice is
+        // At most CHUNK per read. The carried-over part is at most MAX_LINE bytes, so the slice is
         // never empty (an empty read would look like the end of the input).
         let lim = (old + CHUNK).min(buf.len());
         let n = loop {
@@ -262,49 +256,100 @@ pub fn scan_lines<R: Read>(
                 }
                 None => {
                     filled = 0;
+                    if eof {
+                        // The long line ran to the end of the input: a line still.
+                        base_line += 1;
+                    }
                     continue;
                 }
             }
         }
-        // Process whole lines only; the tail waits for the next read (or EOF).
-        let end = if eof {
-            filled
-        } else {
-            match memchr::memrchr(b'\n', &buf[start..filled]) {
-                Some(i) => start + i + 1,
-                None if filled - start >= MAX_LINE => {
-                    let line = base_line + 1;
-                    st.notes.push(long_line_note(line));
-                    let head = &buf[start..start + MAX_LINE];
-                    if pre.is_candidate(head) {
-                        st.candidates += 1;
-                        on_line(line, trim_cr(head));
-                    }
-                    filled = 0;
-                    skipping_long_line = true;
-                    continue;
+        // Whole lines only; the tail waits for the next read (or the end).
+        loop {
+            match cut(&buf[start..filled], eof) {
+                Cut::Lines(0) | Cut::More => break,
+                Cut::Lines(n) => {
+                    base_line += scan_region(
+                        &buf[start..start + n],
+                        base_line,
+                        pre,
+                        &mut st,
+                        &mut on_line,
+                        &mut wrapped_carry,
+                        &mut index,
+                    );
+                    start += n;
                 }
-                None => {
-                    buf.copy_within(start..filled, 0);
-                    filled -= start;
-                    continue;
+                Cut::Long => {
+                    let head = &buf[start..start + MAX_LINE];
+                    long_line_head(head, base_line + 1, pre, &mut st, &mut on_line);
+                    wrapped_carry = false;
+                    // Its newline (kept) is the first byte of the next region, where it counts.
+                    match memchr::memchr(b'\n', &buf[start + MAX_LINE..filled]) {
+                        Some(i) => start += MAX_LINE + i,
+                        None if eof => {
+                            start = filled;
+                            base_line += 1;
+                        }
+                        None => {
+                            start = filled;
+                            skipping_long_line = true;
+                        }
+                    }
                 }
             }
-        };
-        base_line += scan_region(
-            &buf[start..end],
-            base_line,
-            pre,
-            &mut st,
-            &mut on_line,
-            &mut wrapped_carry,
-            &mut index,
-        );
-        buf.copy_within(end..filled, 0);
-        filled -= end;
+        }
+        buf.copy_within(start..filled, 0);
+        filled -= start;
     }
     st.lines = base_line;
     st
+}
+
+/// Where the next region of `bytes` (which start at a line's start) ends, so that regions hold
+/// whole lines only. One rule for the map and the reads, so both cut a file the same way.
+enum Cut {
+    /// The region is `..n`: up to the last newline within a window ([`CHUNK`]), or the end of a
+    /// longer line, or (at the end) everything left.
+    Lines(usize),
+    /// The first line is longer than [`MAX_LINE`]: its head is classified, the rest skipped.
+    Long,
+    /// No whole line yet: read more.
+    More,
+}
+
+/// `at_end`: `bytes` run to the end of the input.
+fn cut(bytes: &[u8], at_end: bool) -> Cut {
+    let lim = bytes.len().min(CHUNK);
+    if at_end && lim == bytes.len() {
+        return Cut::Lines(lim);
+    }
+    if let Some(i) = memchr::memrchr(b'\n', &bytes[..lim]) {
+        return Cut::Lines(i + 1);
+    }
+    // A line of exactly MAX_LINE bytes has its newline at MAX_LINE: whole, not long.
+    let cap = bytes.len().min(MAX_LINE + 1);
+    match memchr::memchr(b'\n', &bytes[lim..cap]) {
+        Some(i) => Cut::Lines(lim + i + 1),
+        None if at_end && cap == bytes.len() => Cut::Lines(cap),
+        None if cap > MAX_LINE => Cut::Long,
+        None => Cut::More,
+    }
+}
+
+/// Notes a line longer than [`MAX_LINE`] and offers its head when it is a candidate.
+fn long_line_head(
+    head: &[u8],
+    line: u64,
+    pre: &Prefilter,
+    st: &mut ScanStats,
+    on_line: &mut impl FnMut(u64, &[u8]),
+) {
+    st.notes.push(long_line_note(line));
+    if pre.is_candidate(head) {
+        st.candidates += 1;
+        on_line(line, trim_cr(head));
+    }
 }
 
 fn binary_note(line: u64) -> Note {
@@ -671,6 +716,34 @@ mod tests {
         assert_eq!(lines[0].1.len(), MAX_LINE);
         assert_eq!(lines[1], (2, "NVRM: after".into()));
         assert_eq!(st.notes.len(), 1);
+        assert_eq!(st.lines, 2);
+    }
+
+    /// The reads and the map cut a file by one rule (`cut`): a line of exactly MAX_LINE bytes is
+    /// whole, a longer one is noted whether or not it is a candidate, and a long last line
+    /// without a newline still counts as a line. `collect` fails when the two paths differ.
+    #[test]
+    fn long_lines_are_cut_alike_by_the_reads_and_the_map() {
+        let exact = [vec![b'z'; MAX_LINE], b"\nNVRM: next\n".to_vec()].concat();
+        let (lines, st) = collect(&exact);
+        assert_eq!(lines, vec![(2, "NVRM: next".into())]);
+        assert!(st.notes.is_empty(), "{:?}", st.notes);
+        assert_eq!(st.lines, 2);
+
+        let ordinary_long = [
+            b"a\n".to_vec(),
+            vec![b'z'; MAX_LINE + 10],
+            b"\nNVRM: x\n".to_vec(),
+        ]
+        .concat();
+        let (lines, st) = collect(&ordinary_long);
+        assert_eq!(lines, vec![(3, "NVRM: x".into())]);
+        assert_eq!(st.notes.len(), 1);
+        assert_eq!(st.notes[0].line, Some(2));
+
+        let long_last = [b"NVRM: a\n".to_vec(), vec![b'z'; 2 * MAX_LINE]].concat();
+        let (lines, st) = collect(&long_last);
+        assert_eq!(lines, vec![(1, "NVRM: a".into())]);
         assert_eq!(st.lines, 2);
     }
 
