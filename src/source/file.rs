@@ -3,8 +3,8 @@
 //! Scanning is a hot path: bug-report archives are hundreds of MB and almost every line is
 //! ordinary kernel chatter. So the reader never looks at a line on its own unless a literal
 //! prefilter (Teddy/Aho-Corasick over the whole buffer, the same technique grep tools use) says it
-//! may be ours; line numbers come from a SIMD newline count per window, made before the search
-//! (see [`LineIndex`]). Regular files are read through a memory map that survives truncation
+//! may be ours; line numbers come from a SIMD newline count between candidates, made after the
+//! search (see [`LineCounter`]). Regular files are read through a memory map that survives truncation
 //! ([`super::mapped`]), FIFOs, standard input and gzip archives with `read(2)`.
 
 use std::fs::File;
@@ -16,18 +16,16 @@ use crate::classify::saved;
 pub use crate::classify::prefilter::{candidate_literals, Prefilter};
 
 /// Window size: the reads' size, and the stretch of a mapped file searched at a time. Small
-/// enough that a window is still in the core's L2 cache when the literal search reaches it (the
-/// kernel's copy, or the newline count over a mapped window, puts it there): with 2 MiB reads the
-/// scan of an ordinary log was an eighth slower than with 256 KiB ones. Large enough that
-/// per-window overhead vanishes.
+/// enough that a window is still in the core's L2 cache when the newline count reaches it after
+/// the search (and, for reads, when the search reaches it after the kernel's copy): with 2 MiB
+/// reads the scan of an ordinary log was an eighth slower than with 256 KiB ones. Large enough
+/// that per-window overhead vanishes.
 ///
 /// Regular files are mapped ([`scan_path`]), everything else read. Measured on bench/scan.sh's
 /// ordinary log (352 MB, page cache warm, one core, best of five): reads cost 77 ms of copying
-/// before any search; a map whose windows are searched first cost more than reads (the search
-/// then reads memory, not cache), but one whose windows are first counted for newlines (one
-/// streaming pass that faults the pages in) and then searched in cache cost 96 ms with three
-/// literals against 111 ms for reads. `MADV_POPULATE_READ` per window, `MADV_SEQUENTIAL` and
-/// `MAP_POPULATE` saved nothing more.
+/// before any search, which the map saves; its page faults cost about as much of the kernel's
+/// time as ripgrep's own map does. `MADV_POPULATE_READ` per window, `MADV_SEQUENTIAL` and
+/// `MAP_POPULATE` saved nothing.
 const CHUNK: usize = 256 << 10;
 /// Longest line classified in full; a longer one has its first `MAX_LINE` bytes classified and
 /// the rest skipped, with a note.
@@ -138,7 +136,6 @@ fn scan_mapped(
 ) -> ScanStats {
     let data = map.bytes();
     let mut st = ScanStats::default();
-    let mut index = LineIndex::default();
     let mut base_line: u64 = 0;
     let mut wrapped_carry = false;
     if let Some(i) = memchr::memchr(0, &data[..data.len().min(BINARY_SNIFF)]) {
@@ -178,7 +175,6 @@ fn scan_mapped(
             &mut st,
             &mut on_line,
             &mut wrapped_carry,
-            &mut index,
         );
         pos += n;
         if map.shrunk() {
@@ -215,7 +211,6 @@ pub fn scan_lines<R: Read>(
     let mut wrapped_carry = false;
     let mut saw_nul = false;
     let mut eof = false;
-    let mut index = LineIndex::default();
     while !eof {
         let old = filled;
         // At most CHUNK per read. The carried-over part is at most MAX_LINE bytes, so the slice is
@@ -276,7 +271,6 @@ pub fn scan_lines<R: Read>(
                         &mut st,
                         &mut on_line,
                         &mut wrapped_carry,
-                        &mut index,
                     );
                     start += n;
                 }
@@ -370,44 +364,31 @@ fn long_line_note(line: u64) -> Note {
     }
 }
 
-/// Newlines per block of a region, counted before the region is searched.
+/// Newlines in a region up to an offset, counted from the last offset asked about.
 ///
-/// Why first: the count is one streaming pass over the region, which brings a mapped region's
-/// pages into the cache for the literal search after it (see [`super::mapped`]); and a
-/// candidate's line number is then the count before its block plus a count within the block,
-/// never a second pass over the whole region.
-#[derive(Default)]
-pub(crate) struct LineIndex {
-    /// `before[i]`: newlines in the region before block `i`.
-    before: Vec<u64>,
-    total: u64,
-    /// The last answer (offset, newlines before it): candidates come in order, and in a storm
-    /// every other line is one, so the next count starts there rather than at its block.
+/// Why lazily, after the search: candidates come in order, so every byte of the region is counted
+/// once, in the stretch between two candidates, right after the literal search has brought that
+/// stretch into the cache. Measured on bench/scan.sh's ordinary log (352 MB, page cache warm, one
+/// core, best of seven), counting each window before its search (to fault a mapped window's
+/// pages in for the search) cost 94-97 ms, counting after it 85-89 ms: the search streams from
+/// memory as fast as the count does, and the count then reads the cache.
+struct LineCounter {
+    /// The last answer: (offset, newlines before it).
     last: std::cell::Cell<(usize, u64)>,
 }
 
-/// Bytes per block of a [`LineIndex`].
-const BLOCK: usize = 64 << 10;
-
-impl LineIndex {
-    fn build(&mut self, region: &[u8]) {
-        self.before.clear();
-        self.last.set((0, 0));
-        let mut n = 0u64;
-        for b in region.chunks(BLOCK) {
-            self.before.push(n);
-            n += bytecount::count(b, b'\n') as u64;
+impl LineCounter {
+    fn new() -> Self {
+        LineCounter {
+            last: std::cell::Cell::new((0, 0)),
         }
-        self.total = n;
     }
 
     /// Newlines in `region[..at]`.
     fn newlines_before(&self, region: &[u8], at: usize) -> u64 {
-        let b = at / BLOCK;
-        let (from, n) = match (self.last.get(), self.before.get(b)) {
-            ((off, n), Some(_)) if off <= at && off >= b * BLOCK => (off, n),
-            (_, Some(&n)) => (b * BLOCK, n),
-            (_, None) => return self.total,
+        let (from, n) = match self.last.get() {
+            (off, n) if off <= at => (off, n),
+            _ => (0, 0),
         };
         let n = n + bytecount::count(&region[from..at], b'\n') as u64;
         self.last.set((at, n));
@@ -425,10 +406,9 @@ fn scan_region(
     st: &mut ScanStats,
     on_line: &mut impl FnMut(u64, &[u8]),
     carry: &mut bool,
-    index: &mut LineIndex,
 ) -> u64 {
-    index.build(region);
-    let line_at = |at: usize| base_line + index.newlines_before(region, at) + 1;
+    let counter = LineCounter::new();
+    let line_at = |at: usize| base_line + counter.newlines_before(region, at) + 1;
     let mut pos = 0;
     // The end of the last line offered, for the carry.
     let mut offered_end = None;
@@ -463,7 +443,7 @@ fn scan_region(
     *carry = offered_end.is_some_and(|e| e + 1 >= region.len());
     // A last line without a newline (at EOF) is a line too.
     let partial = !region.is_empty() && region[region.len() - 1] != b'\n';
-    index.total + u64::from(partial)
+    counter.newlines_before(region, region.len()) + u64::from(partial)
 }
 
 /// How many indented lines below an offered line are offered with it.

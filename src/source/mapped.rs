@@ -2,10 +2,8 @@
 //!
 //! Why a map: `scan` reads bug-report archives of hundreds of MB, and the kernel's copy into a
 //! read buffer was half of a scan's time on an ordinary log (bench/scan.sh). A map saves the
-//! copy. Searched as it comes, a mapped page is read from memory, not cache, and the literal
-//! search then ran slower than the copy it saved; so [`crate::source::file`] first runs its
-//! newline count over each window (a streaming pass the hardware prefetches well, which faults the
-//! pages in), and the search that follows finds the window in cache.
+//! copy: the literal search streams the mapped pages from memory, and [`crate::source::file`]'s
+//! newline count after it finds them in cache.
 //!
 //! Why the handler: a map of a file that someone truncates meanwhile raises SIGBUS at the first
 //! touch of a page past the new end, which kills the process where a `read(2)` would just end
