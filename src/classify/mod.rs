@@ -39,6 +39,8 @@ mod other_tests;
 mod rig_tests;
 #[cfg(test)]
 pub(crate) mod testing;
+#[cfg(test)]
+mod tool_tests;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -143,16 +145,7 @@ impl Classifier {
 
     /// Feeds one message line (starting at its tag, prefix removed).
     pub fn push(&mut self, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
-        let parsed = match self
-            .site
-            .as_deref()
-            .and_then(|t| t.read(msg.trim(), table::Tag::None, None))
-        {
-            // A silenced line is as quiet as a known-harmless one.
-            Some(m) if m.silence => Shape::Harmless,
-            Some(m) => Shape::Row(m),
-            None => shapes::parse(msg),
-        };
+        let (msg, parsed) = self.read_message(msg);
         let shape = self.notice_tail(parsed, msg, at);
         if let Some(p) = &self.pending {
             if at.line > p.last_line() + p.gap() {
@@ -200,6 +193,59 @@ impl Classifier {
             self.open_notice = Some((at.line, at.ts_usec));
         }
         shape
+    }
+
+    /// Reads one message: the site's rows first, then the built-in shapes.
+    ///
+    /// When that reading is quiet and a later message starts in the same line, the later one is
+    /// read, and kept when it says more. A wrapper often names an NVIDIA module or service before
+    /// it quotes the tool that failed (`failed to load module nvidia-modeset: exit status 1;
+    /// output=modprobe: ERROR: could not insert 'nvidia_modeset': No such device`, Ansible's
+    /// `Unable to start service nvidia-persistenced: Job for nvidia-persistenced.service
+    /// failed`): the first tag in the line is then only the wrapper's words. A line the site
+    /// silenced stays silent, and the driver's own `NVRM:` messages keep their reading (their
+    /// quiet ones continue multi-line messages).
+    fn read_message<'m>(&self, msg: &'m str) -> (&'m str, Shape) {
+        /// Later messages tried in one line: a bound on the work per line.
+        const MAX_LATER: usize = 4;
+        let site = self
+            .site
+            .as_deref()
+            .and_then(|t| t.read(msg.trim(), table::Tag::None, None));
+        let first = match site {
+            // A silenced line is as quiet as a known-harmless one.
+            Some(m) if m.silence => return (msg, Shape::Harmless),
+            Some(m) => return (msg, Shape::Row(m)),
+            None => shapes::parse(msg),
+        };
+        if !matches!(first, Shape::Harmless | Shape::Other) || msg.starts_with("NVRM") {
+            return (msg, first);
+        }
+        let mut rest = msg;
+        for _ in 0..MAX_LATER {
+            let Some(space) = rest.find(' ') else { break };
+            let after = &rest[space..];
+            let Some(start) = prefix::message_start(after)
+                .or_else(|| self.site.as_deref().and_then(|t| t.message_start(after)))
+            else {
+                break;
+            };
+            let later = after[start..].trim_end();
+            let shape = match self
+                .site
+                .as_deref()
+                .and_then(|t| t.read(later.trim(), table::Tag::None, None))
+            {
+                Some(m) if m.silence => return (msg, first),
+                Some(m) => Shape::Row(m),
+                None => shapes::parse(later),
+            };
+            if !matches!(shape, Shape::Harmless | Shape::Other) {
+                return (later, shape);
+            }
+            rest = later;
+        }
+        (msg, first)
     }
 
     /// Attaches what is known about the GPU at the finding's address.

@@ -455,6 +455,10 @@ fn tag_shape_ok(s: &str) -> bool {
     if after.starts_with(": ") || after == ":" {
         return true;
     }
+    // systemd on an NVIDIA unit: `nvidia-persistenced.service: Failed with result 'exit-code'.`
+    if name_end > 1 && after.starts_with(".service: ") {
+        return true;
+    }
     // The vGPU host module brackets its tag: `[nvidia-vgpu-vfio] <uuid>: text`.
     if &rest[..name_end] == "-vgpu-vfio" && after.starts_with("] ") {
         return true;
@@ -727,8 +731,12 @@ mod tests {
             let s = split(&line).unwrap_or_else(|| panic!("no message in {line:?}"));
             assert!(s.messages[0].starts_with(X), "{line}: {:?}", s.messages);
         }
+        // A name that holds `nvidia` is no tag; the loader's words for NVML's library are a row
+        // of the shape table, whose literal starts the message.
+        let lib = "libnvidia-ml.so: cannot open shared object file";
+        assert_eq!(tag_start(lib), None);
+        assert_eq!(message_start(lib), Some(0));
         for line in [
-            "libnvidia-ml.so: cannot open shared object file",
             "ldconfig: /usr/lib/nvidia: No such file or directory",
             "x_NVRM: Xid (PCI:0000:01:00): 79",
             "foo-nvidia: error",

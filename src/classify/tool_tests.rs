@@ -1,0 +1,86 @@
+//! Classifier tests for the classes of line that round `u` (monitoring tools and NVML bindings,
+//! Linux gaming and video, forum threads) and the misses left from rounds `s` and `t` showed
+//! read badly. Each feeds saved-log lines through the literal prefilter and the prefix split, as
+//! `scan` does, with the harmless neighbours that must stay quiet.
+
+use super::testing;
+use crate::model::{Finding, Severity};
+
+fn loud(line: &str) -> Vec<Finding> {
+    testing::loud_line(line, true)
+}
+
+fn quiet(line: &str) {
+    let f = loud(line);
+    assert!(f.is_empty(), "{line}: {f:?}");
+}
+
+/// NVML's library cannot be loaded, in the words of each kind of program that loads it: an
+/// exporter, a Rust binding's panic, Python's loader, a Go program's wrapped error, gpustat's
+/// summary. Every NVML client on the machine fails the same way.
+#[test]
+fn nvml_library_that_cannot_be_loaded_is_read_in_every_wording() {
+    for l in [
+        "`Failed to collect metrics: could not load NVML library`",
+        r#"called `Result::unwrap()` on an `Err` value: "Failed to load NVML library: libnvidia-ml.so: cannot open shared object file: No such file or directory""#,
+        "OSError: libnvidia-ml.so.1: cannot open shared object file: No such file or directory",
+        "Error on querying NVIDIA devices. Use --debug flag for details",
+        r#"level=error msg="failed to start collector" error="unable to load the NVML library: libnvidia-ml.so.1: cannot open shared object file""#,
+        "pynvml.NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].severity, Severity::Warning, "{l}");
+        assert!(f[0].title.contains("NVML"), "{l}: {}", f[0].title);
+    }
+    // The library's version line and a load that worked stay quiet.
+    quiet("NVML library version: 570.195");
+    quiet(
+        r#"time=2025-09-09T20:19:25.194Z level=INFO msg="Attempting to initialize NVML library.""#,
+    );
+    quiet("Loaded NVML library libnvidia-ml.so.1 (version 550.54.14)");
+}
+
+/// A tool that wraps a module loader's output in its own error (the GPU operator's validator
+/// quoting modprobe) is read by the loader's words, not by the module name the wrapper says
+/// first: a quiet reading of the first message in a line gives way to a later message in it.
+#[test]
+fn a_failure_quoted_after_a_quiet_message_in_the_same_line_is_read() {
+    for l in [
+        "Error: error validating driver installation: error creating symlink creator: failed to load NVIDIA kernel modules: failed to load module nvidia-modeset: exit status 1; output=modprobe: ERROR: could not insert 'nvidia_modeset': No such device",
+        "time=\"2024-01-01T00:00:00Z\" level=info msg=\"nvidia-driver-ctr: loading module\" output=\"modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\"",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert!(f[0].title.contains("could not be loaded"), "{l}: {f:?}");
+    }
+    // A quiet line whose later words name no failure stays quiet.
+    quiet("nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  550.54.14  Thu Feb 22 01:25:25 UTC 2024");
+    quiet("[    5.123456] nvidia-uvm: Loaded the UVM driver, major device number 508.");
+}
+
+/// One of the NVIDIA services a GPU server needs (the persistence daemon, Fabric Manager, IMEX,
+/// DCGM's host engine) could not be started, in systemd's words, systemctl's, or a provisioning
+/// tool's. Services a desktop may lack without harm (nvidia-powerd) stay quiet.
+#[test]
+fn an_nvidia_service_that_cannot_start_is_a_driver_error() {
+    for l in [
+        r#"fatal: [ubuntu-xenial-01]: FAILED! => {"changed": false, "msg": "Unable to start service nvidia-persistenced: Job for nvidia-persistenced.service failed because the control process exited with error code. See \"systemctl status nvidia-persistenced.service\" and \"journalctl -xe\" for details.\n"}"#,
+        "Job for nvidia-fabricmanager.service failed because the control process exited with error code.",
+        "Mar 20 18:49:51 dgx systemd[1]: nvidia-fabricmanager.service: Failed with result 'exit-code'.",
+        "Mar 20 18:49:51 dgx systemd[1]: Failed to start nvidia-persistenced.service - NVIDIA Persistence Daemon.",
+        "Mar 20 18:49:51 dgx systemd[1]: nvidia-imex.service: Main process exited, code=exited, status=1/FAILURE",
+        "Mar 20 18:49:51 dgx systemd[1]: nvidia-dcgm.service: Main process exited, code=killed, status=9/KILL",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].severity, Severity::Warning, "{l}");
+    }
+    quiet(
+        "ago 27 14:15:42 solus systemd[1]: nvidia-powerd.service: Failed with result 'exit-code'.",
+    );
+    quiet("Mar 27 14:37:50 sagecactus supergfxd[1166]: Job for nvidia-powerd.service failed because the control process exited with error code.");
+    quiet("Mar 20 18:49:51 dgx systemd[1]: Started nvidia-persistenced.service - NVIDIA Persistence Daemon.");
+    quiet("Mar 20 18:49:51 dgx systemd[1]: nvidia-persistenced.service: Deactivated successfully.");
+    quiet("Mar 20 18:49:51 dgx systemd[1]: nvidia-persistenced.service: Main process exited, code=exited, status=0/SUCCESS");
+}
