@@ -37,6 +37,7 @@ pub const HAND_LITERALS: &[&str] = &[
     "Call trace",
     "(EE)",
     "XidCriticalError",
+    ") detected on PCI:",
     "API mismatch",
     "API Mismatch",
     // Mellanox's GPUDirect RDMA module, whose load failures name no NVIDIA tag.

@@ -22,6 +22,7 @@ pub const LITERALS: &[&str] = &[
     "Call trace",
     "(EE)",
     "XidCriticalError",
+    ") detected on PCI:",
     "API mismatch",
     "API Mismatch",
     "nv_peer_mem",
@@ -73,6 +74,7 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("Call", 0),
     ("(EE)", 0),
     ("XidC", 0),
+    (") de", 0),
     ("API ", 0),
     ("API ", 0),
     ("nv_p", 0),
@@ -105,4 +107,4 @@ pub const ANCHORS: &[(&str, usize)] = &[
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[35, 19, 4, 8, 7, 33, 1, 31, 22, 21, 3, 11, 17, 32, 14, 10, 5, 23, 27, 12, 25, 0, 13, 20, 34, 28, 29, 24, 36, 30, 26, 2, 16, 18, 6, 15, 9];
+pub const ORDER: &[usize] = &[21, 17, 7, 35, 3, 37, 1, 16, 23, 19, 29, 11, 18, 10, 5, 25, 24, 4, 30, 12, 22, 2, 13, 15, 27, 14, 20, 28, 26, 36, 31, 8, 32, 33, 34, 6, 0, 9];

@@ -262,6 +262,7 @@ fn anchors() -> &'static [&'static str] {
 const HAND_ANCHORS_FIRST: &[&str] = &[
     "(EE)",
     "XidCriticalError: Xid=",
+    "XID ",
     "API mismatch",
     "API Mismatch",
     "GSP task ",
@@ -302,6 +303,7 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
                 .is_some_and(crate::classify::shapes::x_module_load_failure)
         }
         "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
+        "XID " => crate::classify::shapes::agent_xid(rest).is_some(),
         "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
         "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
         "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),

@@ -84,3 +84,18 @@ fn an_nvidia_service_that_cannot_start_is_a_driver_error() {
     quiet("Mar 20 18:49:51 dgx systemd[1]: nvidia-persistenced.service: Deactivated successfully.");
     quiet("Mar 20 18:49:51 dgx systemd[1]: nvidia-persistenced.service: Main process exited, code=exited, status=0/SUCCESS");
 }
+
+/// A GPU health agent's summary of an Xid (GPUd, round `r`) stands for the kernel's line: the Xid,
+/// its GPU and its words. A NIC that prints its chip version as `XID 641` is no Xid.
+#[test]
+fn a_health_agents_xid_summary_is_an_xid() {
+    let f = loud("XID 79(GPU has fallen off the bus) detected on PCI:0000:ae:00");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].xid, Some(79));
+    assert_eq!(
+        f[0].pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:ae:00.0")
+    );
+    quiet("[Tue Jul 21 15:51:15 2026] r8169 0000:03:00.0 eth0: RTL8125B, 58:47:ca:7b:55:71, XID 641, IRQ 51");
+    quiet("XID 79 detected on PCI:0000:ae:00");
+}

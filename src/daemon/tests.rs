@@ -294,11 +294,14 @@ async fn shutdown_hands_over_then_saves_then_reports_stopped() {
     let tel = d.tel.clone();
     let (stop, shutdown) = Shutdown::new();
     let stopper = async {
-        // Stop once the record read at start-up is an incident.
-        for _ in 0..500 {
-            if tel.snapshot().open_incidents_total > 0 {
-                break;
-            }
+        // Stop once the record read at start-up is an incident (a loaded machine may take
+        // seconds; the deadline only keeps a broken daemon from hanging the test).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while tel.snapshot().open_incidents_total == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the record read at start-up never became an incident"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert!(

@@ -91,6 +91,9 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
 /// `XidCriticalError: Xid=94 on Device=GPU-3b6e...; marking device as unhealthy.` The driver
 /// printed the same Xid to the kernel log, which the pasted log often lacks.
 pub(super) fn parse_xid_event(msg: &str) -> Option<XidLine> {
+    if msg.starts_with("XID ") {
+        return agent_xid(msg);
+    }
     let rest = msg.strip_prefix("XidCriticalError: Xid=")?;
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
@@ -120,6 +123,32 @@ pub(super) fn parse_xid_event(msg: &str) -> Option<XidLine> {
             "Xid event reported through NVML (the Kubernetes device plugin marks the GPU unhealthy)"
                 .into(),
         uuid,
+    })
+}
+
+/// A GPU health agent's summary of an Xid it read (GPUd): `XID 79(GPU has fallen off the bus)
+/// detected on PCI:0000:ae:00`. The kernel's own line may be gone from the log the agent's is in
+/// (a rotated journal, a container's output), so the summary stands for it. A NIC's `XID 641`
+/// (Realtek's chip version, no parenthesis, no address) is not one.
+pub fn agent_xid(msg: &str) -> Option<XidLine> {
+    let rest = msg.strip_prefix("XID ")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 10 || rest.as_bytes().get(digits) != Some(&b'(') {
+        return None;
+    }
+    let xid = rest[..digits].parse().ok()?;
+    let (what, after) = rest[digits + 1..].split_once(") detected on PCI:")?;
+    let addr: String = after
+        .chars()
+        .take_while(|c| c.is_ascii_hexdigit() || *c == ':' || *c == '.')
+        .collect();
+    Some(XidLine {
+        pci: Some(pci(&addr)?),
+        xid,
+        pid: None,
+        process: None,
+        rest: what.trim().to_string(),
+        uuid: None,
     })
 }
 
