@@ -48,10 +48,13 @@ pub const LITERALS: &[&str] = &[
     "nvc.c:",
     "DCGM initialization error",
     "Error on querying NVIDIA devices",
+    "Could not load UVM kernel",
+    "could not select device driver \"\" with capabilities: [[gpu]]",
     "Could not unload NVIDIA driver kernel modules",
     "Unable to load the kernel module",
     "kernel module failed to load",
     "kernel modules are incompatible with the GPU",
+    "An NVIDIA kernel module '",
 ];
 
 /// Per literal: its anchor and the anchor's offset in it.
@@ -100,11 +103,14 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("nvc.", 0),
     ("DCGM", 0),
     ("IA d", 22),
+    ("ould", 1),
+    ("ould", 1),
     ("IA d", 21),
     ("Unab", 0),
     ("to l", 21),
     ("tibl", 26),
+    ("An N", 0),
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[21, 17, 7, 35, 3, 37, 1, 16, 23, 19, 29, 11, 18, 10, 5, 25, 24, 4, 30, 12, 22, 2, 13, 15, 27, 14, 20, 28, 26, 36, 31, 8, 32, 33, 34, 6, 0, 9];
+pub const ORDER: &[usize] = &[21, 4, 37, 8, 0, 34, 5, 20, 23, 28, 7, 11, 18, 6, 1, 29, 27, 14, 39, 12, 22, 2, 13, 36, 24, 17, 10, 25, 30, 26, 16, 19, 32, 33, 38, 31, 3, 35, 15, 9];

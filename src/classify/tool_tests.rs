@@ -99,3 +99,33 @@ fn a_health_agents_xid_summary_is_an_xid() {
     quiet("[Tue Jul 21 15:51:15 2026] r8169 0000:03:00.0 eth0: RTL8125B, 58:47:ca:7b:55:71, XID 641, IRQ 51");
     quiet("XID 79 detected on PCI:0000:ae:00");
 }
+
+/// Round `v` (scientific computing, robotics and simulation): machines being set up, in the words
+/// of the installer, the old module loader, nvidia-docker and Docker without the container
+/// toolkit, and NVML's failure without the space after its colon.
+#[test]
+fn setup_failures_of_installer_loader_and_container_runtime_are_read() {
+    for l in [
+        "ERROR: An NVIDIA kernel module 'nvidia-drm' appears to already be loaded in your kernel.  This may be because it is in use (for example, by an X server, a CUDA program, or the NVIDIA Persistence Daemon),",
+        "nvidia-docker | 2018/06/29 01:40:55 Error: Could not load UVM kernel module",
+        r#"docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]]."#,
+        "docker: Error response from daemon: unknown or invalid runtime name: nvidia",
+        "FATAL: Error inserting nvidia (/lib/modules/2.6.32-358.18.1.el6.x86_64/extra/nvidia.ko): No such device",
+        ">Failed to initialize NVML:Function Not Found.",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+    }
+    let f = loud("FATAL: Error inserting nvidia_uvm (/lib/modules/5.4.0/updates/dkms/nvidia-uvm.ko): Unknown symbol in module, or unknown parameter (see dmesg)");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(
+        f[0].title
+            .contains("nvidia_uvm could not be loaded (Unknown symbol in module"),
+        "{}",
+        f[0].title
+    );
+    // Another driver's module, and Docker's other runtimes, are not ours.
+    quiet("FATAL: Error inserting e1000e (/lib/modules/2.6.32/kernel/drivers/net/e1000e.ko): No such device");
+    quiet("docker: Error response from daemon: unknown or invalid runtime name: runsc");
+    quiet("NVIDIA: Using 24576.00 MB of virtual memory for indirect memory access.");
+}

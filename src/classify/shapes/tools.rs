@@ -18,7 +18,7 @@ pub(super) fn parse_tool(msg: &str) -> Option<Shape> {
         // `Failed to initialize NVML: ...`, `Failed to properly shut down NVML: ...`: a kernel
         // module and a library of different versions stop every NVML client (critical), the
         // other reasons stop this one.
-        let reason = t.split_once(NVML_COLON).map_or("", |(_, r)| r);
+        let reason = t.split_once(NVML_COLON).map_or("", |(_, r)| r.trim_start());
         (reason.starts_with("Driver/library version mismatch"), None)
     } else if let Some(name) = nvml_exception(t) {
         // A lost GPU is critical; a capability or permission answer is no fault at all.
@@ -164,7 +164,8 @@ pub fn is_smi_error_row(t: &str) -> bool {
     t.len() > 2 && t.starts_with('|') && t.ends_with('|') && t.contains(SMI_ERR_FIELD)
 }
 
-pub(super) const NVML_COLON: &str = " NVML: ";
+/// Without the space after it: some tools print `Failed to initialize NVML:Function Not Found.`
+pub(super) const NVML_COLON: &str = " NVML:";
 
 /// Where an NVML call failure as nvidia-smi words it starts in `line`: `Failed to <what> NVML:
 /// <reason>`, `<what>` being a few plain words (`initialize`, `properly shut down`).

@@ -101,12 +101,16 @@ pub(super) fn module_symbol(m: &str) -> Option<Shape> {
 /// the module name: `systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot
 /// allocate memory`, `modprobe: ERROR: could not insert 'nvidia': No such device`, `modprobe:
 /// ERROR: ... could not find module by name='nvidia_331_uvm'`, `modprobe: FATAL: Module
-/// nvidia-uvm not found.`. The kernel often logs nothing of its own for these.
+/// nvidia-uvm not found.`, the old loader's `FATAL: Error inserting nvidia (...): No such device`.
+/// The kernel often logs nothing of its own for these.
 pub(super) const MODULE_LOADER: &[(&str, char)] = &[
     ("Failed to insert module '", '\''),
     ("could not insert '", '\''),
     ("could not find module by name='", '\''),
     ("FATAL: Module ", ' '),
+    // module-init-tools, before kmod: `FATAL: Error inserting nvidia (/lib/modules/.../nvidia.ko):
+    // No such device`.
+    ("FATAL: Error inserting ", ' '),
 ];
 
 /// Where a module loader's failure for an NVIDIA module starts in `line` (at the phrase), with
@@ -123,6 +127,11 @@ pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
 /// A module loader that could not load an NVIDIA module (see [`MODULE_LOADER`]).
 pub(super) fn module_insert(m: &str) -> Option<Shape> {
     let (_, module, rest) = module_loader_failure(m)?;
+    // The old loader names the file in parentheses before the reason.
+    let rest = match rest.strip_prefix('(') {
+        Some(r) => r.split_once("):").map_or(rest, |(_, after)| after),
+        None => rest,
+    };
     let reason = rest.trim_start_matches(':').trim().trim_end_matches('.');
     let what = if reason.is_empty() || reason == "not found" {
         format!("module {module} could not be loaded (not found)")
