@@ -2,10 +2,11 @@
 //! `check` reports them and refuses a bad row by its key, `scan --config` reads an added wording
 //! and stays silent on a silenced line, and a running daemon takes both on at a reload.
 //!
-//! The lines are real ones from the unseen rounds (`fixtures/unseen/`): a GPU health agent's own
-//! summary of an Xid 79, which no built-in shape reads, and nvidia-modeset's "lost display
-//! notification" warning, which the built-in shapes report and a site of desktops may know to be
-//! harmless.
+//! The lines are real ones from the unseen rounds (`fixtures/unseen/`): a GPU metrics exporter's
+//! `err: exit status 12` (nvidia-smi's exit code when NVML's library cannot be loaded), which no
+//! built-in shape reads because the line names neither nvidia-smi nor NVML but a site knows its own
+//! exporter, and nvidia-modeset's "lost display notification" warning, which the built-in shapes
+//! report and a site of desktops may know to be harmless.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +16,7 @@ use serde_json::Value;
 
 use super::support;
 
-const AGENT: &str = "XID 79(GPU has fallen off the bus) detected on PCI:0000:ae:00";
+const EXPORTER: &str = r#"ts=2022-03-05T12:15:01.058Z caller=exporter.go:157 level=error error="command failed. stderr:  err: exit status 12""#;
 const LOST: &str =
     "Jun 12 16:30:35 fedora-box kernel: nvidia-modeset: WARNING: GPU:0: Lost display notification (0:0x00000000); continuing.";
 
@@ -24,14 +25,14 @@ fn site_rows() -> String {
     format!(
         r#"
 [[classify.shape]]
-id = "site.agent-fell-off"
-literal = "detected on PCI:"
-pattern = 'XID 79\(GPU has fallen off the bus\) detected on PCI:{{pci}}'
-kind = "fallen_off_bus"
+id = "site.exporter-nvml-missing"
+literal = "err: exit status 12"
+pattern = 'caller=exporter\.go:{{int}} level=error error="command failed\. stderr: +err: exit status 12"'
+kind = "driver_init_failure"
 severity = "critical"
-category = "pcie"
-title = "GPU has fallen off the bus (the health agent says)"
-examples = ["{AGENT}"]
+category = "driver"
+title = "The GPU exporter's nvidia-smi cannot load NVML"
+examples = ['{EXPORTER}']
 
 [[classify.silence]]
 literal = "Lost display notification"
@@ -39,6 +40,11 @@ pattern = 'nvidia-modeset: WARNING: GPU:\d+: Lost display notification'
 examples = ["{LOST}"]
 "#
     )
+}
+
+/// Whether an incident is the one the exporter's row opens.
+fn is_exporters(i: &Value) -> bool {
+    i.to_string().contains("site.exporter-nvml-missing")
 }
 
 fn bin() -> Command {
@@ -68,8 +74,8 @@ fn scan_json(args: &[&str], log: &Path) -> Vec<Value> {
 #[test]
 fn scan_with_the_sites_rows_reads_an_added_wording_and_stays_silent_on_a_silenced_one() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let log = write(dir.path(), "host.log", &format!("{LOST}\n{AGENT}\n"));
-    // Without the site's rows: the display warning is reported, the agent's line is not read.
+    let log = write(dir.path(), "host.log", &format!("{LOST}\n{EXPORTER}\n"));
+    // Without the site's rows: the display warning is reported, the exporter's line is not read.
     let plain = scan_json(&[], &log);
     assert_eq!(plain.len(), 1, "{plain:#?}");
     assert!(plain[0]["message"]
@@ -81,17 +87,17 @@ fn scan_with_the_sites_rows_reads_an_added_wording_and_stays_silent_on_a_silence
     let site = scan_json(&["--config", cfg.to_str().expect("path")], &log);
     assert_eq!(site.len(), 1, "{site:#?}");
     let f = &site[0];
-    assert_eq!(
-        f["title"],
-        "GPU has fallen off the bus (the health agent says)"
-    );
-    assert_eq!(f["kind"], "fallen_off_bus");
+    assert_eq!(f["title"], "The GPU exporter's nvidia-smi cannot load NVML");
+    assert_eq!(f["kind"], "driver_init_failure");
     assert_eq!(f["severity"], "critical");
-    assert_eq!(f["category"], "pcie");
-    assert_eq!(f["pci"], "0000:ae:00.0");
-    assert_eq!(f["shape"], "site.agent-fell-off");
+    assert_eq!(f["category"], "driver");
+    assert!(f["pci"].is_null(), "{f:#}");
+    assert_eq!(f["shape"], "site.exporter-nvml-missing");
     // In a saved line, the message starts where the row's pattern matched.
-    assert_eq!(f["message"], AGENT);
+    assert_eq!(
+        f["message"],
+        EXPORTER.find("caller=").map_or("", |at| &EXPORTER[at..])
+    );
 }
 
 #[test]
@@ -110,15 +116,15 @@ fn check_reports_the_sites_rows_and_refuses_a_bad_one_by_its_key() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("site shapes: 1 added (site.agent-fell-off), 1 silenced"),
+        text.contains("site shapes: 1 added (site.exporter-nvml-missing), 1 silenced"),
         "{text}"
     );
 
     for (bad, key, words) in [
         (
-            site_rows().replace("PCI:{pci}", "PCI:{address}"),
+            site_rows().replace("go:{int}", "go:{line}"),
             "classify.shape[0].pattern",
-            "unknown slot {address}",
+            "unknown slot {line}",
         ),
         (
             site_rows().replace("severity = \"critical\"", "severity = \"loud\""),
@@ -184,31 +190,31 @@ fn a_reload_brings_in_the_sites_rows() {
     let xid = |bus: &str| format!("NVRM: Xid (PCI:0000:{bus}:00): 79, pid=42, name=python3, test");
     let modeset = LOST.split_once("kernel: ").map_or(LOST, |(_, m)| m);
 
-    // Before: the agent's line is no one's; the marker Xid says the lines before it were read.
-    append(0, AGENT);
+    // Before: the exporter's line is no one's; the marker Xid says the lines before it were read.
+    append(0, EXPORTER);
     append(1, &xid("17"));
     let v = d.wait_json_within(limit, "the first marker", |l| {
         l.iter().any(|i| i["pci"] == "0000:17:00.0")
     });
-    assert!(!v.iter().any(|i| i["pci"] == "0000:ae:00.0"), "{v:#?}");
+    assert!(!v.iter().any(is_exporters), "{v:#?}");
 
     std::fs::write(&cfg, format!("{base}{}", site_rows())).expect("config");
     d.signal(libc::SIGHUP);
     d.wait_stderr_within(limit, "config reloaded");
     append(2, modeset);
-    append(3, AGENT);
+    append(3, EXPORTER);
     append(4, &xid("2a"));
     let v = d.wait_json_within(limit, "the added wording and the second marker", |l| {
-        l.iter().any(|i| i["pci"] == "0000:ae:00.0") && l.iter().any(|i| i["pci"] == "0000:2a:00.0")
+        l.iter().any(is_exporters) && l.iter().any(|i| i["pci"] == "0000:2a:00.0")
     });
     let stopped = d.stop();
     let all = stopped.json();
     let added = v
         .iter()
-        .find(|i| i["pci"] == "0000:ae:00.0")
-        .expect("the agent's incident");
+        .find(|i| is_exporters(i))
+        .expect("the exporter's incident");
     assert_eq!(added["severity"], "critical", "{added:#}");
-    assert_eq!(added["kind"], "fallen_off_bus", "{added:#}");
+    assert_eq!(added["kind"], "driver_init_failure", "{added:#}");
     assert!(
         !all.iter().any(|i| i.to_string().contains("Lost display")),
         "the silenced line paged: {all:#?}"
