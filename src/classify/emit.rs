@@ -378,11 +378,14 @@ impl Classifier {
                     msg,
                     at,
                 );
+                let module_by_task = module.is_some()
+                    && task.as_deref().and_then(super::shapes::task_module) == module;
                 self.pending = Some(Pending::Trace {
                     finding: f,
                     task,
                     hung,
                     module,
+                    module_by_task,
                     last_line: at.line,
                     core: super::pending::CoreLink {
                         crash: !hung && super::shapes::is_crash_header(&text),
@@ -407,6 +410,7 @@ impl Classifier {
                         task: None,
                         hung: false,
                         module,
+                        module_by_task: false,
                         last_line: at.line,
                         core: Default::default(),
                     });

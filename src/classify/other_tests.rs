@@ -48,6 +48,7 @@ fn a_hung_nvidia_kernel_thread_is_reported_without_frames() {
     for t in [
         "INFO: task UVM global queue:412 blocked for more than 120 seconds.",
         "task:nvidia-smi      state:D stack:0     pid:5403 ppid:1 flags:0x00004002",
+        "[  721.031434] INFO: task nvc:[driver]:6067 blocked for more than 120 seconds.",
     ] {
         assert_eq!(loud(t).len(), 1, "{t}");
     }

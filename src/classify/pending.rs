@@ -76,6 +76,9 @@ pub(super) enum Pending {
         task: Option<String>,
         hung: bool,
         module: Option<&'static str>,
+        /// Whether `module` is only the task's name read as a module (`nvc:[driver]`, an NVIDIA
+        /// tool): a frame in an NVIDIA module says better where the task is stuck.
+        module_by_task: bool,
         last_line: u64,
         core: CoreLink,
     },
@@ -485,13 +488,15 @@ impl Classifier {
                 Pending::Trace {
                     finding,
                     module,
+                    module_by_task,
                     last_line,
                     ..
                 },
                 Shape::TraceFrame { module: m },
             ) => {
-                if module.is_none() {
+                if module.is_none() || (*module_by_task && m.is_some()) {
                     *module = *m;
+                    *module_by_task = false;
                 }
                 fold_raw(finding, msg, at, last_line);
                 None

@@ -53,6 +53,21 @@ fn an_nvml_return_code_by_number_is_read_by_its_name() {
     assert!(loud("WARN: NVML: can't get fan speed for GPU #1, error code 3").is_empty());
     // A number NVML does not define is no NVML code.
     assert!(loud("NVML: something, error code 4242").is_empty());
+    // By the source line of the call (a vGPU scheduler's hook): the same names decide. A lost
+    // GPU (15) is critical; NVML_ERROR_UNINITIALIZED (1), a call before a successful init, is
+    // the caller's answer, the init's own failure being the line that says why.
+    let f = loud("[4pdvGPU Warn(38:140500277225280:hook.c:339)]: NVML error at line 339: 15");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].severity, Severity::Critical);
+    assert!(f[0].message.starts_with("NVML error at line 339"), "{f:?}");
+    assert_eq!(loud("NVML error at line 88: 999").len(), 1);
+    for quiet in [
+        "[4pdvGPU Warn(38:140500277225280:hook.c:339)]: NVML error at line 339: 1",
+        "NVML error at line 339: 4242",
+        "NVML error at line 339: 15 retrying with 2",
+    ] {
+        assert!(loud(quiet).is_empty(), "{quiet}");
+    }
 }
 
 /// The vGPU host's manager daemon at its error level (`nvidia-vgpu-mgr[pid]: error: ...`): the

@@ -140,15 +140,28 @@ const NVML_CODES: &[(u32, &str)] = &[
     (999, "Unknown"),
 ];
 
-/// Where an NVML call failure that a tool reports by the return code's number starts
-/// (`WARN: NVML: can't get GPU #0, error code 15`, a miner's words), at `NVML`, with the code's
-/// name. A number NVML does not define is no NVML code.
+/// Where an NVML call failure that a tool reports by the return code's number starts, at `NVML`,
+/// with the code's name: `WARN: NVML: can't get GPU #0, error code 15` (a miner's words) or
+/// `NVML error at line 339: 1` (a vGPU scheduler's hook, by its source line). A number NVML does
+/// not define is no NVML code.
 pub fn nvml_code(line: &str) -> Option<(usize, &'static str)> {
     let at = memchr::memmem::find(line.as_bytes(), b"NVML")?;
     let rest = &line[at..];
-    let i = memchr::memmem::find(rest.as_bytes(), b"error code ")? + "error code ".len();
-    let digits = rest[i..].bytes().take_while(u8::is_ascii_digit).count();
-    let code: u32 = rest[i..i + digits].parse().ok()?;
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let number = if let Some(i) = memchr::memmem::find(rest.as_bytes(), b"error code ") {
+        let n = &rest[i + "error code ".len()..];
+        &n[..digits(n)]
+    } else {
+        let n = rest.strip_prefix("NVML error at line ")?;
+        let n = n[digits(n)..].strip_prefix(": ")?;
+        let d = digits(n);
+        // The code ends the message: `: 1` and nothing but punctuation after it.
+        if !n[d..].trim_end_matches(['.', ' ', '\r']).is_empty() {
+            return None;
+        }
+        &n[..d]
+    };
+    let code: u32 = number.parse().ok()?;
     let name = NVML_CODES.iter().find(|c| c.0 == code)?.1;
     Some((at, name))
 }

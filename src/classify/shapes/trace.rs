@@ -405,7 +405,7 @@ pub fn hung_wording(rest: &str) -> Option<usize> {
 
 /// The NVIDIA module a kernel thread or NVIDIA tool belongs to, by its task name: a hang of
 /// `nvidia-modeset/0` or of `nvidia-smi` is a hang in the driver even when no frame is logged.
-pub(super) fn task_module(name: &str) -> Option<&'static str> {
+pub(crate) fn task_module(name: &str) -> Option<&'static str> {
     let mut n = name.to_ascii_lowercase();
     // A threaded interrupt handler is named after its device's driver: `irq/181-nvidia`.
     if let Some((_, driver)) = n
@@ -421,7 +421,9 @@ pub(super) fn task_module(name: &str) -> Option<&'static str> {
         Some("nvidia_drm")
     } else if n.starts_with("nvidia-uvm") || n.starts_with("nvidia_uvm") || n.starts_with("uvm ") {
         Some("nvidia_uvm")
-    } else if n.starts_with("nvidia") || n.starts_with("nv_queue") {
+    } else if n.starts_with("nvidia") || n.starts_with("nv_queue") || n.starts_with("nvc:[") {
+        // `nvc:[driver]` is the container library's helper that holds the driver open for
+        // nvidia-container-cli; hung, it waits inside the driver.
         Some("nvidia")
     } else {
         None
