@@ -17,8 +17,9 @@ cd "$(dirname "$0")/.."
 LINES=${LINES:-4000000}
 STORM_LINES=${STORM_LINES:-2000000}
 RUNS=${RUNS:-3}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# WORK=dir: keep the generated logs there, and reuse them when they are there (to time two builds
+# on the same logs).
+if [ -n "${WORK:-}" ]; then work=$WORK; mkdir -p "$work"; else work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
 
 if ! command -v rg >/dev/null; then
   echo "FAIL: ripgrep (rg) is not installed; this bench compares with it (Debian: apt-get install ripgrep)" >&2
@@ -27,7 +28,7 @@ fi
 # BIN=path: measure that binary instead of building this tree's (to compare two builds).
 if [ -n "${BIN:-}" ]; then bin=$BIN; else cargo build --release --quiet; bin=target/release/xidwatch; fi
 
-python3 - "$LINES" "$work/big.log" <<'PY'
+[ -s "$work/big.log" ] || python3 - "$LINES" "$work/big.log" <<'PY'
 import random, sys
 n, path = int(sys.argv[1]), sys.argv[2]
 random.seed(7)
@@ -62,7 +63,7 @@ with open(path, "w") as f:
             f.write("".join(buf)); buf = []
     f.write("".join(buf))
 PY
-python3 - "$STORM_LINES" "$work/storm.log" <<'PY'
+[ -s "$work/storm.log" ] || python3 - "$STORM_LINES" "$work/storm.log" <<'PY'
 import random, sys
 n, path = int(sys.argv[1]), sys.argv[2]
 random.seed(11)
@@ -88,7 +89,7 @@ with open(path, "w") as f:
             f.write("".join(buf)); buf = []
     f.write("".join(buf))
 PY
-python3 bench/gpuhost.py text "$LINES" "$work/gpuhost.log"
+[ -s "$work/gpuhost.log" ] || python3 bench/gpuhost.py text "$LINES" "$work/gpuhost.log"
 cat "$work/storm.log" "$work/big.log" "$work/gpuhost.log" > /dev/null   # warm the page cache
 
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
