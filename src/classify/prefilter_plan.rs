@@ -55,6 +55,7 @@ pub const LITERALS: &[&str] = &[
     "kernel module failed to load",
     "kernel modules are incompatible with the GPU",
     "An NVIDIA kernel module '",
+    "failed to verify GPU driver installation",
 ];
 
 /// Per literal: its anchor and the anchor's offset in it.
@@ -110,7 +111,8 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("to l", 21),
     ("tibl", 26),
     ("An N", 0),
+    ("rify", 12),
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[21, 4, 37, 8, 0, 34, 5, 20, 23, 28, 7, 11, 18, 6, 1, 29, 27, 14, 39, 12, 22, 2, 13, 36, 24, 17, 10, 25, 30, 26, 16, 19, 32, 33, 38, 31, 3, 35, 15, 9];
+pub const ORDER: &[usize] = &[4, 21, 22, 2, 29, 7, 8, 13, 3, 24, 35, 18, 36, 34, 11, 0, 33, 32, 40, 10, 20, 39, 1, 5, 14, 27, 31, 26, 30, 37, 12, 16, 17, 23, 6, 25, 19, 38, 15, 28, 9];

@@ -100,6 +100,38 @@ fn the_buckets_pass_few_ordinary_windows() {
     assert!(unordered * 20 > lines, "{unordered} on {lines}");
 }
 
+/// Real wordings that hold no built-in literal (round notes in `fixtures/unseen/README.md`): the
+/// installer's missing `dkms.conf`, an exporter's bare exit status, the container runtime's mode
+/// notice, the vGPU manager's status line.
+const EXTRA: [&str; 4] = [
+    "dkms.conf' for copying",
+    "err: exit status 12",
+    "Auto-detected mode as 'legacy'",
+    "vmiop_log: NVOS status",
+];
+
+/// A site's literals after the built-in ones keep the built-in plan (no regrouping at every
+/// load): each built-in anchor keeps its pattern id but for one the site's anchor may take, and
+/// every literal of both is found.
+#[test]
+fn a_sites_literals_extend_the_built_in_plan() {
+    let built_in = Prefilter::new();
+    let mut lits: Vec<&'static str> = built_in.anchors().iter().map(|a| a.literal).collect();
+    lits.extend(EXTRA);
+    let pre = Prefilter::with_literals(&lits);
+    let moved = built_in
+        .patterns()
+        .iter()
+        .zip(pre.patterns())
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(moved <= EXTRA.len(), "{moved} built-in anchors moved");
+    for l in &lits {
+        let line = format!("[ 1.0] tool: {l} here");
+        assert!(pre.find_from(line.as_bytes(), 0).is_some(), "{line}");
+    }
+}
+
 /// Literals that hold a common window no ordinary line holds are searched by it once: the two
 /// tool messages naming "the NVIDIA driver" share one anchor, and each literal is still found.
 #[test]
