@@ -55,6 +55,7 @@ pub const LITERALS: &[&str] = &[
     "kernel module failed to load",
     "kernel modules are incompatible with the GPU",
     "An NVIDIA kernel module '",
+    "Unable to open 'kernel/dkms.conf'",
     "failed to verify GPU driver installation",
 ];
 
@@ -111,6 +112,7 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("to l", 21),
     ("tibl", 26),
     ("An N", 0),
+    ("Unab", 0),
     ("rify", 12),
 ];
 
