@@ -367,6 +367,7 @@ impl Classifier {
                 task,
                 hung,
                 module,
+                by_task,
                 text,
             } => {
                 let f = base(
@@ -378,14 +379,12 @@ impl Classifier {
                     msg,
                     at,
                 );
-                let module_by_task = module.is_some()
-                    && task.as_deref().and_then(super::shapes::task_module) == module;
                 self.pending = Some(Pending::Trace {
                     finding: f,
                     task,
                     hung,
                     module,
-                    module_by_task,
+                    module_by_task: by_task && module.is_some(),
                     last_line: at.line,
                     core: super::pending::CoreLink {
                         crash: !hung && super::shapes::is_crash_header(&text),

@@ -57,6 +57,37 @@ fn a_hung_nvidia_kernel_thread_is_reported_without_frames() {
     assert!(loud("task:nvidia-smi state:R running task stack:0 pid:1").is_empty());
 }
 
+/// A module read from the task's name is a guess: the frame or instruction pointer in an NVIDIA
+/// module that follows says where the task is stuck, and names the incident's module.
+#[test]
+fn a_frame_or_rip_in_an_nvidia_module_refines_the_tasks_module() {
+    for (second, third) in [
+        (
+            "[  721.028346] Call Trace:",
+            "[  721.028422]  [<ffffffffa09c376e>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]",
+        ),
+        (
+            "[  721.028346] RIP: 0010:uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]",
+            "[  721.028350] Code: 48 89 e5 41 57",
+        ),
+    ] {
+        let f = scan(&[
+            "[  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.",
+            second,
+            third,
+        ]);
+        let loud: Vec<_> = f
+            .iter()
+            .filter(|f| f.severity >= Severity::Warning)
+            .collect();
+        assert_eq!(loud.len(), 1, "{f:#?}");
+        assert_eq!(loud[0].module.as_deref(), Some("nvidia_uvm"), "{second}");
+    }
+    // With no frame, the task's name is all there is.
+    let f = loud("[  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.");
+    assert_eq!(f[0].module.as_deref(), Some("nvidia"));
+}
+
 #[test]
 fn an_nvidia_module_the_loader_could_not_insert_is_a_driver_failure() {
     for l in [

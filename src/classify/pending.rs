@@ -507,6 +507,7 @@ impl Classifier {
                     task,
                     hung,
                     module,
+                    module_by_task,
                     last_line,
                     ..
                 },
@@ -514,6 +515,7 @@ impl Classifier {
                     task: t,
                     hung: h,
                     module: m,
+                    by_task,
                     ..
                 },
             ) if t.is_none() || task.is_none() || task == t || held_by(finding, t) => {
@@ -524,8 +526,11 @@ impl Classifier {
                     task.clone_from(t);
                 }
                 *hung |= *h;
-                if module.is_none() {
+                // A module the line names (`RIP: ...[nvidia_uvm]`) refines one read from the
+                // task's name, as a frame does.
+                if module.is_none() || (*module_by_task && m.is_some() && !*by_task) {
                     *module = *m;
+                    *module_by_task = *by_task && m.is_some();
                 }
                 fold_raw(finding, msg, at, last_line);
                 None

@@ -136,6 +136,9 @@ pub enum Shape {
         hung: bool,
         /// The NVIDIA module the line itself names (`RIP: ...[nvidia_modeset]`).
         module: Option<&'static str>,
+        /// Whether `module` is only the task's name read as a module (`nvc:[driver]`, an NVIDIA
+        /// tool or kernel thread): a frame in an NVIDIA module says better where it is stuck.
+        by_task: bool,
         text: String,
     },
     /// One frame of a call trace; `module` when the frame is in an NVIDIA module.

@@ -183,6 +183,7 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
             task: Some(name.to_string()),
             hung: true,
             module: task_module(name),
+            by_task: true,
             text: t.trim_end().to_string(),
         });
     }
@@ -195,6 +196,7 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
             task: Some(name.to_string()),
             hung,
             module: if hung { task_module(name) } else { None },
+            by_task: true,
             text: t.trim_end().to_string(),
         });
     }
@@ -206,12 +208,12 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
     // stays silent.
     if let Some(h) = crash_header(t) {
         let task = header_task(h);
+        let named = frame_module(h).or_else(|| source_module(h));
         return Some(Shape::TraceStart {
             task: task.map(str::to_string),
             hung: false,
-            module: frame_module(h)
-                .or_else(|| source_module(h))
-                .or_else(|| task.and_then(task_module)),
+            module: named.or_else(|| task.and_then(task_module)),
+            by_task: named.is_none(),
             text: h.trim_end().to_string(),
         });
     }
@@ -222,6 +224,7 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
             task: Some(name.to_string()),
             hung: false,
             module: task_module(name),
+            by_task: true,
             text: t.trim_end().to_string(),
         });
     }
@@ -230,6 +233,7 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
             task: None,
             hung: false,
             module: None,
+            by_task: false,
             text: t.trim_end().to_string(),
         });
     }
@@ -238,6 +242,7 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
             task: None,
             hung: false,
             module: frame_module(t),
+            by_task: false,
             text: t.trim_end().to_string(),
         });
     }
@@ -246,6 +251,7 @@ pub(super) fn parse_trace(msg: &str) -> Option<Shape> {
             task: None,
             hung: false,
             module: Some("nvidia"),
+            by_task: false,
             text: t.trim_end().to_string(),
         });
     }
@@ -405,7 +411,7 @@ pub fn hung_wording(rest: &str) -> Option<usize> {
 
 /// The NVIDIA module a kernel thread or NVIDIA tool belongs to, by its task name: a hang of
 /// `nvidia-modeset/0` or of `nvidia-smi` is a hang in the driver even when no frame is logged.
-pub(crate) fn task_module(name: &str) -> Option<&'static str> {
+pub(super) fn task_module(name: &str) -> Option<&'static str> {
     let mut n = name.to_ascii_lowercase();
     // A threaded interrupt handler is named after its device's driver: `irq/181-nvidia`.
     if let Some((_, driver)) = n
