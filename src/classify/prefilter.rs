@@ -315,6 +315,56 @@ const RESTARTS: usize = 16;
 /// 102 ms; three literals, 103 ms; the 33 in list order, 118 ms.
 pub const MAX_ANCHORS: usize = 64;
 
+/// A bucket's masks as Teddy keeps them, per byte position the high and the low nybbles it
+/// admits: one 16-bit lane per position, high nybbles in `.0`, low ones in `.1`. A window is the
+/// same with one bit per lane, so it passes a bucket when both ANDs keep a bit in every lane (four
+/// bits each), and a plan tests thousands of windows in microseconds.
+type Masks = (u64, u64);
+const _: () = assert!(ANCHOR_LEN * 16 <= 64);
+
+/// The masks of one anchor or window of `ANCHOR_LEN` bytes.
+fn masks_of(a: &[u8]) -> Masks {
+    a.iter().enumerate().fold((0, 0), |m, (j, &b)| {
+        (
+            m.0 | 1 << (16 * j + usize::from(b >> 4)),
+            m.1 | 1 << (16 * j + usize::from(b & 15)),
+        )
+    })
+}
+
+fn union(a: &Masks, b: &Masks) -> Masks {
+    (a.0 | b.0, a.1 | b.1)
+}
+
+/// Whether window `w` passes a bucket of masks `m`.
+fn passes(m: &Masks, w: &Masks) -> bool {
+    (m.0 & w.0).count_ones() as usize == ANCHOR_LEN
+        && (m.1 & w.1).count_ones() as usize == ANCHOR_LEN
+}
+
+/// The bucket of each pattern (by id) as the slim searcher fills them: round-robin by id from
+/// the last, a pattern whose low nybbles equal an earlier one's into that one's bucket.
+fn buckets_by_id<'a>(patterns: impl Iterator<Item = &'a [u8]>) -> Vec<usize> {
+    let mut twin: Vec<(&[u8], usize)> = Vec::new();
+    patterns
+        .enumerate()
+        .map(|(id, p)| {
+            let p = &p[..p.len().min(ANCHOR_LEN)];
+            let same_low = |t: &&(&[u8], usize)| {
+                t.0.len() == p.len() && t.0.iter().zip(p).all(|(a, b)| a & 15 == b & 15)
+            };
+            match twin.iter().find(same_low) {
+                Some(t) => t.1,
+                None => {
+                    let b = TEDDY_BUCKETS - 1 - id % TEDDY_BUCKETS;
+                    twin.push((p, b));
+                    b
+                }
+            }
+        })
+        .collect()
+}
+
 /// Orders the distinct anchors so that the packed searcher's buckets hold anchors whose bytes
 /// look alike, as the ordinary sample tells.
 ///
@@ -333,29 +383,10 @@ pub const MAX_ANCHORS: usize = 64;
 /// that pass no bucket whatever the grouping are dropped first, so it takes well under a
 /// millisecond.
 fn teddy_order(anchors: &[&'static str], sample: impl Iterator<Item = &'static str>) -> Vec<usize> {
-    // A bucket's masks as Teddy keeps them, per byte position the high and the low nybbles it
-    // admits: one 16-bit lane per position, high nybbles in `.0`, low ones in `.1`. A window is
-    // the same with one bit per lane, so it passes a bucket when both ANDs keep a bit in every
-    // lane (four bits each), and the grouping below tests thousands of windows in microseconds.
-    type Masks = (u64, u64);
-    const _: () = assert!(ANCHOR_LEN * 16 <= 64);
     let n = anchors.len();
     if n <= TEDDY_BUCKETS || anchors.iter().any(|a| a.len() != ANCHOR_LEN) {
         return (0..n).collect();
     }
-    let masks_of = |a: &[u8]| -> Masks {
-        a.iter().enumerate().fold((0, 0), |m, (j, &b)| {
-            (
-                m.0 | 1 << (16 * j + usize::from(b >> 4)),
-                m.1 | 1 << (16 * j + usize::from(b & 15)),
-            )
-        })
-    };
-    let union = |a: &Masks, b: &Masks| -> Masks { (a.0 | b.0, a.1 | b.1) };
-    let passes = |m: &Masks, w: &Masks| {
-        (m.0 & w.0).count_ones() as usize == ANCHOR_LEN
-            && (m.1 & w.1).count_ones() as usize == ANCHOR_LEN
-    };
     // Anchors whose low nybbles are all equal share a bucket whatever their ids: one unit, led by
     // its first anchor; the others come after every leader, so they move no leader's bucket.
     let lo = |a: &str| -> Vec<u8> { a.bytes().map(|b| b & 15).collect() };
@@ -569,6 +600,7 @@ impl Plan {
                 distinct.push(a.anchor);
             }
         }
+        let first_new = distinct.len();
         for &literal in extra {
             let found = distinct
                 .iter()
@@ -578,10 +610,7 @@ impl Plan {
                 None => {
                     let own = choose_anchors(&[literal], ordinary_lines());
                     let Some(a) = own.first() else { continue };
-                    if !distinct.contains(&a.anchor) {
-                        distinct.push(a.anchor);
-                        self.order = place_last(&distinct, &self.order);
-                    }
+                    distinct.push(a.anchor);
                     (a.anchor, a.offset)
                 }
             };
@@ -590,6 +619,9 @@ impl Plan {
                 anchor,
                 offset,
             });
+        }
+        if distinct.len() > first_new {
+            self.order = place_new(&distinct, std::mem::take(&mut self.order), first_new);
         }
         self
     }
@@ -634,75 +666,62 @@ impl Plan {
     }
 }
 
-/// `order` (a searcher's order of `distinct` but its last anchor) with the last anchor placed
-/// where it costs the fewest bucket passes on the ordinary sample: at the end, or at a position
-/// whose anchor then moves to the end. A bucket is chosen by position, so appending alone put a
-/// site's anchor beside unlike ones (one literal took the sample from 17 passes to 107).
-fn place_last(distinct: &[&'static str], order: &[usize]) -> Vec<usize> {
-    let new = distinct.len() - 1;
-    let mut appended = order.to_vec();
-    appended.push(new);
+/// `order` (a searcher's order of `distinct[..first_new]`) with each anchor from `first_new` on
+/// placed, in turn, where it costs the fewest bucket passes on the ordinary sample: at the end,
+/// or at a position whose anchor then moves to the end. A bucket is chosen by position, so
+/// appending alone put a site's anchor beside unlike ones (one literal took the sample from 17
+/// passes to 107).
+fn place_new(distinct: &[&'static str], mut order: Vec<usize>, first_new: usize) -> Vec<usize> {
     if distinct.iter().any(|a| a.len() != ANCHOR_LEN) {
-        return appended;
+        order.extend(first_new..distinct.len());
+        return order;
     }
-    // Masks as in [`teddy_order`]: per byte position a 16-bit lane of high and one of low nybbles.
-    type Masks = (u64, u64);
-    let masks_of = |a: &[u8]| -> Masks {
-        a.iter().enumerate().fold((0, 0), |m, (j, &b)| {
-            (
-                m.0 | 1 << (16 * j + usize::from(b >> 4)),
-                m.1 | 1 << (16 * j + usize::from(b & 15)),
-            )
-        })
-    };
-    let passes = |m: &Masks, w: &Masks| {
-        (m.0 & w.0).count_ones() as usize == ANCHOR_LEN
-            && (m.1 & w.1).count_ones() as usize == ANCHOR_LEN
-    };
-    let all = distinct.iter().fold((0u64, 0u64), |m, a| {
-        let x = masks_of(a.as_bytes());
-        (m.0 | x.0, m.1 | x.1)
-    });
-    // Only the sample's windows that pass the union of every anchor can pass a bucket.
+    // The sample's windows once, those that pass the union of every anchor (no other can pass a
+    // bucket), each with how often it occurs.
+    let all = distinct
+        .iter()
+        .fold((0, 0), |m, a| union(&m, &masks_of(a.as_bytes())));
     let mut windows: Vec<Masks> = ordinary_lines()
         .flat_map(|l| l.as_bytes().windows(ANCHOR_LEN))
         .map(masks_of)
         .filter(|w| passes(&all, w))
         .collect();
     windows.sort_unstable();
-    let cost = |order: &[usize]| -> usize {
-        let mut buckets = [(0u64, 0u64); TEDDY_BUCKETS];
-        let mut twin: Vec<(u32, usize)> = Vec::new();
-        for (id, &i) in order.iter().enumerate() {
-            let a = distinct[i].as_bytes();
-            let lo = a.iter().fold(0u32, |k, &b| k << 4 | u32::from(b & 15));
-            let b = match twin.iter().find(|t| t.0 == lo) {
-                Some(t) => t.1,
-                None => {
-                    let b = TEDDY_BUCKETS - 1 - id % TEDDY_BUCKETS;
-                    twin.push((lo, b));
-                    b
-                }
-            };
-            let x = masks_of(a);
-            buckets[b] = (buckets[b].0 | x.0, buckets[b].1 | x.1);
-        }
-        windows
-            .iter()
-            .filter(|w| buckets.iter().any(|b| b.0 != 0 && passes(b, w)))
-            .count()
-    };
-    let mut best = (cost(&appended), appended);
-    for p in 0..order.len() {
-        let mut o = order.to_vec();
-        o.push(o[p]);
-        o[p] = new;
-        let c = cost(&o);
-        if c < best.0 {
-            best = (c, o);
+    let mut weighted: Vec<(Masks, usize)> = Vec::new();
+    for w in windows {
+        match weighted.last_mut() {
+            Some((last, c)) if *last == w => *c += 1,
+            _ => weighted.push((w, 1)),
         }
     }
-    best.1
+    let cost = |order: &[usize]| -> usize {
+        let ids = buckets_by_id(order.iter().map(|&i| distinct[i].as_bytes()));
+        let mut buckets = [(0u64, 0u64); TEDDY_BUCKETS];
+        for (&b, &i) in ids.iter().zip(order) {
+            buckets[b] = union(&buckets[b], &masks_of(distinct[i].as_bytes()));
+        }
+        weighted
+            .iter()
+            .filter(|(w, _)| buckets.iter().any(|b| b.0 != 0 && passes(b, w)))
+            .map(|&(_, c)| c)
+            .sum()
+    };
+    for new in first_new..distinct.len() {
+        let mut appended = order.clone();
+        appended.push(new);
+        let mut best = (cost(&appended), appended);
+        for p in 0..order.len() {
+            let mut o = order.clone();
+            o.push(o[p]);
+            o[p] = new;
+            let c = cost(&o);
+            if c < best.0 {
+                best = (c, o);
+            }
+        }
+        order = best.1;
+    }
+    order
 }
 
 /// How many `ANCHOR_LEN`-byte windows of `hay` pass one of the slim packed searcher's buckets
@@ -711,17 +730,10 @@ fn place_last(distinct: &[&'static str], order: &[usize]) -> Vec<usize> {
 /// the searcher fills them: round-robin by id from the last, low-nybble twins together.
 pub fn bucket_passes(patterns: &[&str], hay: &[u8]) -> usize {
     let mut buckets: Vec<Vec<&[u8]>> = vec![Vec::new(); TEDDY_BUCKETS];
-    let mut twin: Vec<(Vec<u8>, usize)> = Vec::new();
-    for (id, p) in patterns.iter().enumerate() {
-        let lo: Vec<u8> = p.bytes().take(ANCHOR_LEN).map(|b| b & 15).collect();
-        let b = match twin.iter().find(|t| t.0 == lo) {
-            Some(t) => t.1,
-            None => {
-                let b = TEDDY_BUCKETS - 1 - id % TEDDY_BUCKETS;
-                twin.push((lo, b));
-                b
-            }
-        };
+    for (b, p) in buckets_by_id(patterns.iter().map(|p| p.as_bytes()))
+        .into_iter()
+        .zip(patterns)
+    {
         buckets[b].push(p.as_bytes());
     }
     let passes = |bucket: &[&[u8]], w: &[u8]| {
@@ -919,16 +931,16 @@ mod tests {
         };
         let mut better = 0;
         for extra in ["dkms.conf' for copying", "Auto-detected mode as 'legacy'"] {
-            let placed = on_sample(Plan::built_in().extended(&[extra]));
-            let mut last = Plan::built_in();
-            let n = last.order.len();
-            last.anchors.push(Anchor {
-                literal: extra,
-                anchor: &extra[..ANCHOR_LEN],
-                offset: 0,
+            let plan = Plan::built_in().extended(&[extra]);
+            // The same anchors, the site's searched last.
+            let mut order = Plan::built_in().order;
+            assert_eq!(plan.order.len(), order.len() + 1, "{extra}: a new anchor");
+            order.push(order.len());
+            let last = on_sample(Plan {
+                anchors: plan.anchors.clone(),
+                order,
             });
-            last.order.push(n);
-            let last = on_sample(last);
+            let placed = on_sample(plan);
             assert!(placed <= last, "{extra}: placed {placed}, last {last}");
             better += usize::from(placed < last);
         }
