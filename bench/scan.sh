@@ -12,13 +12,14 @@
 #
 #   bench/scan.sh            # 4,000,000 lines per ordinary log (about 340 and 550 MiB), 2,000,000 storm lines
 #   LINES=1000000 STORM_LINES=500000 bench/scan.sh
+#   WORK=/tmp/xw-bench BIN=old/xidwatch bench/scan.sh; WORK=/tmp/xw-bench bench/scan.sh   # two builds, same logs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${LINES:-4000000}
 STORM_LINES=${STORM_LINES:-2000000}
 RUNS=${RUNS:-3}
-# WORK=dir: keep the generated logs there, and reuse them when they are there (to time two builds
-# on the same logs).
+# WORK=dir: keep the generated logs there (named by their line counts), and reuse them when they
+# are there, to time two builds on the same logs.
 if [ -n "${WORK:-}" ]; then work=$WORK; mkdir -p "$work"; else work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
 
 if ! command -v rg >/dev/null; then
@@ -28,7 +29,7 @@ fi
 # BIN=path: measure that binary instead of building this tree's (to compare two builds).
 if [ -n "${BIN:-}" ]; then bin=$BIN; else cargo build --release --quiet; bin=target/release/xidwatch; fi
 
-[ -s "$work/big.log" ] || python3 - "$LINES" "$work/big.log" <<'PY'
+[ -s "$work/big-$LINES.log" ] || python3 - "$LINES" "$work/big-$LINES.log.part" <<'PY'
 import random, sys
 n, path = int(sys.argv[1]), sys.argv[2]
 random.seed(7)
@@ -63,7 +64,7 @@ with open(path, "w") as f:
             f.write("".join(buf)); buf = []
     f.write("".join(buf))
 PY
-[ -s "$work/storm.log" ] || python3 - "$STORM_LINES" "$work/storm.log" <<'PY'
+[ -s "$work/storm-$STORM_LINES.log" ] || python3 - "$STORM_LINES" "$work/storm-$STORM_LINES.log.part" <<'PY'
 import random, sys
 n, path = int(sys.argv[1]), sys.argv[2]
 random.seed(11)
@@ -89,8 +90,10 @@ with open(path, "w") as f:
             f.write("".join(buf)); buf = []
     f.write("".join(buf))
 PY
-[ -s "$work/gpuhost.log" ] || python3 bench/gpuhost.py text "$LINES" "$work/gpuhost.log"
-cat "$work/storm.log" "$work/big.log" "$work/gpuhost.log" > /dev/null   # warm the page cache
+[ -s "$work/gpuhost-$LINES.log" ] || python3 bench/gpuhost.py text "$LINES" "$work/gpuhost-$LINES.log.part"
+# A log is complete once its generator ended: only then does it get the name it is reused by.
+for part in "$work"/*.log.part; do [ -e "$part" ] && mv "$part" "${part%.part}"; done
+cat "$work/storm-$STORM_LINES.log" "$work/big-$LINES.log" "$work/gpuhost-$LINES.log" > /dev/null   # warm the page cache
 
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 # best() prints "wall user sys" of the fastest of RUNS runs of "$@" (bash's own `time`).
@@ -131,15 +134,15 @@ ordinary_log() {
     "$(awk -v a="$cr" -v b="$cx" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')"
   awk -v r="$ratio" 'BEGIN { exit !(r >= 1.0) }' || { echo "MISSED: $name ratio below 1.00" >&2; fail=1; }
 }
-ordinary_log ordinary "$work/big.log"
-ordinary_log gpu-host "$work/gpuhost.log"
+ordinary_log ordinary "$work/big-$LINES.log"
+ordinary_log gpu-host "$work/gpuhost-$LINES.log"
 
-ssize=$(stat -c %s "$work/storm.log")
-sfindings=$($bin scan --json "$work/storm.log" | wc -l || true)
+ssize=$(stat -c %s "$work/storm-$STORM_LINES.log")
+sfindings=$($bin scan --json "$work/storm-$STORM_LINES.log" | wc -l || true)
 [ "$sfindings" -eq $((STORM_LINES / 2)) ] || { echo "FAIL: storm log gave $sfindings findings, expected $((STORM_LINES / 2))" >&2; exit 1; }
-sx=$(best $pin "$bin" scan --json "$work/storm.log"); sx=${sx%% *}
-st=$(best $pin "$bin" scan "$work/storm.log"); st=${st%% *}
-sr=$(best $pin rg -j1 -c 'NVRM|SXid|nvidia' "$work/storm.log"); sr=${sr%% *}
+sx=$(best $pin "$bin" scan --json "$work/storm-$STORM_LINES.log"); sx=${sx%% *}
+st=$(best $pin "$bin" scan "$work/storm-$STORM_LINES.log"); st=${st%% *}
+sr=$(best $pin rg -j1 -c 'NVRM|SXid|nvidia' "$work/storm-$STORM_LINES.log"); sr=${sr%% *}
 rate=$(calc "$STORM_LINES / $sx")
 sratio=$(calc "$sr / $sx")
 printf 'storm:     %d lines, %.0f MiB, %d findings (half the lines)\n' "$STORM_LINES" "$(calc "$ssize / 1048576")" "$sfindings"
