@@ -157,17 +157,24 @@ fn is_digits(s: &str) -> bool {
 
 /// Byte offset where a message we understand starts, if any.
 pub fn message_start(line: &str) -> Option<usize> {
-    tag_start(line).or_else(|| {
-        // Every message `other_start` knows holds a candidate literal (`scan` sees no other
-        // line): one SIMD search rules out an ordinary line before a dozen anchor searches.
-        crate::classify::prefilter::Prefilter::shared()
-            .is_candidate(line.as_bytes())
-            .then(|| other_start(line))
-            .flatten()
-    })
+    // Every message this reads holds a candidate literal (`scan` sees no other line), but for
+    // the PCIe port driver's: its tag is in too many ordinary boot lines to be a literal, and old
+    // kernels print AER's recovery lines (`device recovery failed`) without `AER:`. One SIMD
+    // search rules out an ordinary line before the tag searches and a dozen anchor searches;
+    // such a line is then searched for the port's tag alone (the three tag searches over every
+    // ordinary record were a twentieth of the daemon's time).
+    if !crate::classify::prefilter::Prefilter::shared().is_candidate(line.as_bytes()) {
+        return tag_start_among(line, &tag_finders()[NON_LITERAL_TAGS..]);
+    }
+    tag_start(line).or_else(|| other_start(line))
 }
 
-/// The tag needles, built once: building a searcher per line cost more than the search.
+/// Where the tags that are no candidate literal begin in [`tag_finders`].
+const NON_LITERAL_TAGS: usize = 2;
+
+/// The tag needles, built once: building a searcher per line cost more than the search. Those
+/// before [`NON_LITERAL_TAGS`] are candidate literals (a test says so), which [`message_start`]
+/// relies on.
 fn tag_finders() -> &'static [memchr::memmem::Finder<'static>; 3] {
     static F: std::sync::OnceLock<[memchr::memmem::Finder<'static>; 3]> =
         std::sync::OnceLock::new();
@@ -187,6 +194,11 @@ fn hash_012() -> &'static memchr::memmem::Finder<'static> {
 
 /// Where a driver tag (`NVRM`, `nvidia...`, `pcieport`) starts.
 fn tag_start(line: &str) -> Option<usize> {
+    tag_start_among(line, tag_finders())
+}
+
+/// [`tag_start`] for the tags of `finders` only.
+fn tag_start_among(line: &str, finders: &[memchr::memmem::Finder<'static>]) -> Option<usize> {
     let b = line.as_bytes();
     let mut from = 0;
     while from < b.len() {
@@ -194,7 +206,7 @@ fn tag_start(line: &str) -> Option<usize> {
         // later needle is only looked for before the earliest hit so far: on an Xid line the
         // other two never scan the rest of the line.
         let mut at: Option<usize> = None;
-        for finder in tag_finders() {
+        for finder in finders {
             let end = at.map_or(b.len(), |a| (a + finder.needle().len()).min(b.len()));
             if let Some(i) = finder.find(&b[from..end]) {
                 at = Some(at.map_or(from + i, |a| a.min(from + i)));
@@ -692,6 +704,27 @@ mod tests {
         let s = split("Nov 29 08:14:03 h kernel: NVRM: The NVIDIA GPU 0000:17:00.0#012NVRM: (PCI ID: 10de:2330) installed in this system has#012NVRM: fallen off the bus and is not responding to commands.").unwrap();
         assert_eq!(s.messages.len(), 3);
         assert!(s.messages[2].starts_with("NVRM: fallen off"));
+    }
+
+    #[test]
+    fn the_driver_tags_are_candidate_literals_but_the_ports() {
+        // `message_start` asks the prefilter first: a tag before NON_LITERAL_TAGS that were no
+        // literal would never start a message, in the daemon as in `scan`.
+        let lits = crate::classify::prefilter::candidate_literals();
+        for (i, f) in tag_finders().iter().enumerate() {
+            let tag = std::str::from_utf8(f.needle()).unwrap();
+            let literal = lits.iter().any(|l| tag.contains(l));
+            assert_eq!(literal, i < NON_LITERAL_TAGS, "driver tag {tag:?}");
+        }
+        // An old kernel's AER recovery line names no `AER:`, only the port's tag.
+        assert_eq!(
+            message_start("pcieport 0000:00:02.0: device recovery failed"),
+            Some(0)
+        );
+        assert_eq!(
+            message_start("[ 1.0] pcieport 0000:00:02.0: device recovery failed"),
+            Some(7)
+        );
     }
 
     #[test]

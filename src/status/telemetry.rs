@@ -38,13 +38,39 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-type FindingKey = (FindingKind, String, String, Severity);
+/// A label's value as counted: typed, so counting a finding formats and allocates nothing (the
+/// strings are made only when a snapshot is taken; formatting them per finding was a sixth of the
+/// daemon's time in an Xid storm). `None` renders as the empty label, `Other` as [`OTHER`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Label<T> {
+    None,
+    Is(T),
+    Other,
+}
+
+impl<T: std::fmt::Display> Label<T> {
+    fn of(v: Option<T>) -> Label<T> {
+        v.map_or(Label::None, Label::Is)
+    }
+
+    fn render(&self) -> String {
+        match self {
+            Label::None => String::new(),
+            Label::Is(v) => v.to_string(),
+            Label::Other => OTHER.to_string(),
+        }
+    }
+}
+
+/// A (kind, Xid, GPU) series.
+type Series = (FindingKind, Label<u32>, Label<crate::model::PciAddress>);
+type FindingKey = (Series, Severity);
 
 #[derive(Default)]
 struct Inner {
     findings: BTreeMap<FindingKey, u64>,
     /// Distinct (kind, xid, pci) label triples in `findings`, for the cardinality cap.
-    series: BTreeSet<(FindingKind, String, String)>,
+    series: BTreeSet<Series>,
     findings_folded: u64,
     overrides: XidOverrides,
     incidents: BTreeMap<(Severity, &'static str), u64>,
@@ -177,33 +203,26 @@ impl Telemetry {
                 .unwrap_or(f.severity),
             _ => f.severity,
         };
-        let xid = f.xid.map(|x| x.to_string()).unwrap_or_default();
-        let pci = f.pci.map(|p| p.to_string()).unwrap_or_default();
-        let triple = (f.kind, xid, pci);
+        let triple: Series = (f.kind, Label::of(f.xid), Label::of(f.pci));
         let triple = if inner.series.contains(&triple) {
             triple
         } else if inner.series.len() < MAX_FINDING_SERIES {
-            inner.series.insert(triple.clone());
+            inner.series.insert(triple);
             triple
         } else {
             inner.findings_folded += 1;
-            let (kind, xid, _) = triple;
-            let folded = (kind, xid, OTHER.to_string());
+            let folded = (triple.0, triple.1, Label::Other);
             if inner.series.contains(&folded) || inner.series.len() < 2 * MAX_FINDING_SERIES {
-                inner.series.insert(folded.clone());
+                inner.series.insert(folded);
                 folded
             } else {
                 // Past twice the cap even the Xid folds: kinds are a fixed set, so this is bounded.
-                let folded = (kind, OTHER.to_string(), OTHER.to_string());
-                inner.series.insert(folded.clone());
+                let folded = (triple.0, Label::Other, Label::Other);
+                inner.series.insert(folded);
                 folded
             }
         };
-        let (kind, xid, pci) = triple;
-        *inner
-            .findings
-            .entry((kind, xid, pci, severity))
-            .or_insert(0) += 1;
+        *inner.findings.entry((triple, severity)).or_insert(0) += 1;
     }
 
     /// Counts one incident handed on to the alert stage (opened or digest).
@@ -388,10 +407,10 @@ impl Telemetry {
         let findings = inner
             .findings
             .iter()
-            .map(|((kind, xid, pci, severity), count)| FindingCount {
+            .map(|(((kind, xid, pci), severity), count)| FindingCount {
                 kind: kind.as_str().to_string(),
-                xid: xid.clone(),
-                pci: pci.clone(),
+                xid: xid.render(),
+                pci: pci.render(),
                 severity: *severity,
                 count: *count,
             })
