@@ -648,3 +648,29 @@ fn a_core_kernel_crash_on_a_kernel_only_nvidia_taints_is_the_drivers() {
     );
     assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
 }
+
+#[test]
+fn every_crash_header_is_found_by_a_literal() {
+    // A header the trace reader knows but no literal finds is never read (`kernel BUG at` was
+    // not, for want of the colon of `BUG:`).
+    let lits = crate::classify::prefilter::candidate_literals();
+    for h in super::shapes::CRASH_HEADERS {
+        assert!(lits.iter().any(|l| h.contains(l)), "{h:?}");
+    }
+    // A BUG_ON report in NVIDIA's suspend helper (round w's real lines): one finding from its
+    // header on, whatever ordinary line comes between.
+    let f = scan(&[
+        "Aug 23 12:46:38 fish kernel: kernel BUG at lib/list_debug.c:23!",
+        "Aug 23 12:46:38 fish kernel: fbcon: Taking over console",
+        "Aug 23 12:46:38 fish kernel: invalid opcode: 0000 [#1] PREEMPT SMP NOPTI",
+        "Aug 23 12:46:38 fish kernel: CPU: 5 PID: 15384 Comm: nvidia-sleep.sh Tainted: P           OE      6.4.11-200.fc38.x86_64 #1",
+        "Aug 23 12:46:38 fish kernel: RIP: 0010:__list_add_valid+0x42/0xa0",
+    ]);
+    let loud: Vec<_> = f
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect();
+    assert_eq!(loud.len(), 1, "{f:#?}");
+    assert!(loud[0].origin.raw[0].contains("kernel BUG at"), "{f:#?}");
+    assert!(loud[0].module.is_some(), "{f:#?}");
+}

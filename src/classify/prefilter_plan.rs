@@ -27,6 +27,7 @@ pub const LITERALS: &[&str] = &[
     "API Mismatch",
     "nv_peer_mem",
     "BUG:",
+    "BUG at ",
     "general protection fault",
     "Unable to handle kernel",
     "RIP: 0010:",
@@ -84,6 +85,7 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("API ", 0),
     ("nv_p", 0),
     ("BUG:", 0),
+    ("BUG ", 0),
     ("eral", 3),
     ("Unab", 0),
     ("010:", 6),
@@ -117,4 +119,4 @@ pub const ANCHORS: &[(&str, usize)] = &[
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[4, 21, 22, 2, 29, 7, 8, 13, 3, 24, 35, 18, 36, 34, 11, 0, 33, 32, 40, 10, 20, 39, 1, 5, 14, 27, 31, 26, 30, 37, 12, 16, 17, 23, 6, 25, 19, 38, 15, 28, 9];
+pub const ORDER: &[usize] = &[20, 40, 38, 2, 37, 15, 7, 8, 14, 28, 39, 18, 34, 5, 21, 32, 3, 33, 24, 41, 0, 13, 30, 12, 4, 25, 23, 6, 36, 16, 31, 26, 17, 22, 10, 27, 19, 1, 35, 11, 29, 9];
