@@ -129,3 +129,44 @@ fn setup_failures_of_installer_loader_and_container_runtime_are_read() {
     quiet("docker: Error response from daemon: unknown or invalid runtime name: runsc");
     quiet("NVIDIA: Using 24576.00 MB of virtual memory for indirect memory access.");
 }
+
+#[test]
+fn the_x_drivers_glx_failure_is_read_with_its_explanation() {
+    // Round w: the NVIDIA X driver finding no GLX module of its own, explained over four lines.
+    let f = testing::read(&[
+        "[    14.472] (EE) NVIDIA(0): Failed to initialize the GLX module; please check in your X",
+        "[    14.472] (EE) NVIDIA(0):     log file that the GLX module has been loaded in your X",
+        "[    14.472] (EE) NVIDIA(0):     server, and that the module is the NVIDIA GLX module.  If",
+    ], true);
+    let loud: Vec<_> = f
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .collect();
+    assert_eq!(loud.len(), 1, "{f:#?}");
+    assert!(loud[0].message.contains("GLX"), "{f:#?}");
+}
+
+/// DKMS building the NVIDIA modules (round w): its failures are read where a line names the
+/// NVIDIA module, its progress and status lines stay quiet.
+#[test]
+fn dkms_failures_of_the_nvidia_module_are_read_and_its_progress_is_quiet() {
+    for l in [
+        "Consult /var/lib/dkms/nvidia/580.119.02/build/make.log for more information.",
+        "==> WARNING: `dkms install --no-depmod nvidia/580.119.02 -k 7.1.0-rc3-2-cachyos-rc' exited 10",
+        "==> ERROR: Missing 7.0.9-arch1-1 kernel modules tree for module nvidia/580.119.02.",
+        "dpkg: error processing package nvidia-dkms-580-open (--configure):",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert!(f[0].title.contains("NVIDIA"), "{l}: {}", f[0].title);
+    }
+    for l in [
+        "==> dkms install --no-depmod nvidia/580.119.02 -k 6.18.32-1-cachyos-lts",
+        "nvidia/535.113.01, 5.15.0-86-generic, x86_64: installed",
+        "Signing key: /var/lib/dkms/mok.key",
+        "Consult /var/lib/dkms/zfs/2.2.0/build/make.log for more information.",
+        "dpkg: error processing package zfs-dkms (--configure):",
+    ] {
+        quiet(l);
+    }
+}

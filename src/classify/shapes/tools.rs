@@ -297,12 +297,16 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
 
 /// The X server failing to load an NVIDIA module: its loader's `Failed to load module "nvidia"
 /// (module does not exist, 0)`, or the NVIDIA driver's own `NVIDIA: Failed to load module
-/// "glxserver_nvidia" ...` (its GLX extension). The driver's X components are missing or do not
+/// "glxserver_nvidia" ...` (its GLX extension) or `Failed to initialize the GLX module`. The driver's X components are missing or do not
 /// match it, and X runs without the GPU.
 pub fn x_module_load_failure(body: &str) -> bool {
     body.strip_prefix("Failed to load module \"")
         .and_then(|rest| rest.split('"').next())
         .is_some_and(|module| module.contains("nvidia"))
+        // The NVIDIA driver finding no GLX module of its own loaded (`Failed to initialize the
+        // GLX module; please check in your X log file that the GLX module has been loaded`):
+        // another GLX is in its place, or none.
+        || body.starts_with("Failed to initialize the GLX module")
 }
 
 /// The finding for [`x_module_load_failure`]: an error of the X server's NVIDIA driver module.
