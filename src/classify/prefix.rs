@@ -162,8 +162,17 @@ pub fn message_start(line: &str) -> Option<usize> {
     // kernels print AER's recovery lines (`device recovery failed`) without `AER:`. One SIMD
     // search rules out an ordinary line before the tag searches and a dozen anchor searches;
     // such a line is then searched for the port's tag alone (the three tag searches over every
-    // ordinary record were a twentieth of the daemon's time).
-    if !crate::classify::prefilter::Prefilter::shared().is_candidate(line.as_bytes()) {
+    // ordinary record were a twentieth of the daemon's time). A line that starts with a literal
+    // tag, the usual driver line, is a candidate already and skips that search (asked first, it
+    // cost a storm of Xid lines a twentieth).
+    let b = line.as_bytes();
+    if tag_finders()[..NON_LITERAL_TAGS]
+        .iter()
+        .any(|f| b.starts_with(f.needle()))
+    {
+        return tag_start(line).or_else(|| other_start(line));
+    }
+    if !crate::classify::prefilter::Prefilter::shared().is_candidate(b) {
         return tag_start_among(line, &tag_finders()[NON_LITERAL_TAGS..]);
     }
     tag_start(line).or_else(|| other_start(line))
