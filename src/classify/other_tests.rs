@@ -71,16 +71,15 @@ fn a_frame_or_rip_in_an_nvidia_module_refines_the_tasks_module() {
             "[  721.028350] Code: 48 89 e5 41 57",
         ),
     ] {
-        let f = scan(&[
-            "[  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.",
-            second,
-            third,
-        ]);
-        let loud: Vec<_> = f
-            .iter()
-            .filter(|f| f.severity >= Severity::Warning)
-            .collect();
-        assert_eq!(loud.len(), 1, "{f:#?}");
+        let loud = testing::loud_lines(
+            &[
+                "[  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.",
+                second,
+                third,
+            ],
+            false,
+        );
+        assert_eq!(loud.len(), 1, "{loud:#?}");
         assert_eq!(loud[0].module.as_deref(), Some("nvidia_uvm"), "{second}");
     }
     // With no frame, the task's name is all there is.
@@ -320,19 +319,15 @@ fn gpu_removal_in_use_and_broken_suspend_setups_are_errors() {
 #[test]
 fn a_kernel_crash_in_an_nvidia_task_or_module_is_one_finding_and_others_stay_silent() {
     // ich777/unraid-nvidia-driver#3: a page fault while nvidia-smi was in the kernel.
-    let f = scan(&[
+    let loud = testing::loud_lines(&[
         "Feb 19 21:53:17 Dragon kernel: BUG: unable to handle page fault for address: ffffc90011110200",
         "Feb 19 21:53:17 Dragon kernel: #PF: supervisor write access in kernel mode",
         "Feb 19 21:53:17 Dragon kernel: #PF: error_code(0x0002) - not-present page",
         "Feb 19 21:53:17 Dragon kernel: Oops: 0002 [#1] PREEMPT SMP NOPTI",
         "Feb 19 21:53:17 Dragon kernel: CPU: 5 PID: 9577 Comm: nvidia-smi Tainted: P           O      5.19.17-Unraid #2",
         "Feb 19 21:53:17 Dragon kernel: Hardware name: System manufacturer System Product Name/ROG STRIX B450-F GAMING II, BIOS 5003 02/03/2023",
-    ]);
-    let loud: Vec<_> = f
-        .iter()
-        .filter(|f| f.severity >= Severity::Warning)
-        .collect();
-    assert_eq!(loud.len(), 1, "{f:#?}");
+    ], false);
+    assert_eq!(loud.len(), 1, "{loud:#?}");
     assert_eq!(
         loud[0].origin.line, 1,
         "the finding starts at the crash header"
@@ -340,16 +335,12 @@ fn a_kernel_crash_in_an_nvidia_task_or_module_is_one_finding_and_others_stay_sil
     assert!(loud[0].title.contains("nvidia-smi"), "{}", loud[0].title);
 
     // A soft lockup whose frames are in nvidia_uvm.
-    let f = scan(&[
+    let loud = testing::loud_lines(&[
         "[ 5021.1] watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python3:4242]",
         "[ 5021.2] CPU: 3 PID: 4242 Comm: python3 Tainted: P           OE     6.5.0-14-generic #14~22.04.1-Ubuntu",
         "[ 5021.3] RIP: 0010:uvm_va_block_make_resident+0x1a2/0x5e0 [nvidia_uvm]",
-    ]);
-    let loud: Vec<_> = f
-        .iter()
-        .filter(|f| f.severity >= Severity::Warning)
-        .collect();
-    assert_eq!(loud.len(), 1, "{f:#?}");
+    ], false);
+    assert_eq!(loud.len(), 1, "{loud:#?}");
     assert!(loud[0].title.contains("nvidia_uvm"), "{}", loud[0].title);
 
     // A crash in someone else's code on a machine with the NVIDIA modules loaded: silent.
@@ -657,20 +648,17 @@ fn every_crash_header_is_found_by_a_literal() {
     for h in super::shapes::CRASH_HEADERS {
         assert!(lits.iter().any(|l| h.contains(l)), "{h:?}");
     }
-    // A BUG_ON report in NVIDIA's suspend helper (round w's real lines): one finding from its
-    // header on, whatever ordinary line comes between.
-    let f = scan(&[
+    // A BUG_ON report in NVIDIA's suspend helper (round w's real lines), read through the
+    // prefilter as `scan` reads it: one finding from its header on, whatever ordinary line comes
+    // between.
+    let loud = testing::loud_lines(&[
         "Aug 23 12:46:38 fish kernel: kernel BUG at lib/list_debug.c:23!",
         "Aug 23 12:46:38 fish kernel: fbcon: Taking over console",
         "Aug 23 12:46:38 fish kernel: invalid opcode: 0000 [#1] PREEMPT SMP NOPTI",
         "Aug 23 12:46:38 fish kernel: CPU: 5 PID: 15384 Comm: nvidia-sleep.sh Tainted: P           OE      6.4.11-200.fc38.x86_64 #1",
         "Aug 23 12:46:38 fish kernel: RIP: 0010:__list_add_valid+0x42/0xa0",
-    ]);
-    let loud: Vec<_> = f
-        .iter()
-        .filter(|f| f.severity >= Severity::Warning)
-        .collect();
-    assert_eq!(loud.len(), 1, "{f:#?}");
-    assert!(loud[0].origin.raw[0].contains("kernel BUG at"), "{f:#?}");
-    assert!(loud[0].module.is_some(), "{f:#?}");
+    ], true);
+    assert_eq!(loud.len(), 1, "{loud:#?}");
+    assert!(loud[0].origin.raw[0].contains("kernel BUG at"), "{loud:#?}");
+    assert!(loud[0].module.is_some(), "{loud:#?}");
 }

@@ -22,12 +22,17 @@ pub fn read(lines: &[&str], prefilter: bool) -> Vec<Finding> {
     out
 }
 
-/// The loud findings (warning or above) of one line read alone.
-pub fn loud_line(line: &str, prefilter: bool) -> Vec<Finding> {
-    read(&[line], prefilter)
+/// The loud findings (warning or above) of `lines` read as one saved log.
+pub fn loud_lines(lines: &[&str], prefilter: bool) -> Vec<Finding> {
+    read(lines, prefilter)
         .into_iter()
         .filter(|f| f.severity >= Severity::Warning)
         .collect()
+}
+
+/// The loud findings (warning or above) of one line read alone.
+pub fn loud_line(line: &str, prefilter: bool) -> Vec<Finding> {
+    loud_lines(&[line], prefilter)
 }
 
 #[cfg(test)]

@@ -133,17 +133,13 @@ fn setup_failures_of_installer_loader_and_container_runtime_are_read() {
 #[test]
 fn the_x_drivers_glx_failure_is_read_with_its_explanation() {
     // Round w: the NVIDIA X driver finding no GLX module of its own, explained over four lines.
-    let f = testing::read(&[
+    let loud = testing::loud_lines(&[
         "[    14.472] (EE) NVIDIA(0): Failed to initialize the GLX module; please check in your X",
         "[    14.472] (EE) NVIDIA(0):     log file that the GLX module has been loaded in your X",
         "[    14.472] (EE) NVIDIA(0):     server, and that the module is the NVIDIA GLX module.  If",
     ], true);
-    let loud: Vec<_> = f
-        .iter()
-        .filter(|f| f.severity >= Severity::Warning)
-        .collect();
-    assert_eq!(loud.len(), 1, "{f:#?}");
-    assert!(loud[0].message.contains("GLX"), "{f:#?}");
+    assert_eq!(loud.len(), 1, "{loud:#?}");
+    assert!(loud[0].message.contains("GLX"), "{loud:#?}");
 }
 
 /// DKMS building the NVIDIA modules (round w): its failures are read where a line names the

@@ -297,8 +297,8 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
 
 /// The X server failing to load an NVIDIA module: its loader's `Failed to load module "nvidia"
 /// (module does not exist, 0)`, or the NVIDIA driver's own `NVIDIA: Failed to load module
-/// "glxserver_nvidia" ...` (its GLX extension) or `Failed to initialize the GLX module`. The driver's X components are missing or do not
-/// match it, and X runs without the GPU.
+/// "glxserver_nvidia" ...` (its GLX extension) or `Failed to initialize the GLX module`. The
+/// driver's X components are missing or do not match it, and X runs without the GPU.
 pub fn x_module_load_failure(body: &str) -> bool {
     body.strip_prefix("Failed to load module \"")
         .and_then(|rest| rest.split('"').next())
