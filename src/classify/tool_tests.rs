@@ -4,7 +4,7 @@
 //! `scan` does, with the harmless neighbours that must stay quiet.
 
 use super::testing;
-use crate::model::{Finding, Severity};
+use crate::model::{Finding, FindingKind, Severity};
 
 fn loud(line: &str) -> Vec<Finding> {
     testing::loud_line(line, true)
@@ -162,6 +162,52 @@ fn dkms_failures_of_the_nvidia_module_are_read_and_its_progress_is_quiet() {
         "Signing key: /var/lib/dkms/mok.key",
         "Consult /var/lib/dkms/zfs/2.2.0/build/make.log for more information.",
         "dpkg: error processing package zfs-dkms (--configure):",
+    ] {
+        quiet(l);
+    }
+}
+
+/// Round x: the other closing lines of a failed DKMS build of the NVIDIA module (DKMS 3's
+/// autoinstall, the older Arch hook, make's own error inside the DKMS tree), mkinitcpio building
+/// an image without an NVIDIA module it names, and the installer's other word order for a module
+/// it could not load. Each is one table row; the same tools' lines for other modules, and make's
+/// command lines that name the NVIDIA tree on every good build, stay quiet.
+#[test]
+fn the_nvidia_modules_build_and_initramfs_failures_are_read_and_other_modules_are_not() {
+    for (l, title) in [
+        (
+            "dkms autoinstall on 7.1.3-4-liquorix-amd64/x86_64 failed for nvidia(10)",
+            "exit status 10",
+        ),
+        (
+            "==> Warning, `dkms install --no-depmod -m nvidia -v 455.50.10 -k 5.12.0-rc3-139-tkg-cfs' returned 10",
+            "kernel 5.12.0-rc3-139-tkg-cfs",
+        ),
+        (
+            "make[1]: *** [Makefile:1820: /var/lib/dkms/nvidia/465.24.02/build] Error 2",
+            "465.24.02",
+        ),
+        (
+            "make[2]: *** [scripts/Makefile.build:279: /var/lib/dkms/nvidia/465.24.02/build/nvidia-peermem/nvidia-ib-peermem-stub.o] Error 1",
+            "Error 1",
+        ),
+        ("==> ERROR: module not found: `nvidia_uvm'", "initramfs"),
+        ("module not found: 'nvidia_drm'`", "initramfs"),
+        ("ERROR: Unable to load the 'nvidia-drm' kernel module.", "nvidia-drm"),
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverInitFailure, "{l}");
+        assert!(f[0].title.contains(title), "{l}: {}", f[0].title);
+    }
+    for l in [
+        "dkms autoinstall on 6.15.2-1-liquorix-amd64/x86_64 failed for vboxhost(10)",
+        "==> Warning, `dkms install --no-depmod -m zfs -v 2.2.0 -k 6.6.3-2-ck' returned 10",
+        "make -j16 KERNELRELEASE=6.6.3-2-ck -C /lib/modules/6.6.3-2-ck/build M=/var/lib/dkms/nvidia/535.113.01/build",
+        "make[1]: Leaving directory '/var/lib/dkms/nvidia/465.24.02/build'",
+        "make[1]: *** [Makefile:1820: /var/lib/dkms/v4l2loopback/0.12.5/build] Error 2",
+        "==> ERROR: module not found: `vboxdrv'",
+        "ERROR: Unable to load the 'vboxdrv' kernel module.",
     ] {
         quiet(l);
     }
