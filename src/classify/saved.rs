@@ -21,9 +21,76 @@ pub fn continues(line: &[u8]) -> bool {
 }
 
 /// Whether `line` is offered to [`SavedLog::line`]: it holds a candidate literal, or it is an
-/// indented line right after an offered one. `scan`'s region search applies the same rule.
+/// indented line right after an offered one. `scan`'s region search applies the same rule, and
+/// also offers the [`HEADS`] right above an offered line ([`offered_lines`]).
 pub fn offered(pre: &Prefilter, line: &[u8], after_offered: bool) -> bool {
     pre.is_candidate(line) || (after_offered && continues(line))
+}
+
+/// A line that heads a report but names nothing it is about: the line below it does, and a
+/// finding read from that line takes the head in. DKMS prints `Error! Bad return status for module
+/// build on kernel: 6.2.7-nitrous-1 (x86_64)` and only then `Consult
+/// /var/lib/dkms/nvidia/525.89.02/build/make.log ...` (or, from DKMS 3 on, `dkms autoinstall on
+/// ... failed for nvidia(10)`); the head is the line a reader looks for, and it is NVIDIA's only
+/// when the next line says so.
+///
+/// Why not a literal: a head holds no word that only NVIDIA's lines hold, and each window of it
+/// tried as an anchor took the searcher's bucket passes on the ordinary sample from 29 to 41-57
+/// (`tests/it/prefilter_cost.rs`). A head costs nothing where nothing is offered: the source looks
+/// above an offered line only.
+#[derive(Debug)]
+pub struct Head {
+    /// Text the head line holds.
+    pub text: &'static str,
+    /// Shape ids (a prefix of them) of the findings that take the head in.
+    pub taken_by: &'static str,
+}
+
+pub const HEADS: &[Head] = &[
+    Head {
+        text: "Bad return status for module build",
+        taken_by: "installer.dkms-",
+    },
+    // DKMS 3's build step, when the page or the terminal put it right above the report.
+    Head {
+        text: "(bad exit status: ",
+        taken_by: "installer.dkms-",
+    },
+];
+
+/// How many head lines one offered line takes in (DKMS 3: the build step, then the report).
+pub const MAX_HEADS: usize = 2;
+
+/// Whether `line` is one of the [`HEADS`]. Every head ends with `)` (a test says so), which the
+/// source checks first: the line above an offered one is read only when it ends so.
+pub fn is_head(line: &[u8]) -> bool {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    line.last() == Some(&b')')
+        && HEADS
+            .iter()
+            .any(|h| memchr::memmem::find(line, h.text.as_bytes()).is_some())
+}
+
+/// Which of `lines` are offered to [`SavedLog::line`], as `scan`'s region search offers them:
+/// [`offered`], and up to [`MAX_HEADS`] head lines right above an offered line that holds a
+/// candidate literal.
+pub fn offered_lines(pre: &Prefilter, lines: &[&[u8]]) -> Vec<bool> {
+    let mut out = vec![false; lines.len()];
+    let mut after_offered = false;
+    for (i, l) in lines.iter().enumerate() {
+        let candidate = pre.is_candidate(l);
+        after_offered = candidate || (after_offered && continues(l));
+        out[i] = after_offered;
+        if candidate {
+            for j in (i.saturating_sub(MAX_HEADS)..i).rev() {
+                if out[j] || !is_head(lines[j]) {
+                    break;
+                }
+                out[j] = true;
+            }
+        }
+    }
+    out
 }
 
 /// Reads one saved log's lines, in order, into findings.
@@ -38,6 +105,9 @@ pub struct SavedLog {
     /// One origin for every line, its timestamp text copied into the same buffer each time: a
     /// new string per candidate line was an allocation and a free for every line of a storm.
     at: LineOrigin,
+    /// [`HEADS`] read right above the next line, waiting for it: (line number, the line, which
+    /// findings take it).
+    heads: Vec<(u64, String, &'static str)>,
 }
 
 impl SavedLog {
@@ -51,12 +121,26 @@ impl SavedLog {
             site: site.filter(|t| !t.is_empty()),
             last: None,
             at: LineOrigin::default(),
+            heads: Vec::new(),
         }
     }
 
     /// Reads physical line `line_no` (1-based).
     pub fn line(&mut self, line_no: u64, text: &str, out: &mut Vec<Finding>) {
+        if self.heads.last().is_some_and(|h| h.0 + 1 != line_no) {
+            self.heads.clear();
+        }
+        let first_new = out.len();
         let Some((prefix, messages)) = prefix::split_ref_with(text, self.site.as_deref()) else {
+            if let Some(h) = HEADS.iter().find(|h| text.contains(h.text)) {
+                if self.heads.len() == MAX_HEADS {
+                    self.heads.remove(0);
+                }
+                self.heads
+                    .push((line_no, text.trim().to_string(), h.taken_by));
+                return;
+            }
+            self.heads.clear();
             if !self.continuation(line_no, text, out) {
                 self.in_report(line_no, text);
             }
@@ -84,6 +168,31 @@ impl SavedLog {
             self.classifier.push(msg, &self.at, out);
         }
         self.last = Some((line_no, tag));
+        if !self.heads.is_empty() {
+            self.take_heads(&mut out[first_new..]);
+        }
+    }
+
+    /// The waiting heads go to the first finding of the line below them that takes them; without
+    /// one they were no report of NVIDIA's and are dropped.
+    fn take_heads(&mut self, found: &mut [Finding]) {
+        let heads = std::mem::take(&mut self.heads);
+        let Some(f) = found.iter_mut().find(|f| {
+            f.shape
+                .is_some_and(|s| heads.iter().all(|h| s.starts_with(h.2)))
+        }) else {
+            return;
+        };
+        let n = heads.len();
+        f.origin.line = heads[0].0;
+        f.origin.lines += n as u32;
+        let ts = f.origin.ts_usec;
+        f.origin.raw.splice(0..0, heads.into_iter().map(|h| h.1));
+        if !f.origin.raw_ts_usec.is_empty() {
+            f.origin
+                .raw_ts_usec
+                .splice(0..0, std::iter::repeat_n(ts, n));
+        }
     }
 
     /// An indented line without a message start of its own, right below a message that waits
@@ -181,5 +290,75 @@ mod tests {
             [(FindingKind::Xid, 1), (FindingKind::DriverInitFailure, 1)],
             "{found:#?}"
         );
+    }
+
+    /// DKMS's report heads take in the line below them when that line is NVIDIA's, however the
+    /// report goes on (real lines of rounds w and x: the build log's pointer, DKMS 3's autoinstall
+    /// line, and the build step above the head); another module's report stays quiet, head and all.
+    #[test]
+    fn a_dkms_head_joins_the_nvidia_line_below_it_and_no_other() {
+        use crate::classify::testing::loud_lines;
+        let f = loud_lines(
+            &[
+                "==> dkms install --no-depmod nvidia/525.89.02 -k 6.2.7-nitrous-1",
+                "Error! Bad return status for module build on kernel: 6.2.7-nitrous-1 (x86_64)",
+                "Consult /var/lib/dkms/nvidia/525.89.02/build/make.log for more information.",
+            ],
+            true,
+        );
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!((f[0].origin.line, f[0].origin.lines), (2, 2));
+        assert!(f[0].origin.raw[0].starts_with("Error! Bad return status"));
+        let f = loud_lines(
+            &[
+                "'make' -j8 IGNORE_PREEMPT_RT_PRESENCE=1 KERNEL_UNAME=6.4.1-zen1-1-zen modules.......(bad exit status: 2)",
+                "Error! Bad return status for module build on kernel: 6.4.1-zen1-1-zen (x86_64)",
+                "dkms autoinstall on 6.4.1-zen1-1-zen/x86_64 failed for nvidia(10)",
+            ],
+            true,
+        );
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!((f[0].origin.line, f[0].origin.lines), (1, 3));
+        for other in [
+            "Consult /var/lib/dkms/vboxhost/7.0.6_OSE/build/make.log for more information.",
+            "dkms autoinstall on 6.4.1-zen1-1-zen/x86_64 failed for zfs(10)",
+        ] {
+            let found = crate::classify::testing::read(
+                &[
+                    "Error! Bad return status for module build on kernel: 6.2.7-nitrous-1 (x86_64)",
+                    other,
+                ],
+                true,
+            );
+            assert!(found.is_empty(), "{other}: {found:#?}");
+        }
+        // A head far from the line that would take it is not taken in.
+        let f = loud_lines(
+            &[
+                "Error! Bad return status for module build on kernel: 6.2.7-nitrous-1 (x86_64)",
+                "make: *** [Makefile:80: modules] Error 2",
+                "Consult /var/lib/dkms/nvidia/525.89.02/build/make.log for more information.",
+            ],
+            true,
+        );
+        assert_eq!((f[0].origin.line, f[0].origin.lines), (3, 1), "{f:#?}");
+    }
+
+    /// The source reads the line above an offered one only when it ends with `)`: every head
+    /// must, or it would never be offered.
+    #[test]
+    fn every_head_ends_as_the_source_looks_for() {
+        for (h, example) in super::HEADS.iter().zip([
+            "Error! Bad return status for module build on kernel: 6.2.7-nitrous-1 (x86_64)",
+            "TCH=1 SYSSRC=/lib/modules/7.1.3-4-liquorix-amd64/build modules......(bad exit status: 2)",
+        ]) {
+            assert!(example.contains(h.text), "{example}");
+            assert!(super::is_head(example.as_bytes()), "{example}");
+            assert!(super::is_head(format!("{example}\r").as_bytes()));
+        }
+        assert_eq!(super::HEADS.len(), 2, "a new head needs its example here");
+        assert!(!super::is_head(
+            b"Error! Bad return status for module build, cut"
+        ));
     }
 }

@@ -11,10 +11,10 @@ pub fn read(lines: &[&str], prefilter: bool) -> Vec<Finding> {
     let pre = Prefilter::shared();
     let mut log = SavedLog::default();
     let mut out = Vec::new();
-    let mut after_offered = false;
+    let bytes: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+    let offered = saved::offered_lines(pre, &bytes);
     for (i, l) in lines.iter().enumerate() {
-        after_offered = !prefilter || saved::offered(pre, l.as_bytes(), after_offered);
-        if after_offered {
+        if !prefilter || offered[i] {
             log.line(i as u64 + 1, l, &mut out);
         }
     }

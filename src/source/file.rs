@@ -428,6 +428,7 @@ fn scan_region(
         let ls = memchr::memrchr(b'\n', &region[pos..m_start]).map_or(pos, |i| pos + i + 1);
         let le = memchr::memchr(b'\n', &region[m_start..]).map_or(region.len(), |i| m_start + i);
         st.candidates += 1;
+        offer_heads(region, ls, offered_end, &line_at, on_line);
         let line = line_at(ls);
         if memchr::memchr(0, &region[ls..le]).is_some()
             && !st.notes.iter().any(|n| n.text.starts_with("binary"))
@@ -447,6 +448,46 @@ fn scan_region(
     // A last line without a newline (at EOF) is a line too.
     let partial = !region.is_empty() && region[region.len() - 1] != b'\n';
     counter.newlines_before(region, region.len()) + u64::from(partial)
+}
+
+/// Offers the head lines ([`saved::HEADS`]) right above the candidate line that starts at `ls`,
+/// up to [`saved::MAX_HEADS`] of them and none already offered (`offered_end`: where the last
+/// offered line ends), in order, as [`saved::offered_lines`] does. A line above is looked at only
+/// when it ends with `)`, as every head does: one byte per candidate line otherwise.
+fn offer_heads(
+    region: &[u8],
+    ls: usize,
+    offered_end: Option<usize>,
+    line_at: &impl Fn(usize) -> u64,
+    on_line: &mut impl FnMut(u64, &[u8]),
+) {
+    let floor = offered_end.map_or(0, |e| e + 1);
+    let mut starts = [0usize; saved::MAX_HEADS];
+    let mut n = 0;
+    let mut end = ls;
+    while n < saved::MAX_HEADS && end > floor {
+        // `end` is the start of the line below; its newline ends this one.
+        let nl = end - 1;
+        let text_end = if nl > 0 && region[nl - 1] == b'\r' {
+            nl - 1
+        } else {
+            nl
+        };
+        if text_end == 0 || text_end <= floor || region[text_end - 1] != b')' {
+            break;
+        }
+        let start = memchr::memrchr(b'\n', &region[floor..nl]).map_or(floor, |i| floor + i + 1);
+        if nl - start > MAX_LINE || !saved::is_head(&region[start..nl]) {
+            break;
+        }
+        starts[n] = start;
+        n += 1;
+        end = start;
+    }
+    for &s in starts[..n].iter().rev() {
+        let e = memchr::memchr(b'\n', &region[s..]).map_or(region.len(), |i| s + i);
+        on_line(line_at(s), trim_cr(&region[s..e]));
+    }
 }
 
 /// How many indented lines below an offered line are offered with it.
@@ -481,6 +522,40 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The region search offers the head lines above a candidate line as the one reader's
+    /// scorer does (`saved::offered_lines`): the same lines, numbered alike, whatever the line
+    /// endings; a head already offered, or above a line that is not offered, is not offered again.
+    #[test]
+    fn heads_above_a_candidate_are_offered_once_and_in_order() {
+        let pre = Prefilter::shared();
+        let lines = [
+            "pacman: (3/6) Install DKMS modules",
+            "'make' -j8 KERNEL_UNAME=6.4.1-zen1-1-zen modules.......(bad exit status: 2)",
+            "Error! Bad return status for module build on kernel: 6.4.1-zen1-1-zen (x86_64)",
+            "Consult /var/lib/dkms/nvidia/390.157/build/make.log for more information.",
+            "Error! Bad return status for module build on kernel: 6.4.1-zen1-1-zen (x86_64)",
+            "Consult /var/lib/dkms/zfs/2.2.0/build/make.log for more information.",
+            "(bad exit status: 2)",
+            "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  390.157",
+        ];
+        let bytes: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+        let want: Vec<u64> = saved::offered_lines(pre, &bytes)
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| **o)
+            .map(|(i, _)| i as u64 + 1)
+            .collect();
+        assert_eq!(want, [2, 3, 4, 7, 8]);
+        for eol in ["\n", "\r\n"] {
+            let text = lines.join(eol) + eol;
+            let mut got = Vec::new();
+            scan_lines(text.as_bytes(), pre, |n, l| got.push((n, l.to_vec())));
+            let nums: Vec<u64> = got.iter().map(|g| g.0).collect();
+            assert_eq!(nums, want, "{eol:?}");
+            assert_eq!(got[1].1, lines[2].as_bytes());
+        }
+    }
 
     /// The prefilter's speed rests on literals the SIMD search rarely matches by accident: at
     /// least 4 bytes, not starting with a space (padding is everywhere in a kernel log).

@@ -89,10 +89,10 @@ fn classify(block: &Block, pre: &Prefilter) -> Vec<Finding> {
     // Read as `scan` reads a saved log: the lines the prefilter offers, through the one reader.
     let mut log = SavedLog::default();
     let mut out = Vec::new();
-    let mut after_offered = false;
+    let bytes: Vec<&[u8]> = block.lines.iter().map(|l| l.text.as_bytes()).collect();
+    let offered = saved::offered_lines(pre, &bytes);
     for (i, l) in block.lines.iter().enumerate() {
-        after_offered = saved::offered(pre, l.text.as_bytes(), after_offered);
-        if after_offered {
+        if offered[i] {
             log.line(i as u64 + 1, &l.text, &mut out);
         }
     }
