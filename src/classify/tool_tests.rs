@@ -212,3 +212,28 @@ fn the_nvidia_modules_build_and_initramfs_failures_are_read_and_other_modules_ar
         quiet(l);
     }
 }
+
+/// Round y: a piece of the driver's user space missing where a GPU is to be used, said by the
+/// container hook that cannot mount a driver file and by the shell that cannot run `nvidia-smi`;
+/// the hook's other mount errors and a shell missing other tools stay quiet.
+#[test]
+fn a_missing_piece_of_the_drivers_user_space_is_read_and_other_setup_errors_are_not() {
+    for l in [
+        "nvidia-container-cli: mount error: mount operation failed: /usr/bin/nvidia-smi: no such file or directory: unknown.",
+        "nvidia-container-cli: mount error: stat failed: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1: no such file or directory: unknown",
+        "bash: nvidia-smi: command not found",
+        "root@9d5cd5caa6d9:/# nvidia-smi: command not found",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
+        assert!(f[0].title.contains("user space"), "{l}: {}", f[0].title);
+    }
+    for l in [
+        "nvidia-container-cli: mount error: failed to add device rules: unable to find any existing device filters attached to the cgroup: bpf_prog_query(BPF_CGROUP_DEVICE) failed: operation not permitted: unknown",
+        "nvidia-container-cli: mount error: file creation failed: /var/lib/docker/overlay2/abc/merged/usr/bin/nvidia-smi: file exists: unknown",
+        "bash: nvcc: command not found",
+    ] {
+        quiet(l);
+    }
+}
