@@ -311,7 +311,9 @@ fn base_owned(
         ts_usec: at.ts_usec,
         timestamp: at.timestamp.clone(),
         raw: vec![msg.to_string()],
-        raw_ts_usec: vec![at.ts_usec],
+        // Empty: a raw line without an entry has the finding's own time (`Origin::line_ts`), and
+        // a vector per finding was an allocation and a free for every line of a storm.
+        raw_ts_usec: Vec::new(),
     };
     f
 }
