@@ -2,8 +2,8 @@
 //! read a saved log (dmesg, journal, syslog, a kmsg dump, a bug-report archive) through
 //! [`SavedLog`], so a structure one of them folds the others fold too.
 //!
-//! Which lines reach it is the prefilter's choice ([`offered`]): the lines that hold a candidate
-//! literal, and the indented lines right after one. A paste often wraps a driver message under
+//! Which lines reach it is the prefilter's choice ([`offered_lines`]): the lines that hold a
+//! candidate literal, the indented lines right after one, and the [`HEADS`] right above one. A paste often wraps a driver message under
 //! its head without repeating the head's prefix (`NVRM: The NVIDIA GPU 000a:00:00.0 ... installed
 //! in this system` and below it `      is not supported by the NVIDIA 580.126.09 driver
 //! release.`); such a line has no message start of its own and is read as the next line of the
