@@ -141,3 +141,66 @@ fn an_arm64_oops_in_an_nvidia_module_is_one_finding_from_its_header() {
         "{quiet:?}"
     );
 }
+
+/// Round z: an oops whose instruction pointer line lost its brackets in the paste
+/// (`...+0x4/0x10 nvidia_modeset`, a Thunderbolt dock unplugged) is the driver's all the same; the
+/// same line naming another module, or a bare word after no `+offset/length`, ties nothing.
+#[test]
+fn an_instruction_pointer_without_brackets_still_names_its_module() {
+    use super::shapes::ip_line_module;
+    assert_eq!(
+        ip_line_module(
+            "RIP: 0010:_ZN11DisplayPort10DeviceImpl14isFECSupportedEv+0x4/0x10 nvidia_modeset"
+        ),
+        Some(Some("nvidia_modeset"))
+    );
+    assert_eq!(
+        ip_line_module("RIP: 0010:rb_erase+0x1c/0x3a0 [nvidia]"),
+        Some(Some("nvidia"))
+    );
+    assert_eq!(ip_line_module("RIP: 0010:rb_erase+0x1c/0x3a0"), Some(None));
+    assert_eq!(
+        ip_line_module("RIP: 0010:0xffffffffc0a1b2c3 unknown"),
+        Some(None)
+    );
+    let f = testing::loud_lines(
+        &[
+            "BUG: kernel NULL pointer dereference, address: 0x0000000000000409",
+            "#PF: supervisor read access in kernel mode",
+            "#PF: error_code(0x0000) - not-present page",
+            "RIP: 0010:_ZN11DisplayPort10DeviceImpl14isFECSupportedEv+0x4/0x10 nvidia_modeset",
+        ],
+        true,
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].origin.line, 1, "{f:?}");
+    let quiet = testing::loud_lines(
+        &[
+            "BUG: kernel NULL pointer dereference, address: 0x0000000000000409",
+            "RIP: 0010:drm_dp_mst_topology_mgr_set_mst+0x4/0x10 amdgpu",
+        ],
+        true,
+    );
+    assert!(quiet.is_empty(), "{quiet:?}");
+}
+
+/// Round z: the macOS driver's kernel panic after reading all ones from an eGPU is a fall off the
+/// bus; a read error whose configuration space still answers is not.
+#[test]
+fn the_macos_drivers_all_ones_read_is_a_fall_off_the_bus() {
+    let f = testing::loud_line(
+        "panic(cpu 2 caller 0xffffff7fa21c15ef): NVRM[0/133:0:0]: Read Error 0x00000000: CFG 0xffffffff 0xffffffff 0xffffffff, BAR0 0x93000000 0xffffff9242460000 0x132000a1, D0, P0/4",
+        true,
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, crate::model::FindingKind::FallenOffBus);
+    let f = testing::read(
+        &["panic(cpu 2 caller 0xffffff7fa21c15ef): NVRM[0/133:0:0]: Read Error 0x00000000: CFG 0x1b8110de 0x00100007 0x03000000, BAR0 0x93000000"],
+        true,
+    );
+    assert!(
+        f.iter()
+            .all(|f| f.kind != crate::model::FindingKind::FallenOffBus),
+        "{f:?}"
+    );
+}

@@ -5,9 +5,26 @@ use super::*;
 /// The NVIDIA module named by a trailing `[module]` (or `[module]]`) of a frame or RIP line.
 pub fn frame_module(line: &str) -> Option<&'static str> {
     let t = line.trim_end();
-    let open = t.rfind('[')?;
-    let inner = t[open + 1..].trim_end_matches(']');
+    let inner = match t.rfind('[') {
+        Some(open) => t[open + 1..].trim_end_matches(']'),
+        None => bare_module(t)?,
+    };
     NVIDIA_MODULES.iter().copied().find(|m| *m == inner)
+}
+
+/// The module of a frame or instruction pointer line whose paste lost the brackets
+/// (`...isFECSupportedEv+0x4/0x10 nvidia_modeset`): the word after the symbol's
+/// `+offset/length`, when it is a name.
+fn bare_module(t: &str) -> Option<&str> {
+    let (sym, name) = t.rsplit_once(' ')?;
+    let (head, len) = sym.rsplit_once("/0x")?;
+    let sized =
+        head.contains("+0x") && !len.is_empty() && len.bytes().all(|b| b.is_ascii_hexdigit());
+    let named = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    (sized && named).then_some(name)
 }
 
 /// The NVIDIA module a line names in brackets anywhere in it (`... provided by
@@ -342,6 +359,10 @@ pub fn ip_line_module(t: &str) -> Option<Option<&str>> {
                 return Some(Some(name));
             }
         }
+    }
+    // A paste that lost the brackets: the word after the symbol's `+offset/length`.
+    if let Some(name) = bare_module(r) {
+        return Some(Some(name));
     }
     Some(None)
 }
