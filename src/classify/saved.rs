@@ -3,7 +3,8 @@
 //! [`SavedLog`], so a structure one of them folds the others fold too.
 //!
 //! Which lines reach it is the prefilter's choice ([`offered_lines`]): the lines that hold a
-//! candidate literal, the indented lines right after one, and the [`HEADS`] right above one. A paste often wraps a driver message under
+//! candidate literal, the indented lines right after one, and the [`HEADS`] right above one. A
+//! paste often wraps a driver message under
 //! its head without repeating the head's prefix (`NVRM: The NVIDIA GPU 000a:00:00.0 ... installed
 //! in this system` and below it `      is not supported by the NVIDIA 580.126.09 driver
 //! release.`); such a line has no message start of its own and is read as the next line of the
@@ -64,11 +65,19 @@ pub const MAX_HEADS: usize = 2;
 /// Whether `line` is one of the [`HEADS`]. Every head ends with `)` (a test says so), which the
 /// source checks first: the line above an offered one is read only when it ends so.
 pub fn is_head(line: &[u8]) -> bool {
+    head_of(line).is_some()
+}
+
+/// Which of the [`HEADS`] `line` is: the one rule for the source, which offers it, and the
+/// reader, which holds it for the line below.
+fn head_of(line: &[u8]) -> Option<&'static Head> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    line.last() == Some(&b')')
-        && HEADS
-            .iter()
-            .any(|h| memchr::memmem::find(line, h.text.as_bytes()).is_some())
+    if line.last() != Some(&b')') {
+        return None;
+    }
+    HEADS
+        .iter()
+        .find(|h| memchr::memmem::find(line, h.text.as_bytes()).is_some())
 }
 
 /// Which of `lines` are offered to [`SavedLog::line`], as `scan`'s region search offers them:
@@ -132,7 +141,7 @@ impl SavedLog {
         }
         let first_new = out.len();
         let Some((prefix, messages)) = prefix::split_ref_with(text, self.site.as_deref()) else {
-            if let Some(h) = HEADS.iter().find(|h| text.contains(h.text)) {
+            if let Some(h) = head_of(text.trim_end().as_bytes()) {
                 if self.heads.len() == MAX_HEADS {
                     self.heads.remove(0);
                 }
