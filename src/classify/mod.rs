@@ -27,6 +27,7 @@ pub mod shapes;
 pub mod signals;
 pub mod sxid;
 pub mod table;
+pub mod wide;
 mod xid;
 
 #[cfg(test)]

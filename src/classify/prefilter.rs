@@ -18,6 +18,8 @@
 
 use aho_corasick::{packed, AhoCorasick, Input, MatchKind};
 
+use super::wide::{Counted, Wide};
+
 /// The literals of the shapes Rust reads: the driver tags, and for the lines that carry none, the
 /// GSP crash report, NVML texts, hung-task reports, the X server NVIDIA driver's errors, the Xid
 /// events the Kubernetes device plugin logs and the API mismatch as NVIDIA's user-space components
@@ -762,8 +764,10 @@ pub fn bucket_passes(patterns: &[&str], hay: &[u8]) -> usize {
         .count()
 }
 
-/// The first stage: a packed (Teddy) searcher where the CPU has one, Aho-Corasick elsewhere.
+/// The first stage: the wide search where the CPU has AVX-512 VBMI ([`super::wide`]), the
+/// packed (Teddy) searcher where it has SSSE3 or AVX2, Aho-Corasick elsewhere.
 enum Stage1 {
+    Wide(Wide),
     Packed(packed::Searcher),
     Ac(AhoCorasick),
 }
@@ -797,10 +801,26 @@ impl Prefilter {
         } else {
             Plan::for_literals(literals)
         };
-        Self::from_plan(plan)
+        Self::from_plan(plan, true)
     }
 
-    fn from_plan(Plan { anchors, order }: Plan) -> Self {
+    /// The same prefilter on the packed searcher even where the wide one runs: what the tests
+    /// and the benchmarks compare it with.
+    pub fn packed_with_literals(literals: &[&'static str]) -> Self {
+        let plan = if literals == plan::LITERALS {
+            Plan::built_in()
+        } else {
+            Plan::for_literals(literals)
+        };
+        Self::from_plan(plan, false)
+    }
+
+    /// Whether the first stage is the wide search (and keeps newline counts as it searches).
+    pub fn is_wide(&self) -> bool {
+        matches!(self.stage1, Stage1::Wide(_))
+    }
+
+    fn from_plan(Plan { anchors, order }: Plan, wide: bool) -> Self {
         let mut distinct: Vec<&'static str> = Vec::new();
         let mut verify: Vec<Vec<(&'static [u8], usize)>> = Vec::new();
         for a in &anchors {
@@ -821,6 +841,16 @@ impl Prefilter {
             .collect();
         // Leftmost-first: which anchor matched at a position is decided by the verifier, and
         // distinct anchors of one length cannot match at the same position, so none is lost.
+        let bytes: Vec<&[u8]> = distinct.iter().map(|d| d.as_bytes()).collect();
+        let buckets = buckets_by_id(bytes.iter().copied());
+        if let Some(w) = Wide::new(&bytes, |id| buckets[id]).filter(|_| wide) {
+            return Prefilter {
+                stage1: Stage1::Wide(w),
+                patterns: distinct,
+                verify,
+                anchors,
+            };
+        }
         let stage1 = match packed::Config::new()
             .match_kind(packed::MatchKind::LeftmostFirst)
             // Slim: the bucket order above is made for its 8 buckets, and it steps 32 bytes at a
@@ -869,10 +899,17 @@ impl Prefilter {
         self.find_from(hay, 0).is_some()
     }
 
-    /// The first anchor match at or after `from`: (position, first-stage pattern id).
+    /// The first anchor match at or after `from`: (position, first-stage pattern id). The wide
+    /// search keeps `counted` current as it goes ([`Wide::find`]); the others leave it.
     #[inline]
-    fn anchor_from(&self, hay: &[u8], from: usize) -> Option<(usize, usize)> {
+    fn anchor_from(
+        &self,
+        hay: &[u8],
+        from: usize,
+        counted: &mut Counted,
+    ) -> Option<(usize, usize)> {
         match &self.stage1 {
+            Stage1::Wide(w) => w.find(hay, from, counted),
             Stage1::Packed(s) => s
                 .find_in(hay, aho_corasick::Span::from(from..hay.len()))
                 .map(|m| (m.start(), m.pattern().as_usize())),
@@ -887,9 +924,22 @@ impl Prefilter {
     /// a literal holds no newline, so the anchor found first lies in the first line that holds a
     /// literal.
     pub fn find_from(&self, hay: &[u8], from: usize) -> Option<usize> {
+        self.find_counted(
+            hay,
+            from,
+            &mut Counted {
+                upto: from,
+                newlines: 0,
+            },
+        )
+    }
+
+    /// [`Prefilter::find_from`], counting newlines on the way where the first stage can
+    /// ([`Counted`]: `scan`'s line numbers without a second pass over the bytes).
+    pub fn find_counted(&self, hay: &[u8], from: usize, counted: &mut Counted) -> Option<usize> {
         let mut at = from;
         while at < hay.len() {
-            let (pos, id) = self.anchor_from(hay, at)?;
+            let (pos, id) = self.anchor_from(hay, at, counted)?;
             for &(lit, off) in &self.verify[id] {
                 if pos >= from + off {
                     let s = pos - off;
@@ -908,7 +958,8 @@ impl Prefilter {
     pub fn anchor_hits(&self, hay: &[u8]) -> usize {
         let mut n = 0;
         let mut at = 0;
-        while let Some((pos, _)) = self.anchor_from(hay, at) {
+        let mut counted = Counted::default();
+        while let Some((pos, _)) = self.anchor_from(hay, at, &mut counted) {
             n += 1;
             at = pos + 1;
         }
@@ -935,7 +986,7 @@ mod tests {
     #[test]
     fn a_sites_anchor_is_placed_where_it_costs_least() {
         let on_sample = |plan: Plan| {
-            let pre = Prefilter::from_plan(plan);
+            let pre = Prefilter::from_plan(plan, true);
             ordinary_lines()
                 .map(|l| bucket_passes(pre.patterns(), l.as_bytes()))
                 .sum::<usize>()
@@ -1010,6 +1061,41 @@ mod tests {
             }
         }
         assert_eq!(pre.find_from(b"nothing of ours here", 0), None);
+    }
+
+    /// The wide first stage and the packed one find the same lines, with the same newline count:
+    /// on the ordinary sample joined into one text (every line crossing 64-byte steps
+    /// differently), with each literal planted into it, from line starts spread over it. Where the CPU
+    /// has no AVX-512 VBMI both are the packed searcher and this holds trivially.
+    #[test]
+    fn the_wide_and_the_packed_first_stage_agree() {
+        let wide = Prefilter::new();
+        let packed = Prefilter::packed_with_literals(plan::LITERALS);
+        assert!(!packed.is_wide());
+        let ordinary: String = ordinary_lines().map(|l| format!("{l}\n")).collect();
+        for (i, l) in candidate_literals().iter().enumerate() {
+            let at = ordinary
+                .match_indices('\n')
+                .nth(i * 7 % 150)
+                .map_or(0, |(n, _)| n + 1);
+            let text = format!("{}x {l} tail\n{}", &ordinary[..at], &ordinary[at..]);
+            let hay = text.as_bytes();
+            let mut from = 0;
+            while from < hay.len() {
+                let mut c = Counted::default();
+                let got = wide.find_counted(hay, from, &mut c);
+                assert_eq!(got, packed.find_from(hay, from), "{l:?} from {from}");
+                let exact = bytecount::count(&hay[..c.upto], b'\n') as u64;
+                assert_eq!(c.newlines, exact, "{l:?} from {from}");
+                // Every 16th line start: each search runs on to the planted literal.
+                for _ in 0..16 {
+                    from += hay[from..]
+                        .iter()
+                        .position(|&b| b == b'\n')
+                        .map_or(hay.len(), |n| n + 1);
+                }
+            }
+        }
     }
 
     /// The grouping lowers what ordinary text costs the search: fewer windows of the sample pass

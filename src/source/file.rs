@@ -12,6 +12,7 @@ use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use crate::classify::saved;
+use crate::classify::wide::Counted;
 
 pub use crate::classify::prefilter::{candidate_literals, Prefilter};
 
@@ -374,28 +375,36 @@ fn long_line_note(line: u64) -> Note {
 /// stretch into the cache. Measured on bench/scan.sh's ordinary log (352 MB, page cache warm, one
 /// core, best of seven), counting each window before its search (to fault a mapped window's
 /// pages in for the search) cost 94-97 ms, counting after it 85-89 ms: the search streams from
-/// memory as fast as the count does, and the count then reads the cache.
+/// memory as fast as the count does, and the count then reads the cache. Where the first stage is
+/// the wide search, it counts the newlines of every step it takes in the same pass
+/// ([`crate::classify::wide`]), and what is left to count is the stretch from its last step to
+/// the line asked about.
 struct LineCounter {
-    /// The last answer: (offset, newlines before it).
-    last: std::cell::Cell<(usize, u64)>,
+    /// Newlines up to the last offset asked about or searched to.
+    last: std::cell::Cell<Counted>,
 }
 
 impl LineCounter {
     fn new() -> Self {
         LineCounter {
-            last: std::cell::Cell::new((0, 0)),
+            last: std::cell::Cell::new(Counted::default()),
         }
     }
 
     /// Newlines in `region[..at]`.
     fn newlines_before(&self, region: &[u8], at: usize) -> u64 {
-        let (from, n) = match self.last.get() {
-            (off, n) if off <= at => (off, n),
-            _ => (0, 0),
-        };
-        let n = n + bytecount::count(&region[from..at], b'\n') as u64;
-        self.last.set((at, n));
+        let mut c = self.last.get();
+        let n = c.advance(region, at);
+        self.last.set(c);
         n
+    }
+
+    /// The next candidate at or after `from` ([`Prefilter::find_counted`]), the count kept.
+    fn find(&self, pre: &Prefilter, region: &[u8], from: usize) -> Option<usize> {
+        let mut c = self.last.get();
+        let found = pre.find_counted(region, from, &mut c);
+        self.last.set(c);
+        found
     }
 }
 
@@ -422,7 +431,7 @@ fn scan_region(
         offered_end = Some(pos);
     }
     while pos < region.len() {
-        let Some(m_start) = pre.find_from(region, pos) else {
+        let Some(m_start) = counter.find(pre, region, pos) else {
             break;
         };
         let ls = memchr::memrchr(b'\n', &region[pos..m_start]).map_or(pos, |i| pos + i + 1);
