@@ -924,14 +924,7 @@ impl Prefilter {
     /// a literal holds no newline, so the anchor found first lies in the first line that holds a
     /// literal.
     pub fn find_from(&self, hay: &[u8], from: usize) -> Option<usize> {
-        self.find_counted(
-            hay,
-            from,
-            &mut Counted {
-                upto: from,
-                newlines: 0,
-            },
-        )
+        self.find_counted(hay, from, &mut Counted::from_offset(from))
     }
 
     /// [`Prefilter::find_from`], counting newlines on the way where the first stage can

@@ -27,17 +27,45 @@ pub struct Counted {
     /// Every newline in `hay[..upto]` is in `newlines`.
     pub upto: usize,
     pub newlines: u64,
+    /// Bytes the count has read, a test's measure of its cost.
+    #[cfg(test)]
+    pub work: u64,
 }
 
 impl Counted {
-    /// Brings the count up to `at` (at or after `upto`; a count past `at` starts again at 0).
+    /// Moves the count to `at`, either way, and returns it. Backwards it subtracts the newlines
+    /// between `at` and `upto` (a line that began before the step the search stopped in is
+    /// asked about after the search: a few bytes back), unless counting from the start is
+    /// shorter. Counting from the start every time instead made a storm log, a candidate every
+    /// other line, cost a count of its whole window per line.
     pub fn advance(&mut self, hay: &[u8], at: usize) -> u64 {
-        if at < self.upto {
-            *self = Counted::default();
+        let read = if at >= self.upto {
+            let s = &hay[self.upto..at];
+            self.newlines += bytecount::count(s, b'\n') as u64;
+            s.len()
+        } else if self.upto - at <= at {
+            let s = &hay[at..self.upto];
+            self.newlines -= bytecount::count(s, b'\n') as u64;
+            s.len()
+        } else {
+            self.newlines = bytecount::count(&hay[..at], b'\n') as u64;
+            at
+        };
+        #[cfg(test)]
+        {
+            self.work += read as u64;
         }
-        self.newlines += bytecount::count(&hay[self.upto..at], b'\n') as u64;
+        let _ = read;
         self.upto = at;
         self.newlines
+    }
+
+    /// A count that starts at `at`: newlines from there on (the search never moves it back).
+    pub fn from_offset(at: usize) -> Counted {
+        Counted {
+            upto: at,
+            ..Counted::default()
+        }
     }
 }
 
@@ -83,25 +111,13 @@ impl Wide {
     }
 
     /// The leftmost pattern match at or after `from`: (position, pattern id). `counted` is
-    /// brought up to `from` first (unless it is already past it), then kept current by the
-    /// search: when it returns, every newline before the returned position's 64-byte step (or
+    /// moved to `from` first, then kept current by the search: when it returns, every newline before the returned position's 64-byte step (or
     /// before the end) is counted.
     pub fn find(&self, hay: &[u8], from: usize, counted: &mut Counted) -> Option<(usize, usize)> {
         if from > hay.len() {
             return None;
         }
-        // A count already past `from` (a caller that counted ahead) is left as it is: the
-        // search counts for itself from `from` and throws that away.
-        let mut own = Counted {
-            upto: from,
-            newlines: 0,
-        };
-        let counted = if counted.upto > from {
-            &mut own
-        } else {
-            counted.advance(hay, from);
-            counted
-        };
+        counted.advance(hay, from);
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: a `Wide` is only built where `available()` found the features.
@@ -155,8 +171,50 @@ impl Wide {
         from: usize,
         counted: &mut Counted,
     ) -> Option<(usize, usize)> {
+        let mut p = from;
+        let mut newlines = counted.newlines;
+        let mut bits = [0u8; 64];
+        let found = loop {
+            // SAFETY: the caller runs on a CPU with the features (a `Wide` exists).
+            match unsafe { self.next_step(hay, p, &mut newlines, &mut bits) } {
+                None => {
+                    p = hay.len().max(p);
+                    break None;
+                }
+                Some((at, cand, nls)) => {
+                    p = at;
+                    if let Some(hit) = self.first_in_step(hay, p, &bits, cand) {
+                        break Some(hit);
+                    }
+                    newlines += u64::from(nls);
+                    p += 64;
+                }
+            }
+        };
+        counted.upto = p.min(hay.len());
+        counted.newlines = newlines;
+        found
+    }
+
+    /// Steps from `p` to the first 64-byte step with a candidate, adding the newlines of the
+    /// steps it passes to `newlines`: (the step's start, its candidate bits, its newline count),
+    /// the bucket bits of its 64 start positions in `bits`; `None` at the end of `hay`.
+    ///
+    /// Why a function of its own that calls nothing: a call in the loop clobbers every vector
+    /// register, and the compiler then keeps the eight table vectors on the stack and loads
+    /// them again at every step, twice the loads of the search itself.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,popcnt")]
+    #[inline(never)]
+    unsafe fn next_step(
+        &self,
+        hay: &[u8],
+        mut p: usize,
+        newlines: &mut u64,
+        bits: &mut [u8; 64],
+    ) -> Option<(usize, u64, u32)> {
         use std::arch::x86_64::*;
-        let t = &self.tables;
+        let t = &*self.tables;
         // SAFETY (every load below): the tables are 128 bytes, read as two 64-byte halves.
         let lo = |j: usize| unsafe { _mm512_loadu_si512(t[j].as_ptr().cast()) };
         let hi = |j: usize| unsafe { _mm512_loadu_si512(t[j].as_ptr().add(64).cast()) };
@@ -165,8 +223,7 @@ impl Wide {
         let nl = _mm512_set1_epi8(b'\n' as i8);
         let len = hay.len();
         let base = hay.as_ptr();
-        let mut p = from;
-        let mut newlines = counted.newlines;
+        let mut count = *newlines;
         // One step: the candidates' bucket bits of the 64 start positions at `p`, and the
         // newlines among the 64 bytes. `mask(j)` says which bytes of the load at `p + j` lie
         // inside the haystack (masked-off bytes read as 0 and are never touched).
@@ -188,65 +245,47 @@ impl Wide {
                         _mm512_permutex2var_epi8(l3, b3, h3),
                     ),
                 );
-                let nls = _mm512_cmpeq_epi8_mask(b0, nl) & $m0;
-                (r, _mm512_test_epi8_mask(r, r) & $m0, nls)
+                let nls = (_mm512_cmpeq_epi8_mask(b0, nl) & $m0).count_ones();
+                let cand = _mm512_test_epi8_mask(r, r) & $m0;
+                if cand != 0 {
+                    // SAFETY: `bits` is 64 bytes.
+                    unsafe { _mm512_storeu_si512(bits.as_mut_ptr().cast(), r) };
+                    *newlines = count;
+                    return Some((p, cand, nls));
+                }
+                count += u64::from(nls);
+                p += 64;
             }};
         }
         let full = u64::MAX;
-        let mut found = None;
         while p + 64 + FINGERPRINT - 1 <= len {
-            let (r, cand, nls) = step!(full, full, full, full);
-            if cand != 0 {
-                found = self.first_in_step(hay, p, r, cand);
-                if found.is_some() {
-                    break;
-                }
-            }
-            newlines += u64::from(nls.count_ones());
-            p += 64;
+            step!(full, full, full, full);
         }
-        if found.is_none() {
-            while p < len {
-                let valid = |j: usize| -> u64 {
-                    let n = len.saturating_sub(p + j);
-                    if n >= 64 {
-                        u64::MAX
-                    } else {
-                        (1u64 << n) - 1
-                    }
-                };
-                let (r, cand, nls) = step!(valid(0), valid(1), valid(2), valid(3));
-                if cand != 0 {
-                    found = self.first_in_step(hay, p, r, cand);
-                    if found.is_some() {
-                        break;
-                    }
+        while p < len {
+            let valid = |j: usize| -> u64 {
+                let n = len.saturating_sub(p + j);
+                if n >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << n) - 1
                 }
-                newlines += u64::from(nls.count_ones());
-                p += 64;
-            }
+            };
+            step!(valid(0), valid(1), valid(2), valid(3));
         }
-        *counted = Counted {
-            upto: p.min(len),
-            newlines,
-        };
-        found
+        *newlines = count;
+        None
     }
 
     /// The leftmost match among a step's candidates `cand` (bit i: start `p + i`), whose
-    /// bucket bits are the bytes of `r`.
+    /// bucket bits are `bits`.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
     fn first_in_step(
         &self,
         hay: &[u8],
         p: usize,
-        r: std::arch::x86_64::__m512i,
+        bits: &[u8; 64],
         mut cand: u64,
     ) -> Option<(usize, usize)> {
-        let mut bits = [0u8; 64];
-        // SAFETY: `bits` is 64 bytes.
-        unsafe { std::arch::x86_64::_mm512_storeu_si512(bits.as_mut_ptr().cast(), r) };
         while cand != 0 {
             let i = cand.trailing_zeros() as usize;
             cand &= cand - 1;
@@ -341,12 +380,22 @@ mod tests {
         }
     }
 
+    /// The count moves back as exactly as it moves on, reading only the bytes between (or from
+    /// the start, when that is shorter).
     #[test]
-    fn the_count_restarts_when_asked_about_an_earlier_offset() {
-        let hay = b"a\nb\nc\nd\n";
+    fn the_count_moves_back_when_asked_about_an_earlier_offset() {
+        let hay = b"a\nb\nc\nd\ne\nf\ng\nh\n";
         let mut c = Counted::default();
-        assert_eq!(c.advance(hay, 6), 3);
-        assert_eq!(c.advance(hay, 8), 4);
+        assert_eq!(c.advance(hay, 12), 6);
+        assert_eq!(c.advance(hay, 16), 8);
+        let before = c.work;
+        assert_eq!(c.advance(hay, 13), 6);
+        assert_eq!(c.work - before, 3, "back three bytes reads three");
         assert_eq!(c.advance(hay, 2), 1);
+        assert_eq!(c.advance(hay, 0), 0);
+        for at in (0..=hay.len()).rev().chain(0..=hay.len()) {
+            let exact = hay[..at].iter().filter(|&&b| b == b'\n').count() as u64;
+            assert_eq!(c.advance(hay, at), exact, "at {at}");
+        }
     }
 }

@@ -456,7 +456,16 @@ fn scan_region(
     *carry = offered_end.is_some_and(|e| e + 1 >= region.len());
     // A last line without a newline (at EOF) is a line too.
     let partial = !region.is_empty() && region[region.len() - 1] != b'\n';
-    counter.newlines_before(region, region.len()) + u64::from(partial)
+    let lines = counter.newlines_before(region, region.len()) + u64::from(partial);
+    #[cfg(test)]
+    COUNT_WORK.with(|w| w.set(w.get() + counter.last.get().work));
+    lines
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Bytes the line counts of this thread's scans have read ([`Counted::work`]).
+    static COUNT_WORK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Offers the head lines ([`saved::HEADS`]) right above the candidate line that starts at `ls`,
@@ -564,6 +573,32 @@ mod tests {
             assert_eq!(nums, want, "{eol:?}");
             assert_eq!(got[1].1, lines[2].as_bytes());
         }
+    }
+
+    /// Numbering the lines of a storm (a candidate every other line, lines that start in one
+    /// search step and are asked about after it) reads each byte about once, and every number is
+    /// right: a count that started again from the window's start at every line read the window
+    /// once per line.
+    #[test]
+    fn numbering_a_storms_lines_reads_each_byte_about_once() {
+        let mut text = String::new();
+        for i in 0..20_000 {
+            text.push_str("[ 1.000000] eth0: link becomes ready on the bridge port\n");
+            text.push_str(&format!(
+                "[ 1.000001] NVRM: Xid (PCI:0000:17:00): 13, pid={i}, name=python3, Graphics Exception\n"
+            ));
+        }
+        COUNT_WORK.with(|w| w.set(0));
+        let mut got = Vec::new();
+        let st = scan_lines(text.as_bytes(), &Prefilter::new(), |n, _| got.push(n));
+        let work = COUNT_WORK.with(|w| w.get());
+        assert_eq!(st.lines, 40_000);
+        assert_eq!(got, (1..=20_000).map(|i| 2 * i).collect::<Vec<u64>>());
+        assert!(
+            work <= 2 * text.len() as u64,
+            "the line counts read {work} bytes of {}",
+            text.len()
+        );
     }
 
     /// The prefilter's speed rests on literals the SIMD search rarely matches by accident: at
