@@ -258,73 +258,101 @@ pub struct AerLine {
 
 const ADDR: &str = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?";
 
-/// A regex compiled the first time it is used. Only rare shapes use one.
-macro_rules! lazy_re {
-    ($name:ident, $pat:expr) => {
-        fn $name() -> &'static Regex {
-            static RE: OnceLock<Regex> = OnceLock::new();
-            RE.get_or_init(|| Regex::new(&$pat.replace("ADDR", ADDR)).expect("built-in regex"))
+/// A regex of a rare shape, behind a literal every line it matches holds: a line without the
+/// literal is turned away by one substring search, and the regex is compiled the first time a
+/// line with it comes. Why: these are tried in turn on every line of their prefix (every
+/// `nvidia-uvm:` or `nvidia 0000:..:` line runs past the module-error ones), and one of them
+/// (`[\w-]*`, Unicode classes) compiled to a one-pass DFA of a megabyte at its first try, an
+/// ordinary log's first UVM banner paying for a version-magic error it never had.
+pub(super) struct Guarded {
+    /// A substring of every line the pattern matches (a test checks the pattern spells it).
+    needle: &'static str,
+    pattern: &'static str,
+    re: OnceLock<Regex>,
+}
+
+impl Guarded {
+    const fn new(needle: &'static str, pattern: &'static str) -> Guarded {
+        Guarded {
+            needle,
+            pattern,
+            re: OnceLock::new(),
+        }
+    }
+
+    fn regex(&self) -> &Regex {
+        self.re.get_or_init(|| {
+            Regex::new(&self.pattern.replace("ADDR", ADDR)).expect("built-in regex")
+        })
+    }
+
+    fn holds_needle(&self, text: &str) -> bool {
+        memchr::memmem::find(text.as_bytes(), self.needle.as_bytes()).is_some()
+    }
+
+    pub(super) fn captures<'t>(&self, text: &'t str) -> Option<regex::Captures<'t>> {
+        if !self.holds_needle(text) {
+            return None;
+        }
+        self.regex().captures(text)
+    }
+
+    pub(super) fn captures_iter<'r, 't>(
+        &'r self,
+        text: &'t str,
+    ) -> impl Iterator<Item = regex::Captures<'t>> + use<'r, 't> {
+        let hit = self.holds_needle(text);
+        hit.then(|| self.regex().captures_iter(text))
+            .into_iter()
+            .flatten()
+    }
+}
+
+/// The guarded regexes: `name: needle, pattern;` each, and [`guarded_all`] for the tests.
+macro_rules! guarded_res {
+    ($($name:ident: $needle:expr, $pat:expr;)*) => {
+        $(
+            fn $name() -> &'static Guarded {
+                static RE: Guarded = Guarded::new($needle, $pat);
+                &RE
+            }
+        )*
+        #[cfg(test)]
+        fn guarded_all() -> Vec<(&'static str, &'static Guarded)> {
+            vec![$((stringify!($name), $name())),*]
         }
     };
 }
 
-lazy_re!(
-    re_gpu_uuid,
-    r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})"
-);
-lazy_re!(re_rm_init, r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?");
-lazy_re!(
-    re_api_head,
-    r"^API mismatch: the client has the version (\S+?),? but"
-);
-lazy_re!(
-    re_api_head_new,
-    r"^API mismatch: the client '([^']{0,64})' \(pid (\d+)\)"
-);
-lazy_re!(re_api_client, r"^has the version (\S+?),? but");
-lazy_re!(
-    re_api_kernel,
-    r"^(?:this kernel module has )?the version (\S+?)\.?\s+Please"
-);
-lazy_re!(re_rc_all, r"^RC all channels for critical error (\d+)");
-lazy_re!(re_loading, r"^The NVIDIA GPU (ADDR)\s*(.*)$");
-lazy_re!(
-    re_fw_load,
-    r"^nvidia (ADDR): (?:Direct firmware load for|loading) (\S+) failed with error (-?\d+)"
-);
-lazy_re!(
-    re_probe_driver,
-    r"^nvidia (ADDR): probe with driver nvidia failed with error (-?\d+)"
-);
-lazy_re!(
-    re_probe_of,
-    r"^nvidia: probe of (ADDR) failed with error (-?\d+)"
-);
-lazy_re!(
-    re_module_sym,
-    r"^([\w-]+): (disagrees about version of symbol|Unknown symbol) (\S+)"
-);
-lazy_re!(
-    re_gpl_only,
-    r"^([\w-]+): module using GPL-only symbols uses symbols (?:(\S+) )?from proprietary module (\S+?)\.?$"
-);
-lazy_re!(
-    re_version_magic,
-    r"^(nvidia[\w-]*): version magic '([^']*)' should be '([^']*)'"
-);
-lazy_re!(re_any_addr, r"PCI:(ADDR)");
-lazy_re!(
-    re_user_api_kernel_first,
-    r"^API [Mm]ismatch[:,] the NVIDIA kernel module has (?:the )?version ([^\s,]+),?(?:\s+but this (NVIDIA driver component|X module) has (?:the )?version ([^\s,]+?)\.?(?:\s|$))?"
-);
-lazy_re!(
-    re_user_api_component_first,
-    r"^API [Mm]ismatch[:,] [Tt]his NVIDIA driver component has (?:the )?version ([^\s,]+),? but the NVIDIA kernel module's version does not match"
-);
-lazy_re!(
-    re_module_version_mismatch,
-    r"^(nvidia[\w-]*): Version mismatch: nvidia\.ko\(([^()\s]+)\) ([\w-]+?)(?:\.ko)?\(([^()\s]+)\)"
-);
+guarded_res! {
+    re_gpu_uuid: ": GPU-", r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})";
+    re_rm_init: "RmInitAdapter failed!", r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?";
+    re_api_head: "API mismatch: the client has the version ",
+        r"^API mismatch: the client has the version (\S+?),? but";
+    re_api_head_new: "API mismatch: the client '",
+        r"^API mismatch: the client '([^']{0,64})' \(pid (\d+)\)";
+    re_api_client: "has the version ", r"^has the version (\S+?),? but";
+    re_api_kernel: "the version ", r"^(?:this kernel module has )?the version (\S+?)\.?\s+Please";
+    re_rc_all: "RC all channels for critical error ", r"^RC all channels for critical error (\d+)";
+    re_loading: "The NVIDIA GPU ", r"^The NVIDIA GPU (ADDR)\s*(.*)$";
+    re_fw_load: " failed with error ",
+        r"^nvidia (ADDR): (?:Direct firmware load for|loading) (\S+) failed with error (-?\d+)";
+    re_probe_driver: ": probe with driver nvidia failed with error ",
+        r"^nvidia (ADDR): probe with driver nvidia failed with error (-?\d+)";
+    re_probe_of: "nvidia: probe of ", r"^nvidia: probe of (ADDR) failed with error (-?\d+)";
+    re_module_sym: "symbol", r"^([\w-]+): (disagrees about version of symbol|Unknown symbol) (\S+)";
+    re_gpl_only: ": module using GPL-only symbols uses symbols ",
+        r"^([\w-]+): module using GPL-only symbols uses symbols (?:(\S+) )?from proprietary module (\S+?)\.?$";
+    re_version_magic: ": version magic '",
+        r"^(nvidia[\w-]*): version magic '([^']*)' should be '([^']*)'";
+    re_any_addr: "PCI:", r"PCI:(ADDR)";
+    re_user_api_kernel_first: " the NVIDIA kernel module has ",
+        r"^API [Mm]ismatch[:,] the NVIDIA kernel module has (?:the )?version ([^\s,]+),?(?:\s+but this (NVIDIA driver component|X module) has (?:the )?version ([^\s,]+?)\.?(?:\s|$))?";
+    re_user_api_component_first: "his NVIDIA driver component has ",
+        r"^API [Mm]ismatch[:,] [Tt]his NVIDIA driver component has (?:the )?version ([^\s,]+),? but the NVIDIA kernel module's version does not match";
+    re_module_version_mismatch: ": Version mismatch: nvidia.ko(",
+        r"^(nvidia[\w-]*): Version mismatch: nvidia\.ko\(([^()\s]+)\) ([\w-]+?)(?:\.ko)?\(([^()\s]+)\)";
+}
 
 fn pci(s: &str) -> Option<PciAddress> {
     PciAddress::parse(s).ok()
@@ -450,6 +478,70 @@ pub fn find_address(s: &str) -> Option<PciAddress> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every guarded regex requires its needle, so the guard turns no line away that the regex
+    /// would match: checked on the parsed pattern (literal parts in a row, through groups, hold
+    /// the needle, or every branch of an alternation does).
+    #[test]
+    fn a_guarded_regex_matches_only_lines_with_its_needle() {
+        use regex_syntax::hir::HirKind;
+        for (name, g) in guarded_all() {
+            let hir = regex_syntax::parse(&g.pattern.replace("ADDR", ADDR)).expect(name);
+            // The required text: literal parts in a row (a group is its content); anything
+            // optional or variable ends the run.
+            // An alternation whose every branch holds the needle holds it.
+            fn walk(h: &regex_syntax::hir::Hir, runs: &mut Vec<String>, needle: &str) {
+                let name = needle;
+                match h.kind() {
+                    HirKind::Concat(parts) => parts.iter().for_each(|p| walk(p, runs, needle)),
+                    HirKind::Capture(c) => walk(&c.sub, runs, needle),
+                    HirKind::Alternation(alts) => {
+                        let all = alts.iter().all(|a| {
+                            let mut r = vec![String::new()];
+                            walk(a, &mut r, needle);
+                            r.iter().any(|x| x.contains(needle))
+                        });
+                        runs.push(if all {
+                            needle.to_string()
+                        } else {
+                            String::new()
+                        });
+                        runs.push(String::new());
+                    }
+                    HirKind::Literal(l) => runs
+                        .last_mut()
+                        .expect("a run")
+                        .push_str(std::str::from_utf8(&l.0).expect(name)),
+                    HirKind::Look(_) => {}
+                    _ => runs.push(String::new()),
+                }
+            }
+            let mut runs = vec![String::new()];
+            walk(&hir, &mut runs, g.needle);
+            assert!(
+                runs.iter().any(|r| r.contains(g.needle)),
+                "{name}: needle {:?} not required by {:?} (required runs {runs:?})",
+                g.needle,
+                g.pattern
+            );
+        }
+    }
+
+    /// A line without the needle is turned away before the regex exists.
+    #[test]
+    fn a_line_without_the_needle_compiles_nothing() {
+        static G: Guarded = Guarded::new(": rare text ", r"^(\w+): rare text (\d+)");
+        assert!(G
+            .captures("nvidia-uvm: Loaded the UVM driver, major device number 508")
+            .is_none());
+        assert!(
+            G.re.get().is_none(),
+            "compiled for a line without the needle"
+        );
+        let c = G.captures("nvidia: rare text 42").expect("a match");
+        assert_eq!(&c[2], "42");
+        assert_eq!(G.captures_iter("x: rare text 1").count(), 1);
+    }
 
     fn xid(m: &str) -> XidLine {
         match parse(m) {
