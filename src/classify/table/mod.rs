@@ -244,9 +244,16 @@ impl Table {
             }
         }
         // Standard (overlapping) semantics: every literal the text holds is found, even where
-        // one literal is part of another.
+        // one literal is part of another. A contiguous NFA, not the DFA the default would build
+        // for this many literals: it searches single candidate lines, where the two run alike,
+        // and the DFA's construction was a fiftieth of scanning an ordinary 350 MB log.
         let finder = (!literals.is_empty())
-            .then(|| AhoCorasick::new(&literals).ok())
+            .then(|| {
+                AhoCorasick::builder()
+                    .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
+                    .build(&literals)
+                    .ok()
+            })
             .flatten();
         Table {
             rows,
