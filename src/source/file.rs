@@ -2,9 +2,10 @@
 //!
 //! Scanning is a hot path: bug-report archives are hundreds of MB and almost every line is
 //! ordinary kernel chatter. So the reader never looks at a line on its own unless a literal
-//! prefilter (Teddy/Aho-Corasick over the whole buffer, the same technique grep tools use) says it
-//! may be ours; line numbers come from a SIMD newline count between candidates, made after the
-//! search (see [`LineCounter`]). Regular files are read through a memory map that survives truncation
+//! prefilter (a 64-byte-step vector search where the CPU has AVX-512 VBMI, Teddy or Aho-Corasick
+//! elsewhere, over the whole buffer, the technique grep tools use) says it may be ours; line
+//! numbers come from the newlines the wide search counts as it steps, or elsewhere from a SIMD
+//! count between candidates made after the search (see [`LineCounter`]). Regular files are read through a memory map that survives truncation
 //! ([`super::mapped`]), FIFOs, standard input and gzip archives with `read(2)`.
 
 use std::fs::File;
@@ -17,7 +18,8 @@ use crate::classify::wide::Counted;
 pub use crate::classify::prefilter::{candidate_literals, Prefilter};
 
 /// Window size: the reads' size, and the stretch of a mapped file searched at a time. Small
-/// enough that a window is still in the core's L2 cache when the newline count reaches it after
+/// enough (where the search does not count lines itself) that a window is still in the core's L2
+/// cache when the newline count reaches it after
 /// the search (and, for reads, when the search reaches it after the kernel's copy): with 2 MiB
 /// reads the scan of an ordinary log was an eighth slower than with 256 KiB ones. Large enough
 /// that per-window overhead vanishes.
@@ -377,8 +379,8 @@ fn long_line_note(line: u64) -> Note {
 /// pages in for the search) cost 94-97 ms, counting after it 85-89 ms: the search streams from
 /// memory as fast as the count does, and the count then reads the cache. Where the first stage is
 /// the wide search, it counts the newlines of every step it takes in the same pass
-/// ([`crate::classify::wide`]), and what is left to count is the stretch from its last step to
-/// the line asked about.
+/// ([`crate::classify::wide`]), and what is left to count is the stretch between its last step
+/// and the line asked about, forwards or back (a line that began in the step before).
 struct LineCounter {
     /// Newlines up to the last offset asked about or searched to.
     last: std::cell::Cell<Counted>,
