@@ -590,17 +590,52 @@ mod tests {
                 "[ 1.000001] NVRM: Xid (PCI:0000:17:00): 13, pid={i}, name=python3, Graphics Exception\n"
             ));
         }
-        COUNT_WORK.with(|w| w.set(0));
-        let mut got = Vec::new();
-        let st = scan_lines(text.as_bytes(), &Prefilter::new(), |n, _| got.push(n));
-        let work = COUNT_WORK.with(|w| w.get());
-        assert_eq!(st.lines, 40_000);
-        assert_eq!(got, (1..=20_000).map(|i| 2 * i).collect::<Vec<u64>>());
-        assert!(
-            work <= 2 * text.len() as u64,
-            "the line counts read {work} bytes of {}",
-            text.len()
-        );
+        let packed = Prefilter::packed_with_literals(candidate_literals());
+        for pre in [&Prefilter::new(), &packed] {
+            COUNT_WORK.with(|w| w.set(0));
+            let mut got = Vec::new();
+            let st = scan_lines(text.as_bytes(), pre, |n, _| got.push(n));
+            let work = COUNT_WORK.with(|w| w.get());
+            assert_eq!(st.lines, 40_000);
+            assert_eq!(got, (1..=20_000).map(|i| 2 * i).collect::<Vec<u64>>());
+            assert!(
+                work <= 2 * text.len() as u64,
+                "the line counts read {work} bytes of {} (wide: {})",
+                text.len(),
+                pre.is_wide()
+            );
+        }
+    }
+
+    /// The wide first stage and the packed one offer the same lines with the same numbers and
+    /// figures, over the ordinary sample with every literal planted in it, CRLF endings, indented
+    /// continuations and windows' edges (here the reads' 256 KiB) between them.
+    #[test]
+    fn the_wide_and_the_packed_search_offer_the_same_lines() {
+        let mut text = String::new();
+        let ordinary: Vec<&str> = crate::classify::prefilter::ordinary_lines().collect();
+        let mut i = 0;
+        while text.len() < 3 * CHUNK {
+            for l in candidate_literals() {
+                text.push_str(ordinary[i % ordinary.len()]);
+                text.push_str(if i % 3 == 0 { "\r\n" } else { "\n" });
+                text.push_str(&format!("[ {i}.000000] x {l} tail\n"));
+                if i % 5 == 0 {
+                    text.push_str("    indented continuation\n");
+                }
+                i += 1;
+            }
+        }
+        let run = |pre: &Prefilter| {
+            let mut got = Vec::new();
+            let st = scan_lines(text.as_bytes(), pre, |n, l| got.push((n, l.to_vec())));
+            (got, st.lines, st.candidates, st.bytes)
+        };
+        let packed = Prefilter::packed_with_literals(candidate_literals());
+        assert!(!packed.is_wide());
+        let (a, b) = (run(&Prefilter::new()), run(&packed));
+        assert!(a.0.len() > 1000);
+        assert_eq!(a, b);
     }
 
     /// The prefilter's speed rests on literals the SIMD search rarely matches by accident: at
