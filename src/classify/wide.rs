@@ -230,11 +230,13 @@ impl Wide {
         macro_rules! step {
             ($m0:expr, $m1:expr, $m2:expr, $m3:expr) => {{
                 // SAFETY: every byte loaded is inside `hay` (the masks say which), and masked
-                // AVX-512 loads do not fault on masked-off bytes.
-                let b0 = unsafe { _mm512_maskz_loadu_epi8($m0, base.add(p).cast()) };
-                let b1 = unsafe { _mm512_maskz_loadu_epi8($m1, base.add(p + 1).cast()) };
-                let b2 = unsafe { _mm512_maskz_loadu_epi8($m2, base.add(p + 2).cast()) };
-                let b3 = unsafe { _mm512_maskz_loadu_epi8($m3, base.add(p + 3).cast()) };
+                // AVX-512 loads do not touch or fault on masked-off bytes. Near the end `p + j`
+                // may lie past `hay`'s end: `wrapping_add` forms that address without the
+                // in-bounds promise `add` makes, and no byte of it is read.
+                let b0 = unsafe { _mm512_maskz_loadu_epi8($m0, base.wrapping_add(p).cast()) };
+                let b1 = unsafe { _mm512_maskz_loadu_epi8($m1, base.wrapping_add(p + 1).cast()) };
+                let b2 = unsafe { _mm512_maskz_loadu_epi8($m2, base.wrapping_add(p + 2).cast()) };
+                let b3 = unsafe { _mm512_maskz_loadu_epi8($m3, base.wrapping_add(p + 3).cast()) };
                 let r = _mm512_and_si512(
                     _mm512_and_si512(
                         _mm512_permutex2var_epi8(l0, b0, h0),
@@ -377,6 +379,48 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A haystack that ends where the mapped memory ends: the tail steps' loads reach past the
+    /// end only under their masks, so the search neither faults nor reads the page beyond (a
+    /// guard page, no access at all), whatever the haystack's length.
+    #[test]
+    fn the_search_never_touches_the_byte_after_the_haystack() {
+        if !available() {
+            return;
+        }
+        // SAFETY: a private anonymous map of two pages, the second made inaccessible, unmapped
+        // at the end; the slices below lie in the first page.
+        unsafe {
+            let page = 4096usize;
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            assert_eq!(
+                libc::mprotect(m.cast::<u8>().add(page).cast(), page, libc::PROT_NONE),
+                0
+            );
+            let first = std::slice::from_raw_parts_mut(m.cast::<u8>(), page);
+            first.fill(b'x');
+            first[page - 2..].copy_from_slice(b"ab");
+            let w = Wide::build(PATTERNS, |i| i % BUCKETS);
+            for len in [0, 1, 2, 3, 4, 5, 63, 64, 65, 67, 68, 130, page] {
+                let hay = &first[page - len..];
+                let mut c = Counted::default();
+                assert_eq!(
+                    w.find(hay, 0, &mut c),
+                    reference(PATTERNS, hay, 0),
+                    "len {len}"
+                );
+            }
+            assert_eq!(libc::munmap(m, 2 * page), 0);
         }
     }
 
