@@ -10,6 +10,7 @@ mod aer;
 pub mod catalog;
 mod emit;
 pub mod fabricmanager;
+pub mod find;
 pub mod guidance;
 #[cfg(test)]
 mod harmless_tests;

@@ -325,7 +325,7 @@ const HAND_ANCHORS_THEN: &[&str] = &[
 /// Where the message that anchor `a` stands for starts in `line`, if it is there.
 fn anchor_start(line: &str, a: &str) -> Option<usize> {
     let b = line.as_bytes();
-    let i = memchr::memmem::find(b, a.as_bytes())?;
+    let i = crate::classify::find::find(b, a.as_bytes())?;
     let rest = &line[i..];
     let ok = match a {
         // The X server's NVIDIA driver: its message starts after the `(EE) ` marker.
@@ -404,7 +404,7 @@ fn symbol_start(line: &str) -> Option<usize> {
     ];
     let i = NEEDLES
         .iter()
-        .find_map(|n| memchr::memmem::find(line.as_bytes(), n.as_bytes()))?;
+        .find_map(|n| crate::classify::find::find(line.as_bytes(), n.as_bytes()))?;
     let start = line[..i].rfind([' ', ']', '\t']).map_or(0, |j| j + 1);
     let name = &line[start..i];
     (!name.is_empty()

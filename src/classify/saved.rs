@@ -77,7 +77,7 @@ fn head_of(line: &[u8]) -> Option<&'static Head> {
     }
     HEADS
         .iter()
-        .find(|h| memchr::memmem::find(line, h.text.as_bytes()).is_some())
+        .find(|h| crate::classify::find::find(line, h.text.as_bytes()).is_some())
 }
 
 /// Which of `lines` are offered to [`SavedLog::line`], as `scan`'s region search offers them:

@@ -105,7 +105,7 @@ pub(super) fn link_number(rest: &str) -> Option<u32> {
 }
 
 pub(super) fn parse_num_after(hay: &str, key: &str) -> Option<u32> {
-    let i = memchr::memmem::find(hay.as_bytes(), key.as_bytes())?;
+    let i = crate::classify::find::find(hay.as_bytes(), key.as_bytes())?;
     let n = hay[i + key.len()..].trim_start();
     let end = n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len());
     n[..end].parse().ok()
@@ -124,7 +124,7 @@ pub(super) fn hex_u32(s: &str) -> Option<u32> {
 pub(super) fn xid_detail(xid: u32, rest: &str, driver: Option<&str>) -> Option<Detail> {
     match xid {
         13 => {
-            let at = memchr::memmem::find(rest.as_bytes(), b"GPC ")?;
+            let at = crate::classify::find::find(rest.as_bytes(), b"GPC ")?;
             let loc = &rest[at..];
             let gpc = parse_num_after(loc, "GPC ")?;
             let tpc = parse_num_after(loc, "TPC ")?;

@@ -230,7 +230,15 @@ fn an_alert_in_the_outbox_survives_sigkill_and_is_sent_after_restart() {
     let port = listener.local_addr().unwrap().port();
     drop(listener);
     let url = format!("http://127.0.0.1:{port}/alerts");
-    let config = webhook_config(dir.path(), &kmsg, &url, "");
+    // Short retries: the promise is the outbox across the kill, not the backoff schedule (with
+    // the default 2 s doubling, the attempts the first daemon failed on a loaded machine pushed
+    // the restarted daemon's next try past the wait).
+    let config = webhook_config(
+        dir.path(),
+        &kmsg,
+        &url,
+        "[alerts.retry]\ninitial_backoff_ms = 50\nmax_backoff_secs = 1\n",
+    );
     let spawn = || support::Run::new(&config).spawn();
     let first = spawn();
     let outbox = dir.path().join("state/alert-outbox");

@@ -287,7 +287,7 @@ impl Guarded {
     }
 
     fn holds_needle(&self, text: &str) -> bool {
-        memchr::memmem::find(text.as_bytes(), self.needle.as_bytes()).is_some()
+        crate::classify::find::find(text.as_bytes(), self.needle.as_bytes()).is_some()
     }
 
     pub(super) fn captures<'t>(&self, text: &'t str) -> Option<regex::Captures<'t>> {

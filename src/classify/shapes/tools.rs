@@ -56,7 +56,7 @@ pub(super) const DRIVER_UNREACHABLE: &str = "communicate with the NVIDIA driver"
 /// Where a "cannot communicate with the NVIDIA driver" sentence starts in `line`: at the failure
 /// words just before the phrase (`Unable to`, `Failed to`, `Could not`, `couldn't`).
 pub fn driver_unreachable_start(line: &str) -> Option<usize> {
-    let i = memchr::memmem::find(line.as_bytes(), DRIVER_UNREACHABLE.as_bytes())?;
+    let i = crate::classify::find::find(line.as_bytes(), DRIVER_UNREACHABLE.as_bytes())?;
     let head = &line[..i];
     [
         "Unable to ",
@@ -145,10 +145,10 @@ const NVML_CODES: &[(u32, &str)] = &[
 /// `NVML error at line 339: 1` (a vGPU scheduler's hook, by its source line). A number NVML does
 /// not define is no NVML code.
 pub fn nvml_code(line: &str) -> Option<(usize, &'static str)> {
-    let at = memchr::memmem::find(line.as_bytes(), b"NVML")?;
+    let at = crate::classify::find::find(line.as_bytes(), b"NVML")?;
     let rest = &line[at..];
     let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
-    let number = if let Some(i) = memchr::memmem::find(rest.as_bytes(), b"error code ") {
+    let number = if let Some(i) = crate::classify::find::find(rest.as_bytes(), b"error code ") {
         let n = &rest[i + "error code ".len()..];
         &n[..digits(n)]
     } else {
@@ -185,13 +185,14 @@ pub(super) const NVML_COLON: &str = " NVML:";
 pub fn nvml_failure_start(line: &str) -> Option<usize> {
     // Most tools add the reason (`Failed to initialize NVML: Unknown Error`); some print the bare
     // failure (`Error: Failed to initialize NVML`), the reason being in another log.
-    let colon = memchr::memmem::find(line.as_bytes(), NVML_COLON.as_bytes()).or_else(|| {
-        let t = line
-            .trim_end()
-            .trim_end_matches(['.', '`', '"', '\''])
-            .trim_end();
-        t.ends_with(" NVML").then(|| t.len() - " NVML".len())
-    })?;
+    let colon =
+        crate::classify::find::find(line.as_bytes(), NVML_COLON.as_bytes()).or_else(|| {
+            let t = line
+                .trim_end()
+                .trim_end_matches(['.', '`', '"', '\''])
+                .trim_end();
+            t.ends_with(" NVML").then(|| t.len() - " NVML".len())
+        })?;
     let start = line[..colon].rfind("Failed to ")?;
     let what = &line[start + "Failed to ".len()..colon];
     (!what.is_empty()
