@@ -209,7 +209,55 @@ fn u64_(out: &mut Vec<u8>, mut v: u64) {
     out.extend_from_slice(&buf[i..]);
 }
 
+/// How many leading bytes of `b` surely need no escaping, in whole blocks: sixteen bytes a step
+/// with SSE2 (every x86-64 CPU has it), where the word-wise test takes eight and a dozen
+/// operations; the caller finishes byte by byte. The strings of a finding (its line, message,
+/// title) were a storm scan's largest single cost after reading.
+#[cfg(target_arch = "x86_64")]
+fn clean_prefix(b: &[u8]) -> usize {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+    let mut i = 0;
+    // SAFETY: SSE2 is part of x86-64; every load reads 16 bytes that lie inside `b`
+    // (`i + 16 <= b.len()`), and unaligned loads are allowed.
+    unsafe {
+        let quote = _mm_set1_epi8(b'"' as i8);
+        let backslash = _mm_set1_epi8(b'\\' as i8);
+        let control = _mm_set1_epi8(0x1f);
+        while i + 16 <= b.len() {
+            let v = _mm_loadu_si128(b.as_ptr().add(i).cast::<__m128i>());
+            // A byte is at most 0x1f where its unsigned minimum with 0x1f is the byte itself.
+            let low = _mm_cmpeq_epi8(_mm_min_epu8(v, control), v);
+            let special = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash));
+            let mask = _mm_movemask_epi8(_mm_or_si128(low, special));
+            if mask != 0 {
+                return i + mask.trailing_zeros() as usize;
+            }
+            i += 16;
+        }
+    }
+    i
+}
+
+/// [`clean_prefix`] eight bytes at a time, where the CPU is not x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+fn clean_prefix(b: &[u8]) -> usize {
+    let mut clean = 0;
+    while clean + 8 <= b.len() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[clean..clean + 8]);
+        if needs_escape(u64::from_le_bytes(w)) {
+            break;
+        }
+        clean += 8;
+    }
+    clean
+}
+
 /// Whether any of the 8 bytes needs escaping: below 0x20, `"` or `\`.
+#[cfg(any(test, not(target_arch = "x86_64")))]
 #[inline]
 fn needs_escape(x: u64) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
@@ -222,15 +270,7 @@ fn needs_escape(x: u64) -> bool {
 /// A JSON string; the common case (nothing to escape) is one copy.
 pub fn string(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
-    let mut clean = 0;
-    while clean + 8 <= b.len() {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[clean..clean + 8]);
-        if needs_escape(u64::from_le_bytes(w)) {
-            break;
-        }
-        clean += 8;
-    }
+    let mut clean = clean_prefix(b);
     while clean < b.len() && !matches!(b[clean], 0..=0x1f | b'"' | b'\\') {
         clean += 1;
     }
@@ -276,6 +316,32 @@ fn escaped(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The block test stops at the first byte that needs escaping, or at the last whole block,
+    /// for every byte value at every place of a block and across block edges.
+    #[test]
+    fn the_clean_prefix_stops_where_escaping_starts() {
+        let needs = |c: u8| matches!(c, 0..=0x1f | b'"' | b'\\');
+        for len in [0usize, 1, 15, 16, 17, 31, 32, 33, 64, 100] {
+            for at in 0..len.max(1) {
+                for c in 0..=255u8 {
+                    let mut b = vec![b'a'; len];
+                    if len > 0 {
+                        b[at] = c;
+                    }
+                    let got = clean_prefix(&b);
+                    let first = b.iter().position(|&x| needs(x)).unwrap_or(len);
+                    let blocks = len / 16 * 16;
+                    assert_eq!(got, first.min(blocks), "len {len}, byte {c:#x} at {at}");
+                    assert!(b[..got].iter().all(|&x| !needs(x)));
+                }
+            }
+        }
+        for w in 0..=255u8 {
+            let x = u64::from_le_bytes([b'a', b'a', w, b'a', b'a', b'a', b'a', b'a']);
+            assert_eq!(needs_escape(x), needs(w), "{w:#x}");
+        }
+    }
 
     #[test]
     fn addresses_print_like_display() {

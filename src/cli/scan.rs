@@ -209,7 +209,9 @@ impl<W: Write> Output<W> {
     fn emit(&mut self, file: &str, f: &Finding) {
         self.worst = self.worst.max(Some(f.severity));
         self.counts[f.severity as usize] += 1;
-        if f.kind != FindingKind::GpuIdentity {
+        // The per-device tallies feed the text summary alone: `--json` prints none, and their
+        // two map updates per finding were a part of a storm scan's time.
+        if !self.json && f.kind != FindingKind::GpuIdentity {
             let t = self
                 .per_gpu
                 .entry((f.kind == FindingKind::Sxid, f.pci))

@@ -367,9 +367,18 @@ impl Table {
                 }
             }
         }
+        // Whether a row matches is asked before its groups: a line holding a row's literal
+        // mostly does not match its pattern (every `nvidia-uvm:` line holds `nvidia-`), and
+        // the match test runs without the groups' allocation and slot machinery.
         cand.into_iter()
             .filter(|&i| self.rows[i].tag == tag)
-            .find_map(|i| self.rows[i].re()?.captures(text).map(|c| (i, c)))
+            .find_map(|i| {
+                let re = self.rows[i].re()?;
+                if !re.is_match(text) {
+                    return None;
+                }
+                re.captures(text).map(|c| (i, c))
+            })
     }
 
     /// Reads an example line of `row` as the classifier would: the message after any saved-line
