@@ -437,7 +437,30 @@ impl Classifier {
                     last_line: at.line,
                 });
             }
-            // A record's line without its start: nothing to attach it to.
+            // A PCIe section pasted without the record's head: its `device_id: 0000:01:00.0`
+            // line (only the PCIe section names a device by its address) starts the record, of
+            // unknown severity; its `vendor_id` line below says whose device it is, as in a whole
+            // record.
+            Shape::Cper(super::shapes::CperLine::Device(d)) => {
+                let f = base(
+                    id::AER_APEI,
+                    FindingKind::PcieAer,
+                    Severity::Info,
+                    Category::Pcie,
+                    "PCIe error reported by the firmware (APEI)",
+                    msg,
+                    at,
+                );
+                self.pending = Some(Pending::Cper {
+                    finding: f,
+                    severity: None,
+                    pcie: true,
+                    device: Some(d),
+                    nvidia: false,
+                    last_line: at.line,
+                });
+            }
+            // Another line of a record without its start: nothing to attach it to.
             Shape::Cper(_) => {}
             Shape::Row(m) => self.row(m, msg, at, out),
             Shape::DriverLoaded { version } => self.driver_version = Some(version),

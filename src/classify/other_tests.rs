@@ -662,3 +662,62 @@ fn every_crash_header_is_found_by_a_literal() {
     assert!(loud[0].origin.raw[0].contains("kernel BUG at"), "{loud:#?}");
     assert!(loud[0].module.is_some(), "{loud:#?}");
 }
+
+/// Round `aa`: an Xid line whose address the reporter cut out whole, parentheses and all, still
+/// gives the Xid and its words, in each of the driver's spacings; a text that only names an Xid
+/// is no Xid line.
+#[test]
+fn an_xid_line_without_its_address_still_gives_the_xid() {
+    for (line, xid) in [
+        (
+            "NVRM: Xid: 154, GPU recovery action changed to 0x2 (Node Reboot Required)",
+            154,
+        ),
+        ("[ 512.4] NVRM: Xid: 79, GPU has fallen off the bus.", 79),
+        (
+            "Jan  3 10:00:01 gpu kernel: NVRM: Xid:  48, pid=311, name=python3, An uncorrectable double bit error",
+            48,
+        ),
+    ] {
+        let f = testing::loud_line(line, true);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::Xid, "{line}");
+        assert_eq!(f[0].xid, Some(xid), "{line}");
+        assert_eq!(f[0].pci, None, "{line}");
+    }
+    let f = testing::loud_line(
+        "NVRM: Xid: 154, GPU recovery action changed to 0x2 (Node Reboot Required)",
+        true,
+    );
+    assert!(f[0].message.contains("Node Reboot Required"), "{f:?}");
+    assert!(testing::loud_line("the Xid: field of the report", true).is_empty());
+}
+
+/// Round `aa`: a firmware (APEI) PCIe error record pasted from its `device_id` line on, without
+/// the record's head, is still the record of the device it names when its vendor line says
+/// NVIDIA; the same cut record of another vendor's device is not reported.
+#[test]
+fn a_firmware_pcie_record_without_its_head_is_read_by_its_device() {
+    let nvidia = [
+        "[Thu Apr  9 04:50:00 2026] {3}[Hardware Error]:   device_id: 0000:01:00.0",
+        "[Thu Apr  9 04:50:00 2026] {3}[Hardware Error]:   slot: 0",
+        "[Thu Apr  9 04:50:00 2026] {3}[Hardware Error]:   secondary_bus: 0x00",
+        "[Thu Apr  9 04:50:00 2026] {3}[Hardware Error]:   vendor_id: 0x10de, device_id: 0x2204",
+    ];
+    let f: Vec<Finding> = testing::read(&nvidia, true)
+        .into_iter()
+        .filter(|f| f.kind == FindingKind::PcieAer)
+        .collect();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(
+        f[0].pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:01:00.0")
+    );
+    assert_eq!((f[0].origin.line, f[0].origin.lines), (1, 4), "{f:?}");
+    let other: Vec<String> = nvidia
+        .iter()
+        .map(|l| l.replace("0x10de", "0x8086"))
+        .collect();
+    let other: Vec<&str> = other.iter().map(String::as_str).collect();
+    assert!(testing::read(&other, true).is_empty());
+}

@@ -237,3 +237,28 @@ fn a_missing_piece_of_the_drivers_user_space_is_read_and_other_setup_errors_are_
         quiet(l);
     }
 }
+
+/// Round `aa`: the container hook's errors that say the GPU or its driver is not there for the
+/// container (no GPU adapter in WSL, a driver too old for the image's CUDA) are read; an image's
+/// malformed requirement and the hook's set-up errors stay quiet.
+#[test]
+fn the_container_hooks_gpu_errors_are_read_and_its_setup_errors_are_not() {
+    for line in [
+        "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, please update your driver to a newer version, or use an earlier cuda container: unknown",
+        "nvidia-container-cli: initialization error: WSL environment detected but no adapters were found: unknown",
+        "nvidia-container-cli: initialization error: driver rpc error: timed out: unknown",
+        // As a page printed it, cut short.
+        "nvidia-container-cli: initialization error: WSL environment detected but no adap",
+    ] {
+        let f = loud(line);
+        assert_eq!(f.len(), 1, "{line}: {f:?}");
+        assert!(f[0].severity >= Severity::Warning, "{line}");
+    }
+    for line in [
+        "nvidia-container-cli: requirement error: invalid expression: unknown",
+        "nvidia-container-cli: initialization error: open failed: /proc/sys/kernel/overflowuid: permission denied: unknown",
+        "nvidia-container-cli: container error: cgroup subsystem devices not found: unknown",
+    ] {
+        quiet(line);
+    }
+}

@@ -12,6 +12,11 @@ pub fn parse_xid(m: &str) -> Option<XidLine> {
 /// [`name=`NAME`,`] REST. A redacted address (`PCI:...`) still gives the Xid number. Old drivers
 /// put a space before the colon (`NVRM Xid (PCI:0000:0b:00) : 32, Channel ID 00000009 ...`).
 pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
+    // No address at all, the reporter having cut it out with its parentheses (`Xid: 154, GPU
+    // recovery action changed ...`): the number and what follows it still read.
+    if let Some(rest) = x.strip_prefix(':') {
+        return xid_tail(None, rest.trim_start_matches(' '));
+    }
     let inner = x.strip_prefix('(')?;
     let ib = inner.as_bytes();
     let colon_after = |i: usize| {
@@ -36,7 +41,12 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
         _ => addr,
     };
     let pci = PciAddress::parse(addr).ok();
-    let after = inner[colon + 1..].trim_start_matches(' ');
+    xid_tail(pci, inner[colon + 1..].trim_start_matches(' '))
+}
+
+/// The Xid number and what follows it (`79, pid=2207, name=python3, GPU has fallen off the
+/// bus.`), after the address.
+fn xid_tail(pci: Option<PciAddress>, after: &str) -> Option<XidLine> {
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 10 {
         return None;

@@ -98,8 +98,13 @@ pub(super) fn module_line(module: &'static str, msg: &str) -> Shape {
 }
 
 pub(super) fn parse_nvrm(m: &str) -> Shape {
-    if let [b'X', b'i', b'd', b' ', ..] = m.as_bytes() {
-        return match parse_xid_after(&m[4..]) {
+    if let [b'X', b'i', b'd', b' ' | b':', ..] = m.as_bytes() {
+        let after = if m.as_bytes()[3] == b' ' {
+            &m[4..]
+        } else {
+            &m[3..]
+        };
+        return match parse_xid_after(after) {
             Some(x) => Shape::Xid(x),
             // Never silent: an Xid line in a shape we do not know is still reported.
             None => Shape::UnreadableXid,

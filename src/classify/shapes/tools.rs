@@ -335,16 +335,15 @@ pub(super) fn xorg_pci(s: &str) -> Option<PciAddress> {
 
 /// The container toolkit's hook failing on NVML, CUDA or the driver (`nvidia-container-cli:
 /// initialization error: nvml error: driver/library version mismatch`, `... detection error: nvml
-/// error: unknown error`): no container gets the GPU. Its other errors (cgroups, mounts, a missing
-/// binary) are the container setup's, not the GPU's, and stay quiet.
+/// error: unknown error`), finding no GPU where it looks for one, or finding the host's driver
+/// too old for the image: no container gets the GPU. Its other errors (cgroups, mounts, a missing
+/// binary, an image's malformed requirement) are the container setup's, not the GPU's, and stay
+/// quiet.
 pub(super) fn container_cli(m: &str) -> Option<Shape> {
     let rest = m.strip_prefix("nvidia-container-cli")?;
     let (_, text) = rest.split_once(": ")?;
     let text = text.trim_end();
-    // NVML or the driver failing, or CUDA failing to start on the GPU (`initialization error:
-    // cuda error: unknown error`): the GPU's trouble, not the container's set-up.
-    let driver =
-        text.contains("nvml error") || text.contains("driver error") || text.contains("cuda error");
+    let driver = CONTAINER_CLI_GPU_CAUSES.iter().any(|c| text.contains(c));
     if !driver {
         return Some(Shape::Harmless);
     }
@@ -354,6 +353,26 @@ pub(super) fn container_cli(m: &str) -> Option<Shape> {
         text: text.to_string(),
     })
 }
+
+/// What the container hook's error says about the GPU or its driver, not the container's set-up.
+const CONTAINER_CLI_GPU_CAUSES: &[&str] = &[
+    // NVML or the driver failing, or CUDA failing to start on the GPU (`initialization error:
+    // cuda error: unknown error`), or the hook's helper not answering for the driver
+    // (`driver rpc error: timed out`).
+    "nvml error",
+    "driver error",
+    "driver rpc error",
+    "cuda error",
+    // WSL without a GPU passed through to it (`initialization error: WSL environment detected
+    // but no adapters were found`): the GPU is missing from the machine's point of view. The
+    // hook says "WSL environment detected but" of nothing else, and pages cut the line short.
+    "WSL environment detected but",
+    // The image needs a newer CUDA than the host's driver gives (`requirement error:
+    // unsatisfied condition: cuda>=12.8, please update your driver ...`): the node cannot run
+    // it until its driver is upgraded. A malformed requirement (`invalid expression`) is the
+    // image's mistake and stays quiet.
+    "unsatisfied condition",
+];
 
 /// A Fabric Manager record: bare, as its log file holds it (`[ERROR] [tid 841] ...`, the stamp
 /// left in the prefix), or after the journal's `nv-fabricmanager[pid]: ` tag, with or without its
