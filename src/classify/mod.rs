@@ -28,6 +28,7 @@ pub mod shapes;
 pub mod signals;
 pub mod sxid;
 pub mod table;
+pub mod trim;
 pub mod wide;
 mod xid;
 

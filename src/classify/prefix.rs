@@ -121,7 +121,7 @@ pub fn split_ref_with<'a>(
                 .collect(),
         )
     } else {
-        Messages::One(msg.trim_end())
+        Messages::One(crate::classify::trim::end(msg))
     };
     Some((prefix, messages))
 }

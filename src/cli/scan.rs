@@ -184,12 +184,17 @@ impl Grouper {
     }
 }
 
+/// The `--json` chunk: the output writer's buffer size, so a chunk is written past it.
+const JSON_CHUNK: usize = 64 * 1024;
+
 struct Output<W: Write> {
     out: W,
     json: bool,
     /// Standard output went away (`| head`): stop writing, still exit normally.
     closed: bool,
-    /// `--json`: the finding being written, reused for every finding.
+    /// `--json`: findings written and not yet handed to `out`, up to [`JSON_CHUNK`] bytes, then
+    /// handed over in one write. One write per finding copied each line a second time, into the
+    /// writer's buffer; a chunk the size of that buffer goes past it.
     line: Vec<u8>,
     /// `--json`: the input's name and that name as a JSON string, written once per input.
     file_json: (String, Vec<u8>),
@@ -231,11 +236,19 @@ impl<W: Write> Output<W> {
             self.file_json.1.clear();
             super::json::string(&mut self.file_json.1, file);
         }
-        self.line.clear();
         super::json::write_finding_from(&mut self.line, &self.file_json.1, f);
-        if self.out.write_all(&self.line).is_err() {
+        if self.line.len() >= JSON_CHUNK {
+            self.flush_json();
+        }
+    }
+
+    /// Hands the findings written so far to `out`; before anything else is written there, and
+    /// at the end.
+    fn flush_json(&mut self) {
+        if !self.line.is_empty() && !self.closed && self.out.write_all(&self.line).is_err() {
             self.closed = true;
         }
+        self.line.clear();
     }
 
     /// With `--runbooks`: a subject for each incident's cause, as the daemon runs a runbook per
@@ -363,10 +376,10 @@ impl<W: Write> Output<W> {
 pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
     let stdout = io::stdout().lock();
     let mut out = Output {
-        out: io::BufWriter::with_capacity(64 * 1024, stdout),
+        out: io::BufWriter::with_capacity(JSON_CHUNK, stdout),
         json: args.json,
         closed: false,
-        line: Vec::with_capacity(1024),
+        line: Vec::with_capacity(if args.json { JSON_CHUNK + 4096 } else { 0 }),
         file_json: (String::new(), b"\"\"".to_vec()),
         worst: None,
         per_gpu: BTreeMap::new(),
@@ -421,6 +434,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
             out.failed += 1;
         }
     }
+    out.flush_json();
     out.summary(files.len());
     if let (Some(cfg), Some(subjects)) = (&runbook_config, out.subjects.take()) {
         run_runbooks(cfg, subjects.into_values().collect(), &mut out)?;

@@ -1,6 +1,7 @@
 //! The event lines: Xid (kernel and device-plugin forms), SXid, and PCIe AER.
 
 use super::*;
+use crate::classify::trim;
 
 /// Parses an Xid line after `NVRM: `.
 pub fn parse_xid(m: &str) -> Option<XidLine> {
@@ -15,7 +16,7 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
     // No address at all, the reporter having cut it out with its parentheses (`Xid: 154, GPU
     // recovery action changed ...`): the number and what follows it still read.
     if let Some(rest) = x.strip_prefix(':') {
-        return xid_tail(None, rest.trim_start_matches(' '));
+        return xid_tail(None, trim_spaces(rest));
     }
     let inner = x.strip_prefix('(')?;
     let ib = inner.as_bytes();
@@ -41,7 +42,13 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
         _ => addr,
     };
     let pci = PciAddress::parse(addr).ok();
-    xid_tail(pci, inner[colon + 1..].trim_start_matches(' '))
+    xid_tail(pci, trim_spaces(&inner[colon + 1..]))
+}
+
+/// `s` without its leading ASCII spaces, by bytes (`trim_start_matches(' ')` went through the
+/// general character-pattern search).
+fn trim_spaces(s: &str) -> &str {
+    &s[s.bytes().take_while(|&c| c == b' ').count()..]
 }
 
 /// The Xid number and what follows it (`79, pid=2207, name=python3, GPU has fallen off the
@@ -62,37 +69,31 @@ fn xid_tail(pci: Option<PciAddress>, after: &str) -> Option<XidLine> {
         } else {
             return None;
         };
-        tail = tail.trim_start();
+        tail = trim::start(tail);
     }
     let (mut pid, mut process) = (None, None);
     if let [b'p', b'i', b'd', b'=', ..] = tail.as_bytes() {
         let rest = &tail[4..];
         let end = rest.find(',').unwrap_or(rest.len());
-        let v = rest[..end].trim().trim_matches('\'');
+        let v = trim::both(&rest[..end]).trim_matches('\'');
         pid = v.parse().ok();
-        tail = rest[end..]
-            .strip_prefix(',')
-            .unwrap_or(&rest[end..])
-            .trim_start();
+        tail = trim::start(rest[end..].strip_prefix(',').unwrap_or(&rest[end..]));
     }
     if let [b'n', b'a', b'm', b'e', b'=', ..] = tail.as_bytes() {
         let rest = &tail[5..];
         let end = rest.find(',').unwrap_or(rest.len());
-        let v = rest[..end].trim();
+        let v = trim::both(&rest[..end]);
         if !v.is_empty() && v != "<unknown>" && v != "'<unknown>'" {
             process = Some(v.to_string());
         }
-        tail = rest[end..]
-            .strip_prefix(',')
-            .unwrap_or(&rest[end..])
-            .trim_start();
+        tail = trim::start(rest[end..].strip_prefix(',').unwrap_or(&rest[end..]));
     }
     Some(XidLine {
         pci,
         xid,
         pid,
         process,
-        rest: tail.trim().to_string(),
+        rest: trim::both(tail).to_string(),
         uuid: None,
     })
 }

@@ -376,7 +376,7 @@ pub fn parse(msg: &str) -> Shape {
         }
     }
     if let [b'N', b'V', b'R', b'M', b':', b' ', ..] = msg.as_bytes() {
-        return parse_nvrm(msg[6..].trim_end());
+        return parse_nvrm(crate::classify::trim::end(&msg[6..]));
     }
     if let Some(rest) = msg.strip_prefix("NVRM ") {
         // Older open-module builds print `NVRM funcName: text`.
