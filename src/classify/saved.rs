@@ -57,13 +57,27 @@ pub const HEADS: &[Head] = &[
         text: "(bad exit status: ",
         taken_by: "installer.dkms-",
     },
+    // A container runtime quoting the NVIDIA hook's standard error, where the page or terminal
+    // broke it after the toolkit's first line (`docker: Error response from daemon: ... error
+    // running prestart hook #0: exit status 1, stdout: , stderr: Auto-detected mode as
+    // 'legacy'`); the hook's own error (`nvidia-container-cli: detection error: nvml error:
+    // ...`) is the next line.
+    Head {
+        text: "stderr: Auto-detected mode as '",
+        taken_by: "tool.",
+    },
 ];
+
+/// The last bytes a head line can end with: the source reads the line above an offered one only
+/// when it ends with one of them (a test checks every head's example does).
+pub const HEAD_ENDS: &[u8] = b")'";
 
 /// How many head lines one offered line takes in (DKMS 3: the build step, then the report).
 pub const MAX_HEADS: usize = 2;
 
-/// Whether `line` is one of the [`HEADS`]. Every head ends with `)` (a test says so), which the
-/// source checks first: the line above an offered one is read only when it ends so.
+/// Whether `line` is one of the [`HEADS`]. Every head ends with a byte of [`HEAD_ENDS`] (a test
+/// says so), which the source checks first: the line above an offered one is read only when it
+/// ends so.
 pub fn is_head(line: &[u8]) -> bool {
     head_of(line).is_some()
 }
@@ -72,7 +86,7 @@ pub fn is_head(line: &[u8]) -> bool {
 /// reader, which holds it for the line below.
 fn head_of(line: &[u8]) -> Option<&'static Head> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    if line.last() != Some(&b')') {
+    if !line.last().is_some_and(|c| HEAD_ENDS.contains(c)) {
         return None;
     }
     HEADS
@@ -353,19 +367,56 @@ mod tests {
         assert_eq!((f[0].origin.line, f[0].origin.lines), (3, 1), "{f:#?}");
     }
 
-    /// The source reads the line above an offered one only when it ends with `)`: every head
-    /// must, or it would never be offered.
+    /// A container runtime's error that quotes the NVIDIA hook's standard error, broken after
+    /// the toolkit's first line, joins the hook's error read from the line below (round ab's real
+    /// lines); the same head above a line that is no finding of a tool stays quiet.
+    #[test]
+    fn a_container_runtimes_head_joins_the_hooks_error_below_it() {
+        use crate::classify::testing::{loud_lines, read};
+        let head = "docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running prestart hook #0: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'";
+        let f = loud_lines(
+            &[
+                "584db29952f41090c2621db300d402dc14370d2a2fec188ae8b11e5a229aad38",
+                head,
+                "nvidia-container-cli: detection error: nvml error: unknown error: unknown",
+                "Run 'docker run --help' for more information",
+            ],
+            true,
+        );
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!((f[0].origin.line, f[0].origin.lines), (2, 2));
+        assert!(f[0].origin.raw[0].starts_with("docker: Error response"));
+        // The hook's set-up error below it is no finding: the head goes with it.
+        let f = read(
+            &[
+                head,
+                "nvidia-container-cli: container error: cgroup subsystem devices not found: unknown",
+            ],
+            true,
+        );
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    /// The source reads the line above an offered one only when it ends with a byte of
+    /// `HEAD_ENDS`: every head must, or it would never be offered.
     #[test]
     fn every_head_ends_as_the_source_looks_for() {
-        for (h, example) in super::HEADS.iter().zip([
+        let examples = [
             "Error! Bad return status for module build on kernel: 6.2.7-nitrous-1 (x86_64)",
             "TCH=1 SYSSRC=/lib/modules/7.1.3-4-liquorix-amd64/build modules......(bad exit status: 2)",
-        ]) {
+            "docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running prestart hook #0: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'",
+        ];
+        assert_eq!(
+            super::HEADS.len(),
+            examples.len(),
+            "a new head needs its example here"
+        );
+        for (h, example) in super::HEADS.iter().zip(examples) {
             assert!(example.contains(h.text), "{example}");
+            assert!(super::HEAD_ENDS.contains(&example.as_bytes()[example.len() - 1]));
             assert!(super::is_head(example.as_bytes()), "{example}");
             assert!(super::is_head(format!("{example}\r").as_bytes()));
         }
-        assert_eq!(super::HEADS.len(), 2, "a new head needs its example here");
         assert!(!super::is_head(
             b"Error! Bad return status for module build, cut"
         ));

@@ -473,7 +473,8 @@ thread_local! {
 /// Offers the head lines ([`saved::HEADS`]) right above the candidate line that starts at `ls`,
 /// up to [`saved::MAX_HEADS`] of them and none already offered (`offered_end`: where the last
 /// offered line ends), in order, as [`saved::offered_lines`] does. A line above is looked at only
-/// when it ends with `)`, as every head does: one byte per candidate line otherwise.
+/// when it ends with a byte of [`saved::HEAD_ENDS`], as every head does: a byte or two per
+/// candidate line otherwise.
 fn offer_heads(
     region: &[u8],
     ls: usize,
@@ -493,7 +494,7 @@ fn offer_heads(
         } else {
             nl
         };
-        if text_end == 0 || text_end <= floor || region[text_end - 1] != b')' {
+        if text_end == 0 || text_end <= floor || !saved::HEAD_ENDS.contains(&region[text_end - 1]) {
             break;
         }
         let start = memchr::memrchr(b'\n', &region[floor..nl]).map_or(floor, |i| floor + i + 1);
