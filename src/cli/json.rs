@@ -210,50 +210,61 @@ fn u64_(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// How many leading bytes of `b` need no escaping: sixteen bytes a step with SSE2 (every x86-64
-/// CPU has it), where the word-wise test took eight and a dozen operations, and the last partial
-/// block copied into a block of clean padding and tested whole, where a byte loop took most of the
-/// time on a finding's short strings (process, title, timestamp). The strings of a finding were
-/// a storm scan's largest single cost after reading.
+/// CPU has it), where the word-wise test took eight and a dozen operations. The last partial
+/// block is tested as the string's last sixteen bytes (its head was tested already), and a
+/// string under sixteen bytes as its first and last eight, so no string ends in a byte loop,
+/// which was most of the time on a finding's short strings (process, title, timestamp); copying
+/// the tail into a padded block instead made every string wait on a store's forwarding. The
+/// strings of a finding were a storm scan's largest single cost after reading.
 #[cfg(target_arch = "x86_64")]
 fn clean_prefix(b: &[u8]) -> usize {
     use std::arch::x86_64::{
         __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
     };
-    let mut i = 0;
-    // SAFETY: SSE2 is part of x86-64; every load reads 16 bytes that lie inside `b`
-    // (`i + 16 <= b.len()`), and unaligned loads are allowed.
-    unsafe {
-        let quote = _mm_set1_epi8(b'"' as i8);
-        let backslash = _mm_set1_epi8(b'\\' as i8);
-        let control = _mm_set1_epi8(0x1f);
-        while i + 16 <= b.len() {
-            let v = _mm_loadu_si128(b.as_ptr().add(i).cast::<__m128i>());
-            // A byte is at most 0x1f where its unsigned minimum with 0x1f is the byte itself.
-            let low = _mm_cmpeq_epi8(_mm_min_epu8(v, control), v);
-            let special = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash));
-            let mask = _mm_movemask_epi8(_mm_or_si128(low, special));
-            if mask != 0 {
-                return i + mask.trailing_zeros() as usize;
-            }
-            i += 16;
-        }
-        if i < b.len() {
-            // The padding needs no escaping, so a hit lies in the copied bytes.
-            let mut last = [b'a'; 16];
-            last[..b.len() - i].copy_from_slice(&b[i..]);
-            let v = _mm_loadu_si128(last.as_ptr().cast::<__m128i>());
-            let low = _mm_cmpeq_epi8(_mm_min_epu8(v, control), v);
-            let special = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash));
-            let mask = _mm_movemask_epi8(_mm_or_si128(low, special));
-            return if mask != 0 {
-                i + mask.trailing_zeros() as usize
-            } else {
-                b.len()
+    let n = b.len();
+    // SAFETY: SSE2 is part of x86-64; every load reads the 16 bytes at `at`, and every `at` is
+    // at most `n - 16`, so they lie inside `b`; unaligned loads are allowed.
+    let mask_at = |at: usize| unsafe {
+        let v = _mm_loadu_si128(b.as_ptr().add(at).cast::<__m128i>());
+        // A byte is at most 0x1f where its unsigned minimum with 0x1f is the byte itself.
+        let low = _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1f)), v);
+        let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+        let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+        _mm_movemask_epi8(_mm_or_si128(low, _mm_or_si128(quote, backslash))) as u32
+    };
+    if n < 16 {
+        if n >= 8 {
+            let word = |at: usize| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&b[at..at + 8]);
+                u64::from_le_bytes(w)
             };
+            if !needs_escape(word(0)) && !needs_escape(word(n - 8)) {
+                return n;
+            }
+        }
+        return b
+            .iter()
+            .position(|&c| matches!(c, 0..=0x1f | b'"' | b'\\'))
+            .unwrap_or(n);
+    }
+    let mut i = 0;
+    while i + 16 <= n {
+        let m = mask_at(i);
+        if m != 0 {
+            return i + m.trailing_zeros() as usize;
+        }
+        i += 16;
+    }
+    if i < n {
+        // The last sixteen bytes: those before `i` are clean, so a hit lies at or after it.
+        let m = mask_at(n - 16);
+        if m != 0 {
+            return n - 16 + m.trailing_zeros() as usize;
         }
     }
-    i
+    n
 }
 
 /// [`clean_prefix`] eight bytes at a time, where the CPU is not x86-64.
@@ -272,7 +283,6 @@ fn clean_prefix(b: &[u8]) -> usize {
 }
 
 /// Whether any of the 8 bytes needs escaping: below 0x20, `"` or `\`.
-#[cfg(any(test, not(target_arch = "x86_64")))]
 #[inline]
 fn needs_escape(x: u64) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
