@@ -70,6 +70,10 @@ pub(super) struct Pipeline {
     pub(super) fm_position: Option<LogPosition>,
     /// The position last saved.
     pub(super) fm_saved: Option<LogPosition>,
+    /// Held by every write of `status.json`, and true once the last one (the stopped status)
+    /// is written: a periodic write still waiting for its thread when the daemon stopped then
+    /// writes nothing, where it used to replace the stopped status with a running one.
+    pub(super) status_written_stopped: Arc<std::sync::Mutex<bool>>,
 }
 
 impl Pipeline {
@@ -174,6 +178,7 @@ impl Pipeline {
             probe_memory: probe_memory.clone().unwrap_or_default(),
             fm_position: None,
             fm_saved: None,
+            status_written_stopped: Arc::default(),
         };
         (p, probe_memory)
     }
@@ -543,7 +548,14 @@ impl Pipeline {
         self.tel
             .set_open_incidents_from(self.engine.open_incidents());
         let (dir, snap) = (self.current.state_dir.clone(), self.tel.snapshot());
+        let stopped = self.status_written_stopped.clone();
         tokio::task::spawn_blocking(move || {
+            let stopped = stopped
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *stopped {
+                return;
+            }
             if let Err(e) = control::write_status_file(&dir, &snap) {
                 state::log_write_error("status", &format!("{e:#}"));
             }
@@ -556,8 +568,15 @@ impl Pipeline {
             .set_open_incidents_from(self.engine.open_incidents());
         let mut last = self.tel.snapshot();
         last.stopped_ms = Some(now_ms());
-        if let Err(e) = control::write_status_file(&self.current.state_dir, &last) {
-            tracing::warn!("{e:#}");
+        {
+            let mut stopped = self
+                .status_written_stopped
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = control::write_status_file(&self.current.state_dir, &last) {
+                tracing::warn!("{e:#}");
+            }
+            *stopped = true;
         }
         let st = &self.stats;
         tracing::info!(
