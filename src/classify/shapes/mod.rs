@@ -325,7 +325,6 @@ macro_rules! guarded_res {
 }
 
 guarded_res! {
-    re_gpu_uuid: ": GPU-", r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})";
     re_rm_init: "RmInitAdapter failed!", r"^RmInitAdapter failed!\s*(?:\(([^)]*)\))?";
     re_api_head: "API mismatch: the client has the version ",
         r"^API mismatch: the client has the version (\S+?),? but";
@@ -478,6 +477,61 @@ pub fn find_address(s: &str) -> Option<PciAddress> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The identity line's hand reader gives the pattern's answers: on real identity lines, on
+    /// every address form and UUID length at the pattern's edges, and on near misses.
+    #[test]
+    fn the_identity_line_reader_answers_as_its_pattern() {
+        let re =
+            Regex::new(&r"^GPU at (?:PCI:)?(ADDR): (GPU-[0-9A-Fa-f-]{8,64})".replace("ADDR", ADDR))
+                .expect("pattern");
+        let by_pattern = |m: &str| {
+            re.captures(m).and_then(|c| {
+                Some((
+                    pci(&c[1])?,
+                    c[2].to_ascii_lowercase().replacen("gpu-", "GPU-", 1),
+                ))
+            })
+        };
+        let mut lines = vec![
+            "GPU at PCI:0000:17:00: GPU-5f2c1e0a-7b3d-4c61-9e8f-0a1b2c3d4e5f".to_string(),
+            "GPU at 0000:17:00.0: GPU-5F2C1E0A-7B3D-4C61-9E8F-0A1B2C3D4E5F".to_string(),
+            "GPU at PCI:0000:17:00: GPU-5f2c1e0a".to_string(),
+            "GPU at PCI:0000:17:00: GPU-5f2c1e0".to_string(),
+            "GPU at PCI:00000000:3b:00.7: GPU-aaaaaaaa-bbbb".to_string(),
+            "GPU at PCI:00000000:3b:00.8: GPU-aaaaaaaa-bbbb".to_string(),
+            "GPU at PCI:000000000:3b:00: GPU-aaaaaaaa-bbbb".to_string(),
+            "GPU at PCI:0000:3b:000: GPU-aaaaaaaa-bbbb".to_string(),
+            "GPU at PCI:0000:3b: GPU-aaaaaaaa-bbbb".to_string(),
+            "GPU at PCI:0000:3b:00: GPU-x: GPU-aaaaaaaa".to_string(),
+            "GPU at PCI:0000:3b:00: gpu-aaaaaaaa".to_string(),
+            "GPU at PCI:PCI:0000:3b:00: GPU-aaaaaaaa".to_string(),
+            "GPU at  0000:3b:00: GPU-aaaaaaaa".to_string(),
+            "GPU at 0000:3b:00: GPU-aaaaaaaa, serial 1".to_string(),
+            format!("GPU at 0000:3b:00: GPU-{}", "ab-".repeat(30)),
+            "GPU at ...: GPU-aaaaaaaa".to_string(),
+            "GPU at PCI:0000:3b:00:".to_string(),
+            "GPU Board Serial Number: 1".to_string(),
+        ];
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
+        for dir in ["corpus", "unseen"] {
+            for e in std::fs::read_dir(format!("{root}/{dir}"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                lines.extend(text.lines().filter_map(|l| {
+                    crate::classify::find::find(l.as_bytes(), b"NVRM: GPU at ")
+                        .map(|i| l[i + 6..].to_string())
+                }));
+            }
+        }
+        assert!(lines.len() > 60, "the fixtures' identity lines were read");
+        for l in &lines {
+            assert_eq!(nvrm::gpu_uuid_line(l), by_pattern(l), "{l}");
+        }
+    }
 
     /// Every guarded regex requires its needle, so the guard turns no line away that the regex
     /// would match: checked on the parsed pattern (literal parts in a row, through groups, hold

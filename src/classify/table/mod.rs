@@ -123,6 +123,14 @@ pub struct Table {
     finder: Option<AhoCorasick>,
     /// Per literal of `finder`: the rows (indices into `rows`) it finds.
     by_literal: Vec<Vec<usize>>,
+    /// The literals (indices into `by_literal`) all of whose rows match only where the message
+    /// starts with the literal ([`starts_with_literal`]), by the literal's first byte: a message
+    /// is asked about those by comparing its start, not by a search through it.
+    leading: Vec<Vec<usize>>,
+    /// Over the other literals, which a row's match may hold anywhere; `None` when there are none.
+    anywhere: Option<AhoCorasick>,
+    /// Per literal of `anywhere`: its index in `by_literal`.
+    anywhere_literal: Vec<usize>,
 }
 
 /// A refused row, named by its key (`classify.shape[2].pattern`): the configuration's own kind
@@ -247,19 +255,55 @@ impl Table {
         // one literal is part of another. A contiguous NFA, not the DFA the default would build
         // for this many literals: it searches single candidate lines, where the two run alike,
         // and the DFA's construction was a fiftieth of scanning an ordinary 350 MB log.
-        let finder = (!literals.is_empty())
-            .then(|| {
-                AhoCorasick::builder()
-                    .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
-                    .build(&literals)
-                    .ok()
-            })
-            .flatten();
+        let build = |literals: &[&'static str]| {
+            (!literals.is_empty())
+                .then(|| {
+                    AhoCorasick::builder()
+                        .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
+                        .build(literals)
+                        .ok()
+                })
+                .flatten()
+        };
+        let finder = build(&literals);
+        // Most rows read a message that starts with their literal (`^nvidia-modeset: ...`): such
+        // a literal is looked for at the message's start only. The search through the message
+        // for every literal was most of what reading a driver banner cost (every `nvidia-uvm:`
+        // and `nvidia-modeset:` line holds `nvidia-`).
+        let mut leading = vec![Vec::new(); 256];
+        let mut anywhere = Vec::new();
+        let mut anywhere_literal = Vec::new();
+        for (k, lit) in literals.iter().enumerate() {
+            let first = lit.as_bytes().first().copied();
+            match first {
+                Some(b)
+                    if by_literal[k]
+                        .iter()
+                        .all(|&i| starts_with_literal(&rows[i].source, lit)) =>
+                {
+                    leading[usize::from(b)].push(k);
+                }
+                _ => {
+                    anywhere.push(*lit);
+                    anywhere_literal.push(k);
+                }
+            }
+        }
         Table {
-            rows,
             finder,
+            anywhere: build(&anywhere),
+            anywhere_literal,
+            leading,
+            rows,
             by_literal,
         }
+    }
+
+    /// Literal `k` of `by_literal` (the literal of its rows).
+    fn literal(&self, k: usize) -> &'static str {
+        self.by_literal[k]
+            .first()
+            .map_or("", |&i| self.rows[i].literal)
     }
 
     /// The built-in rows, parsed and checked on first use.
@@ -357,14 +401,25 @@ impl Table {
     }
 
     fn find<'t>(&self, text: &'t str, tag: Tag) -> Option<(usize, regex::Captures<'t>)> {
-        let finder = self.finder.as_ref()?;
         // Candidate rows, in row order: a few at most, so a sorted small vector.
         let mut cand: Vec<usize> = Vec::new();
-        for m in finder.find_overlapping_iter(text) {
-            for &i in &self.by_literal[m.pattern().as_usize()] {
+        let mut add = |k: usize| {
+            for &i in &self.by_literal[k] {
                 if let Err(at) = cand.binary_search(&i) {
                     cand.insert(at, i);
                 }
+            }
+        };
+        if let Some(&b) = text.as_bytes().first() {
+            for &k in &self.leading[usize::from(b)] {
+                if text.as_bytes().starts_with(self.literal(k).as_bytes()) {
+                    add(k);
+                }
+            }
+        }
+        if let Some(anywhere) = &self.anywhere {
+            for m in anywhere.find_overlapping_iter(text) {
+                add(self.anywhere_literal[m.pattern().as_usize()]);
             }
         }
         // Whether a row matches is asked before its groups: a line holding a row's literal
@@ -464,6 +519,57 @@ impl Row {
             fold: self.fold,
         }
     }
+}
+
+/// Whether every match of the regex `pattern` starts where `literal` does, at the start of the
+/// text: the pattern is `^` and then the literal's characters (the regex syntax's own escaped),
+/// with no quantifier on the last of them and no alternation outside a group. Conservative: a
+/// pattern it cannot tell about is read as holding its literal anywhere, which is always right.
+pub(crate) fn starts_with_literal(pattern: &str, literal: &str) -> bool {
+    let Some(mut p) = pattern.strip_prefix('^') else {
+        return false;
+    };
+    if literal.is_empty() {
+        return false;
+    }
+    for c in literal.chars() {
+        let mut it = p.chars();
+        let ok = match it.next() {
+            // An escaped character stands for itself only when it is no letter or digit (`\d`,
+            // `\w` and `\b` are classes and assertions).
+            Some('\\') => it.next().is_some_and(|e| e == c && !e.is_alphanumeric()),
+            Some(x) => x == c && !"\\.+*?()|[]{}^$".contains(x),
+            None => false,
+        };
+        if !ok {
+            return false;
+        }
+        p = it.as_str();
+    }
+    !p.starts_with(['?', '*', '+', '{']) && !alternation_outside_groups(pattern)
+}
+
+/// Whether `pattern` has a `|` outside every group and class.
+fn alternation_outside_groups(pattern: &str) -> bool {
+    let mut depth = 0usize;
+    let mut class = false;
+    let mut it = pattern.chars();
+    while let Some(c) = it.next() {
+        match c {
+            '\\' => {
+                it.next();
+            }
+            ']' if class => class = false,
+            _ if class => {}
+            '[' => class = true,
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            '|' if depth == 0 => return true,
+            _ => {}
+        }
+    }
+    // An unclosed class or group: say yes, which keeps the row on the search.
+    class || depth != 0
 }
 
 /// Splits `GPU 0000:17:00.0: text` into the address and the text, and drops a `GPU6 ` index

@@ -381,3 +381,109 @@ fn a_rows_module_slot_is_the_findings_module() {
     assert_eq!(modules, [Some("nvidia_peermem"), Some("nv_peer_mem")]);
     assert!(out.iter().all(|f| f.shape == Some("site.module-link")));
 }
+
+/// Which patterns are known to match only where the message starts with their literal, and
+/// which are not: escapes, classes, quantifiers on the literal's last character, alternations
+/// outside a group, flags, and a pattern that does not start where the message does.
+#[test]
+fn a_pattern_that_starts_with_its_literal_is_told_apart() {
+    for (pattern, literal) in [
+        (
+            r"^nvidia-modeset: (?:ERROR|WARNING): (.*)",
+            "nvidia-modeset: ",
+        ),
+        (r"^nvc\.c:(\d+)", "nvc.c:"),
+        (r"^nvidia-vgpu-mgr\[(\d{1,7})\]: error", "nvidia-vgpu-mgr["),
+        (
+            r"^Unable to load the '([A-Za-z0-9_-]{1,64})' kernel module",
+            "Unable to load the '",
+        ),
+        (
+            r"^rm_init_adapter\((-?\d{1,10})\) failed",
+            "rm_init_adapter",
+        ),
+    ] {
+        assert!(starts_with_literal(pattern, literal), "{pattern}");
+    }
+    for (pattern, literal) in [
+        (
+            r"load library failed: libnvidia-ml",
+            "load library failed: libnvidia-ml",
+        ),
+        (r"^abc|xyz", "abc"),
+        (r"^abc?", "abc"),
+        (r"^ab*", "ab"),
+        (r"^ab{2}", "ab"),
+        (r"^a\dc", "a1c"),
+        (r"^(?i)abc", "abc"),
+        (r"^a.c", "a.c"),
+        (r"^abc(", "abc"),
+        (r"^ab", "abc"),
+        (r"^[ab]c", "ac"),
+        (r"^abc", ""),
+    ] {
+        assert!(!starts_with_literal(pattern, literal), "{pattern}");
+    }
+    // An alternation inside a group or a class is not one of the whole pattern.
+    assert!(starts_with_literal(r"^abc(?:x|y)[|]", "abc"));
+}
+
+/// The rows a message is read by are the same whether a literal that starts its rows' patterns
+/// is compared at the message's start or searched for through it: on every line of the corpus
+/// and the unseen rounds, after any driver tag, for both kinds of row.
+#[test]
+fn reading_by_leading_literals_finds_the_rows_a_full_search_finds() {
+    let t = Table::builtin();
+    let finder = t.finder.as_ref().expect("a finder");
+    let by_search = |text: &str, tag: Tag| {
+        let mut cand: Vec<usize> = Vec::new();
+        for m in finder.find_overlapping_iter(text) {
+            for &i in &t.by_literal[m.pattern().as_usize()] {
+                if !cand.contains(&i) {
+                    cand.push(i);
+                }
+            }
+        }
+        cand.sort_unstable();
+        cand.into_iter()
+            .filter(|&i| t.rows[i].tag == tag)
+            .find(|&i| t.rows[i].re().is_some_and(|r| r.is_match(text)))
+    };
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
+    let mut texts: Vec<String> = Vec::new();
+    for dir in ["corpus", "unseen"] {
+        for e in std::fs::read_dir(format!("{root}/{dir}"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            for (_, line) in text.lines().filter_map(|l| l.split_once(" | ")) {
+                texts.push(line.trim().to_string());
+                if let Some((_, msgs)) = prefix::split_ref_with(line, None) {
+                    for m in msgs.iter() {
+                        texts.push(m.trim().to_string());
+                        if let Some(body) = m.strip_prefix("NVRM: ") {
+                            texts.push(split_gpu_prefix(body).1.to_string());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for r in t.rows() {
+        texts.extend(r.examples.iter().cloned());
+    }
+    assert!(texts.len() > 5000, "the fixtures were read");
+    let mut found = 0;
+    for text in &texts {
+        for tag in [Tag::None, Tag::Nvrm] {
+            let mine = t.find(text, tag).map(|(i, _)| i);
+            assert_eq!(mine, by_search(text, tag), "{tag:?} {text}");
+            found += usize::from(mine.is_some());
+        }
+    }
+    assert!(found > 100, "rows were found ({found})");
+    // Most literals are compared at the start: the search is left to the few others.
+    assert!(t.anywhere_literal.len() * 3 < t.by_literal.len());
+}
