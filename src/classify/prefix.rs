@@ -185,9 +185,13 @@ pub fn message_start(line: &str) -> Option<usize> {
     };
     let lead = match b.first() {
         Some(b'[') => after_stamp(0),
-        _ => kernel_tag()
+        // Only where the line starts as syslog's or the journal's stamp does: the daemon asks
+        // here about every kernel record, which has no such prefix, and a search for the tag in
+        // each of them cost it a third of its rate.
+        _ if syslog_like(b) => kernel_tag()
             .find(&b[..b.len().min(KERNEL_TAG_WITHIN)])
             .map_or(0, |i| after_stamp(i + kernel_tag().needle().len())),
+        _ => 0,
     };
     if tag_finders()[..NON_LITERAL_TAGS]
         .iter()
@@ -204,6 +208,16 @@ pub fn message_start(line: &str) -> Option<usize> {
 /// How far into a line syslog's and the journal's `kernel: ` tag is looked for (a host name and
 /// a stamp come before it).
 const KERNEL_TAG_WITHIN: usize = 96;
+
+/// Whether `b` starts as a syslog or journal line does: a month's name (`Jan  5 ...`) or an ISO
+/// date (`2024-01-05T...`). Other prefixes (other locales, `dmesg -T`) take the general path.
+fn syslog_like(b: &[u8]) -> bool {
+    let month = matches!(b, [m, o, n, b' ', ..]
+        if m.is_ascii_uppercase() && o.is_ascii_lowercase() && n.is_ascii_lowercase());
+    let iso = matches!(b, [y0, y1, y2, y3, b'-', ..]
+        if [y0, y1, y2, y3].iter().all(|c| c.is_ascii_digit()));
+    month || iso
+}
 
 /// The kernel's tag in syslog and journal lines, built once.
 fn kernel_tag() -> &'static memchr::memmem::Finder<'static> {
@@ -644,6 +658,31 @@ fn plain_stamp(head: &str) -> Option<PrefixRef<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The driver tag after syslog's or the journal's `kernel: ` is found where the line starts
+    /// as such a line does, and no record of the kernel's own (what the daemon reads, every one
+    /// of them) is taken for one: their message start is the same either way.
+    #[test]
+    fn only_syslog_and_journal_lines_are_searched_for_the_kernels_tag() {
+        for line in [
+            "Jan  5 12:00:01 gpu-node-3 kernel: NVRM: Xid (PCI:0000:17:00): 79, GPU has fallen off the bus.",
+            "2024-01-05T12:00:01+00:00 gpu-node-3 kernel: [ 12.5] nvidia-nvswitch0: SXid (PCI:0000:85:00.0): 20034, Fatal",
+        ] {
+            assert!(syslog_like(line.as_bytes()), "{line}");
+            let at = message_start(line).expect("a message");
+            assert!(line[at..].starts_with("NVRM") || line[at..].starts_with("nvidia"), "{line}");
+        }
+        for record in [
+            "e1000e 0000:00:1f.6 eno1: NIC Link is Up 1000 Mbps Full Duplex",
+            "NVRM: Xid (PCI:0000:17:00): 79, GPU has fallen off the bus.",
+            "ACPI: Added _OSI(Module Device)",
+            "EXT4-fs (nvme0n1p2): mounted filesystem",
+            "audit: type=1400 audit(1700000000.123:45): apparmor=\"STATUS\"",
+            "pcieport 0000:00:01.0: AER: Corrected error received",
+        ] {
+            assert!(!syslog_like(record.as_bytes()), "{record}");
+        }
+    }
 
     /// A saved `/dev/kmsg` dump line is read by the live source's record reader: the same
     /// sequence number, time and message (escapes and all), the continuation fields left out.
