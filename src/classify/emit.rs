@@ -418,7 +418,17 @@ impl Classifier {
             Shape::Sxid(s) => self.sxid(s, msg, at),
             Shape::FabricManager(ev) => out.push(self.fabric_manager(ev, msg, at)),
             Shape::Aer(a) => self.aer(a, msg, at, out),
-            Shape::Cper(super::shapes::CperLine::Start) => {
+            // A record starts at its head, or, pasted without it, at its PCIe section's
+            // `device_id: 0000:01:00.0` line (only that section names a device by its address):
+            // of unknown severity then, its `vendor_id` line below saying whose device it is, as
+            // in a whole record.
+            Shape::Cper(
+                line @ (super::shapes::CperLine::Start | super::shapes::CperLine::Device(_)),
+            ) => {
+                let device = match line {
+                    super::shapes::CperLine::Device(d) => Some(d),
+                    _ => None,
+                };
                 let f = base(
                     id::AER_APEI,
                     FindingKind::PcieAer,
@@ -431,31 +441,8 @@ impl Classifier {
                 self.pending = Some(Pending::Cper {
                     finding: f,
                     severity: None,
-                    pcie: false,
-                    device: None,
-                    nvidia: false,
-                    last_line: at.line,
-                });
-            }
-            // A PCIe section pasted without the record's head: its `device_id: 0000:01:00.0`
-            // line (only the PCIe section names a device by its address) starts the record, of
-            // unknown severity; its `vendor_id` line below says whose device it is, as in a whole
-            // record.
-            Shape::Cper(super::shapes::CperLine::Device(d)) => {
-                let f = base(
-                    id::AER_APEI,
-                    FindingKind::PcieAer,
-                    Severity::Info,
-                    Category::Pcie,
-                    "PCIe error reported by the firmware (APEI)",
-                    msg,
-                    at,
-                );
-                self.pending = Some(Pending::Cper {
-                    finding: f,
-                    severity: None,
-                    pcie: true,
-                    device: Some(d),
+                    pcie: device.is_some(),
+                    device,
                     nvidia: false,
                     last_line: at.line,
                 });
