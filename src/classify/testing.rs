@@ -35,6 +35,28 @@ pub fn loud_line(line: &str, prefilter: bool) -> Vec<Finding> {
     loud_lines(&[line], prefilter)
 }
 
+/// The real lines of `fixtures/corpus/` and `fixtures/unseen/` (the text after each label), for
+/// tests that hold a fast reader to the slow one it replaced on every line the project has.
+pub fn fixture_lines() -> Vec<String> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
+    let mut lines = Vec::new();
+    for dir in ["corpus", "unseen"] {
+        let rd = std::fs::read_dir(format!("{root}/{dir}"))
+            .unwrap_or_else(|e| panic!("fixtures/{dir} is part of the repository: {e}"));
+        for e in rd.flatten() {
+            let text = std::fs::read_to_string(e.path())
+                .unwrap_or_else(|err| panic!("{}: {err}", e.path().display()));
+            lines.extend(
+                text.lines()
+                    .filter_map(|l| l.split_once(" | "))
+                    .map(|(_, t)| t.to_string()),
+            );
+        }
+    }
+    assert!(lines.len() > 5000, "the fixtures' lines were read");
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     /// A message the driver prints over several records keeps each record's own time, so the

@@ -25,6 +25,13 @@ pub fn end(s: &str) -> &str {
     }
 }
 
+/// `s.trim_start_matches(' ')`: leading ASCII spaces only, by bytes (the character-pattern
+/// search went through the general machinery).
+#[inline]
+pub fn spaces(s: &str) -> &str {
+    &s[s.bytes().take_while(|&c| c == b' ').count()..]
+}
+
 /// `s.trim()`.
 #[inline]
 pub fn both(s: &str) -> &str {
@@ -49,6 +56,7 @@ mod tests {
                     assert_eq!(super::start(&s), s.trim_start(), "{s:?}");
                     assert_eq!(super::end(&s), s.trim_end(), "{s:?}");
                     assert_eq!(super::both(&s), s.trim(), "{s:?}");
+                    assert_eq!(super::spaces(&s), s.trim_start_matches(' '), "{s:?}");
                 }
             }
         }

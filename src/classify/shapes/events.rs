@@ -16,7 +16,7 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
     // No address at all, the reporter having cut it out with its parentheses (`Xid: 154, GPU
     // recovery action changed ...`): the number and what follows it still read.
     if let Some(rest) = x.strip_prefix(':') {
-        return xid_tail(None, trim_spaces(rest));
+        return xid_tail(None, trim::spaces(rest));
     }
     let inner = x.strip_prefix('(')?;
     let ib = inner.as_bytes();
@@ -42,13 +42,7 @@ pub(super) fn parse_xid_after(x: &str) -> Option<XidLine> {
         _ => addr,
     };
     let pci = PciAddress::parse(addr).ok();
-    xid_tail(pci, trim_spaces(&inner[colon + 1..]))
-}
-
-/// `s` without its leading ASCII spaces, by bytes (`trim_start_matches(' ')` went through the
-/// general character-pattern search).
-fn trim_spaces(s: &str) -> &str {
-    &s[s.bytes().take_while(|&c| c == b' ').count()..]
+    xid_tail(pci, trim::spaces(&inner[colon + 1..]))
 }
 
 /// The Xid number and what follows it (`79, pid=2207, name=python3, GPU has fallen off the

@@ -449,24 +449,14 @@ fn reading_by_leading_literals_finds_the_rows_a_full_search_finds() {
             .filter(|&i| t.rows[i].tag == tag)
             .find(|&i| t.rows[i].re().is_some_and(|r| r.is_match(text)))
     };
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
     let mut texts: Vec<String> = Vec::new();
-    for dir in ["corpus", "unseen"] {
-        for e in std::fs::read_dir(format!("{root}/{dir}"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            for (_, line) in text.lines().filter_map(|l| l.split_once(" | ")) {
-                texts.push(line.trim().to_string());
-                if let Some((_, msgs)) = prefix::split_ref_with(line, None) {
-                    for m in msgs.iter() {
-                        texts.push(m.trim().to_string());
-                        if let Some(body) = m.strip_prefix("NVRM: ") {
-                            texts.push(split_gpu_prefix(body).1.to_string());
-                        }
-                    }
+    for line in testing::fixture_lines() {
+        texts.push(line.trim().to_string());
+        if let Some((_, msgs)) = prefix::split_ref_with(&line, None) {
+            for m in msgs.iter() {
+                texts.push(m.trim().to_string());
+                if let Some(body) = m.strip_prefix("NVRM: ") {
+                    texts.push(split_gpu_prefix(body).1.to_string());
                 }
             }
         }
