@@ -14,7 +14,7 @@ impl Classifier {
                 .map(|(p, _)| p)
         };
         if a.driver == "nvidia" {
-            self.nvidia_devices.insert(a.reporter);
+            self.note_nvidia(a.reporter);
             // A port's AER lines just before the GPU's own: the port is above this GPU.
             if let Some(port) = near(self.last_port_aer) {
                 self.port_gpu.entry(port).or_insert(a.reporter);
@@ -32,7 +32,7 @@ impl Classifier {
             self.last_port_aer = Some((a.reporter, at.line));
         }
         if a.nvidia_device {
-            self.nvidia_devices.insert(a.source.unwrap_or(a.reporter));
+            self.note_nvidia(a.source.unwrap_or(a.reporter));
         }
         // The device the line is about: the named source, else the GPU below the reporting port,
         // else the reporter itself.

@@ -45,7 +45,7 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tool_tests;
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use crate::model::{Category, Finding, FindingKind, GpuIdentity, Origin, PciAddress, Severity};
@@ -67,16 +67,28 @@ pub struct LineOrigin {
 /// Bound on remembered GPU identities: a real machine has at most a few dozen GPUs.
 const MAX_GPUS: usize = 1024;
 
+/// Adds `pci` to the NVIDIA devices unless [`MAX_NVIDIA_DEVICES`] are known (a free function
+/// for callers that hold another part of the classifier borrowed).
+fn note_nvidia(devices: &mut FxHashSet<PciAddress>, pci: PciAddress) {
+    if devices.len() < MAX_NVIDIA_DEVICES {
+        devices.insert(pci);
+    }
+}
+
+/// Bound on the addresses remembered as NVIDIA devices: every Xid, driver or AER line naming an
+/// address adds one, and a hostile or corrupted log read by `scan` may name millions.
+const MAX_NVIDIA_DEVICES: usize = 4 * MAX_GPUS;
+
 /// The stateful classifier. One per input stream.
 #[derive(Debug, Default)]
 pub struct Classifier {
     pending: Option<Pending>,
-    gpus: HashMap<PciAddress, GpuIdentity>,
+    gpus: FxHashMap<PciAddress, GpuIdentity>,
     /// GPUs known to be NVIDIA devices (named by a driver line), for AER severity.
-    nvidia_devices: HashSet<PciAddress>,
+    nvidia_devices: FxHashSet<PciAddress>,
     /// The GPU below a PCIe port, from the log (an AER event naming both) or from the caller
     /// (the daemon reads sysfs topology): AER on the port is then about that GPU.
-    port_gpu: HashMap<PciAddress, PciAddress>,
+    port_gpu: FxHashMap<PciAddress, PciAddress>,
     /// The last NVIDIA device that printed an AER line, and where: a port's AER lines right
     /// before or after it belong to the same event.
     last_nvidia_aer: Option<(PciAddress, u64)>,
@@ -114,7 +126,7 @@ impl Classifier {
 
     /// Records what NVML knows about a GPU, so findings for its address carry it.
     pub fn learn_gpu(&mut self, pci: PciAddress, identity: GpuIdentity) {
-        self.nvidia_devices.insert(pci);
+        self.note_nvidia(pci);
         if self.gpus.len() < MAX_GPUS || self.gpus.contains_key(&pci) {
             let slot = self.gpus.entry(pci).or_default();
             merge_identity(slot, &identity);
@@ -126,8 +138,14 @@ impl Classifier {
     pub fn learn_port(&mut self, port: PciAddress, gpu: PciAddress) {
         if self.port_gpu.len() < MAX_GPUS || self.port_gpu.contains_key(&port) {
             self.port_gpu.insert(port, gpu);
-            self.nvidia_devices.insert(gpu);
+            self.note_nvidia(gpu);
         }
+    }
+
+    /// Remembers that `pci` is an NVIDIA device (its AER lines are then about a GPU), up to
+    /// [`MAX_NVIDIA_DEVICES`] addresses.
+    fn note_nvidia(&mut self, pci: PciAddress) {
+        note_nvidia(&mut self.nvidia_devices, pci);
     }
 
     /// Sets the site's rows (from the configuration; a reload sets the new ones). What is pending

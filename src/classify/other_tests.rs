@@ -721,3 +721,31 @@ fn a_firmware_pcie_record_without_its_head_is_read_by_its_device() {
     let other: Vec<&str> = other.iter().map(String::as_str).collect();
     assert!(testing::read(&other, true).is_empty());
 }
+
+#[test]
+fn a_log_naming_endless_addresses_keeps_the_classifiers_memory_bounded() {
+    // Every Xid line names its GPU; a corrupted or hostile log handed to `scan` may name a new
+    // address on every line. The maps keyed by address stop growing at their bounds, and the
+    // lines past them are still read.
+    let mut c = super::Classifier::new();
+    let mut out = Vec::new();
+    let n = 3 * super::MAX_NVIDIA_DEVICES;
+    for i in 0..n {
+        let line = format!(
+            "NVRM: Xid (PCI:{:04x}:{:02x}:00): 13, pid=1, name=a, Graphics Exception",
+            i / 256,
+            i % 256
+        );
+        let at = super::LineOrigin {
+            line: i as u64 + 1,
+            seq: None,
+            ts_usec: None,
+            timestamp: None,
+        };
+        c.push(&line, &at, &mut out);
+    }
+    c.flush(&mut out);
+    assert_eq!(out.len(), n, "every line is still read");
+    assert_eq!(c.nvidia_devices.len(), super::MAX_NVIDIA_DEVICES);
+    assert!(c.gpus.len() <= super::MAX_GPUS);
+}

@@ -280,7 +280,7 @@ impl Classifier {
                     reporter: None,
                     class: format!("{sev} (firmware-first, APEI)"),
                 });
-                self.nvidia_devices.insert(device);
+                self.note_nvidia(device);
                 out.push(self.enrich(finding));
             }
             // Another device's record, or one that names no PCIe device.
@@ -432,7 +432,7 @@ impl Classifier {
             {
                 if a.nvidia_device || a.driver == "nvidia" {
                     if let Some(p) = finding.pci {
-                        self.nvidia_devices.insert(p);
+                        super::note_nvidia(&mut self.nvidia_devices, p);
                     }
                     if a.driver == "nvidia" && a.reporter != *reporter {
                         self.port_gpu.insert(*reporter, a.reporter);

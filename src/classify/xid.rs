@@ -9,7 +9,7 @@ use crate::model::{Category, Detail, Finding, FindingKind, RecoveryAction, Sever
 impl Classifier {
     pub(super) fn xid_finding(&mut self, x: XidLine, msg: &str, at: &LineOrigin) -> Finding {
         if let Some(p) = x.pci {
-            self.nvidia_devices.insert(p);
+            self.note_nvidia(p);
             self.last_xid = Some((x.xid, p));
         }
         let entry = catalog::lookup(x.xid);

@@ -17,7 +17,9 @@
 //! anything was folded in after the first alert; when nothing new has been seen for the quiet
 //! period, a resolved notice closes it for the receivers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -321,10 +323,10 @@ pub struct EngineStats {
 pub struct Engine {
     cfg: EngineConfig,
     /// Keyed by (GPU, kind, Xid): a repeat in a storm is one hash lookup, however many are open.
-    open: HashMap<Key, Open>,
+    open: FxHashMap<Key, Open>,
     waiting: Vec<Waiting>,
     /// Closed incidents waiting out their quiet period, keyed like the open ones.
-    quiet: HashMap<Key, Quiet>,
+    quiet: FxHashMap<Key, Quiet>,
     pub stats: EngineStats,
     /// Bumped by everything that changes what [`Engine::snapshot`] would return.
     changes: u64,
@@ -339,9 +341,9 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         Engine {
             cfg,
-            open: HashMap::new(),
+            open: FxHashMap::default(),
             waiting: Vec::new(),
-            quiet: HashMap::new(),
+            quiet: FxHashMap::default(),
             stats: EngineStats::default(),
             changes: 0,
             can_verify: true,
