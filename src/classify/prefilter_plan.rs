@@ -48,15 +48,16 @@ pub const LITERALS: &[&str] = &[
     "Unable to find any GPUs in the system",
     "nvc.c:",
     "DCGM initialization error",
+    "initialize NVIDIA Management Library",
     "Error on querying NVIDIA devices",
     "Could not load UVM kernel",
     "could not select device driver \"\" with capabilities: [[gpu]]",
     "Could not unload NVIDIA driver kernel modules",
     "Unable to load the kernel module",
-    "kernel module failed to load",
     "kernel modules are incompatible with the GPU",
     "An NVIDIA kernel module '",
     "Unable to open 'kernel/dkms.conf'",
+    "Failed to install the kernel module through DKMS",
     "failed to verify GPU driver installation",
 ];
 
@@ -106,17 +107,18 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("Unab", 0),
     ("nvc.", 0),
     ("DCGM", 0),
+    ("Libr", 29),
     ("IA d", 22),
     ("ould", 1),
     ("ould", 1),
     ("IA d", 21),
     ("Unab", 0),
-    ("to l", 21),
     ("tibl", 26),
     ("An N", 0),
     ("Unab", 0),
-    ("rify", 12),
+    ("tall", 13),
+    ("tall", 31),
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[20, 40, 38, 2, 37, 15, 7, 8, 14, 28, 39, 18, 34, 5, 21, 32, 3, 33, 24, 41, 0, 13, 30, 12, 4, 25, 23, 6, 36, 16, 31, 26, 17, 22, 10, 27, 19, 1, 35, 11, 29, 9];
+pub const ORDER: &[usize] = &[0, 30, 41, 34, 2, 17, 32, 13, 7, 19, 8, 24, 10, 3, 23, 29, 15, 38, 26, 40, 33, 4, 18, 16, 35, 21, 12, 6, 22, 14, 27, 5, 39, 31, 11, 36, 28, 20, 25, 1, 37, 9];

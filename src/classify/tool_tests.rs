@@ -262,3 +262,52 @@ fn the_container_hooks_gpu_errors_are_read_and_its_setup_errors_are_not() {
         quiet(line);
     }
 }
+
+/// The NVIDIA installer's failures with the kernel modules, in each of its wordings (round `ac`,
+/// driver installs on a cluster platform): a module that did not build, a build that left no
+/// module, a module that did not load, a DKMS build or install that failed. All are read for
+/// NVIDIA's modules only (the lines that name one, which the prefilter finds by `nvidia`), and
+/// the installer's progress lines stay quiet.
+#[test]
+fn the_installers_module_failures_are_read_in_every_wording() {
+    for l in [
+        "ERROR: The nvidia-uvm kernel module failed to build. This kernel module is required for the proper operation of CUDA. If you do not need to use CUDA, you can try to install this driver package again with the '--no-unified-memory' option.",
+        "ERROR: The nvidia-uvm kernel module was not created.",
+        "ERROR: The nvidia kernel module was not created.",
+        "ERROR: The nvidia-drm kernel module failed to load. This kernel module is required for the proper operation of DRM-KMS.",
+        "ERROR: Failed to run '/usr/sbin/dkms build -m nvidia -v 410.73 -k 4.4.0-62-generic':",
+        "ERROR: Failed to install the kernel module through DKMS.  No kernel module was installed; please",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverInitFailure, "{l}");
+        assert_eq!(f[0].severity, Severity::Critical, "{l}");
+    }
+    for l in [
+        // Another vendor's module: no NVIDIA word, not ours.
+        "ERROR: The vboxdrv kernel module failed to build.",
+        "ERROR: The zfs kernel module was not created.",
+        // The installer's progress lines name the same command without failing.
+        "Running: dkms build -m nvidia -v 410.73 -k 4.4.0-62-generic",
+        "Installing the kernel module through DKMS for nvidia 410.73",
+    ] {
+        quiet(l);
+    }
+}
+
+/// NVML's initialisation failure in the library's long name, and nvidia-smi's words when NVML's
+/// library is missing (round `ad`, toolbox and distrobox containers): both say no program on the
+/// machine can query a GPU.
+#[test]
+fn nvmls_long_name_and_nvidia_smis_missing_library_are_read() {
+    for l in [
+        "  Error: failed to initialize NVIDIA Management Library",
+        "Error: Failed to initialize NVIDIA Management Library",
+        "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display Driver is properly installed and present in your system.",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
+    }
+    quiet("Successfully initialized NVIDIA Management Library (NVML)");
+}

@@ -60,6 +60,13 @@ pub struct RowSpec {
     pub tag: Option<String>,
     /// The literal starts a message wherever it is in a saved line (a line with no driver tag).
     pub anchor: bool,
+    /// A driver literal every line of the row holds before its own literal (`"nvidia"` for the
+    /// installer's texts about the modules, all of whose names start with it): the prefilter finds
+    /// the row's lines by it, and the row's literal only starts the message. A literal of common
+    /// words (`kernel module failed to build`) searched on its own costs every line of every log;
+    /// under a literal already searched it costs nothing, and lines without it (another vendor's
+    /// module) are not read. Built-in rows only.
+    pub found_by: Option<String>,
     pub kind: Option<String>,
     pub severity: Option<String>,
     pub category: Option<String>,
@@ -78,6 +85,8 @@ pub struct Row {
     pub literal: &'static str,
     pub tag: Tag,
     pub anchor: bool,
+    /// See [`RowSpec::found_by`].
+    pub found_by: Option<&'static str>,
     pub silence: bool,
     pub kind: FindingKind,
     pub severity: Severity,
@@ -153,10 +162,11 @@ impl Table {
         // does not need.
         for (key, rows) in [("classify.shape", shapes), ("classify.silence", silences)] {
             for (i, r) in rows.iter().enumerate() {
-                let field = match (&r.tag, r.anchor) {
-                    (Some(_), _) => "tag",
-                    (None, true) => "anchor",
-                    (None, false) => continue,
+                let field = match (&r.tag, r.anchor, &r.found_by) {
+                    (Some(_), _, _) => "tag",
+                    (None, true, _) => "anchor",
+                    (None, false, Some(_)) => "found_by",
+                    (None, false, None) => continue,
                 };
                 return Err(RowError {
                     key: format!("{key}[{i}].{field}"),
@@ -223,6 +233,11 @@ impl Table {
                 };
                 if !ex.contains(row.literal) {
                     return Err(err(format!("does not hold the literal {:?}", row.literal)));
+                }
+                if let Some(f) = row.found_by.filter(|f| !ex.contains(f)) {
+                    return Err(err(format!(
+                        "does not hold {f:?}, which finds the row's lines"
+                    )));
                 }
                 match table.read_example(ex, row) {
                     Some((k, _)) if k == i => {}
@@ -469,9 +484,10 @@ impl Row {
 
     /// The literal the prefilter finds this row's lines by.
     pub fn prefilter_literal(&self) -> &'static str {
-        match self.tag {
-            Tag::Nvrm => "NVRM",
-            Tag::None => self.literal,
+        match (self.tag, self.found_by) {
+            (Tag::Nvrm, _) => "NVRM",
+            (Tag::None, Some(f)) => f,
+            (Tag::None, None) => self.literal,
         }
     }
 
@@ -724,6 +740,21 @@ fn compile(
             ))
         }
     };
+    let found_by = match spec.found_by.as_deref() {
+        None => None,
+        Some(f) if crate::classify::prefilter::HAND_LITERALS.contains(&f) && spec.anchor => {
+            Some(intern(f))
+        }
+        Some(f) => {
+            return Err(err(
+                "found_by",
+                format!(
+                    "{f:?} is not a driver literal the prefilter searches on its own, or the row has no `anchor` (known: {})",
+                    crate::classify::prefilter::HAND_LITERALS.join(", ")
+                ),
+            ))
+        }
+    };
     if spec.examples.is_empty() {
         return Err(err(
             "examples",
@@ -735,6 +766,7 @@ fn compile(
         literal: intern(literal),
         tag,
         anchor: spec.anchor,
+        found_by,
         silence,
         kind,
         severity,

@@ -273,8 +273,70 @@ fn site_rows_take_no_tag_or_anchor() {
     )
     .expect_err("tag");
     assert_eq!(e.key, "classify.shape[0].tag");
-    let e = Table::build_site(&[], &[RowSpec { anchor: true, ..ok }]).expect_err("anchor");
+    let e = Table::build_site(
+        &[],
+        &[RowSpec {
+            anchor: true,
+            ..ok.clone()
+        }],
+    )
+    .expect_err("anchor");
     assert_eq!(e.key, "classify.silence[0].anchor");
+    let e = Table::build_site(
+        &[RowSpec {
+            found_by: Some("nvidia".into()),
+            ..ok
+        }],
+        &[],
+    )
+    .expect_err("found_by");
+    assert_eq!(e.key, "classify.shape[0].found_by");
+}
+
+/// A row found by a driver literal: the literal must be one the prefilter searches on its own,
+/// every example must hold it, and the row's own literal then costs the prefilter nothing.
+#[test]
+fn a_row_found_by_a_driver_literal_is_checked_and_costs_no_search() {
+    let row = RowSpec {
+        anchor: true,
+        found_by: Some("nvidia".into()),
+        kind: Some("driver_error".into()),
+        severity: Some("warning".into()),
+        ..spec(
+            "installer.x",
+            "kernel module failed to build",
+            "^kernel module failed to build",
+            &["ERROR: The nvidia-uvm kernel module failed to build."],
+        )
+    };
+    let t = Table::build(std::slice::from_ref(&row), "shape").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.prefilter_literals(), vec!["nvidia"]);
+    assert_eq!(t.anchors(), vec!["kernel module failed to build"]);
+    // An example without the literal that finds it is refused, naming the example.
+    let e = Table::build(
+        &[RowSpec {
+            examples: vec!["ERROR: The uvm kernel module failed to build.".into()],
+            ..row.clone()
+        }],
+        "shape",
+    )
+    .expect_err("example without nvidia");
+    assert_eq!(e.key, "shape[0].examples[0]");
+    assert!(e.message.contains("\"nvidia\""), "{e}");
+    // Only a literal the prefilter searches on its own, and only on an anchored row.
+    for bad in [
+        RowSpec {
+            found_by: Some("NVIDIA".into()),
+            ..row.clone()
+        },
+        RowSpec {
+            anchor: false,
+            ..row.clone()
+        },
+    ] {
+        let e = Table::build(&[bad], "shape").expect_err("bad found_by");
+        assert_eq!(e.key, "shape[0].found_by");
+    }
 }
 
 #[test]
