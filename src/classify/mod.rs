@@ -61,7 +61,7 @@ pub struct LineOrigin {
     pub line: u64,
     pub seq: Option<u64>,
     pub ts_usec: Option<u64>,
-    pub timestamp: Option<String>,
+    pub timestamp: Option<crate::model::Stamp>,
 }
 
 /// Bound on remembered GPU identities: a real machine has at most a few dozen GPUs.

@@ -29,7 +29,7 @@ impl Classifier {
         match s.fatal {
             Some(fatal) => set_sxid_severity(&mut f, s.sxid, fatal),
             None => {
-                f.title = sxid_title(s.sxid, None);
+                f.title = sxid_title(s.sxid, None).into();
             }
         }
         f.message = s.rest;
@@ -83,7 +83,7 @@ impl Classifier {
                 if let Some(p) = port {
                     where_ += &format!(" port {p}");
                 }
-                f.title = format!("{}{where_}, reported by Fabric Manager", f.title);
+                f.title = format!("{}{where_}, reported by Fabric Manager", f.title).into();
                 return self.enrich(f);
             }
             FmEvent::Aborted { topology: true } => (

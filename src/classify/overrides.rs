@@ -130,7 +130,7 @@ mod tests {
             FindingKind::Xid,
             Severity::Warning,
             Category::Application,
-            "x".into(),
+            "x",
         );
         f.xid = Some(13);
         assert_eq!(o.apply(&mut f), Verdict::Keep { runbook: None });

@@ -221,7 +221,8 @@ impl Classifier {
                         format!("kernel call trace in the {module} module (task {t})")
                     }
                     (None, _) => format!("kernel call trace in the {module} module"),
-                };
+                }
+                .into();
                 finding.message = format!(
                     "{}; module {module}{}",
                     if hung {
@@ -275,7 +276,7 @@ impl Classifier {
                 };
                 finding.pci = Some(device);
                 finding.title =
-                    format!("PCIe {sev} error on {device}, reported by the firmware (APEI)");
+                    format!("PCIe {sev} error on {device}, reported by the firmware (APEI)").into();
                 finding.detail = Some(Detail::Aer {
                     reporter: None,
                     class: format!("{sev} (firmware-first, APEI)"),

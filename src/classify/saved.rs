@@ -173,14 +173,7 @@ impl SavedLog {
         at.line = line_no;
         at.seq = prefix.seq;
         at.ts_usec = prefix.ts_usec;
-        match prefix.text {
-            Some(t) => {
-                let buf = at.timestamp.get_or_insert_with(String::new);
-                buf.clear();
-                buf.push_str(&t);
-            }
-            None => at.timestamp = None,
-        }
+        at.timestamp = prefix.text.as_deref().map(crate::model::Stamp::new);
         let mut tag = "";
         for msg in messages.iter() {
             tag = if msg.starts_with("NVRM: ") {
@@ -253,7 +246,7 @@ impl SavedLog {
             line: line_no,
             seq: prefix.seq,
             ts_usec: prefix.ts_usec,
-            timestamp: prefix.text.map(std::borrow::Cow::into_owned),
+            timestamp: prefix.text.as_deref().map(crate::model::Stamp::new),
         };
         self.classifier.report_line(body, &at);
     }

@@ -65,7 +65,7 @@ pub(super) fn set_sxid_severity(f: &mut Finding, sxid_no: u32, fatal: bool) {
     } else {
         Severity::Warning
     };
-    f.title = sxid_title(sxid_no, Some(fatal));
+    f.title = sxid_title(sxid_no, Some(fatal)).into();
     if let Some(Detail::Sxid { fatal: fl, .. }) = f.detail.as_mut() {
         *fl = fatal;
     }

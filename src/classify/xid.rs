@@ -14,21 +14,18 @@ impl Classifier {
         }
         let entry = catalog::lookup(x.xid);
         let (sev, cat, title) = match entry {
-            Some(e) => {
-                let mut title = String::with_capacity(16 + e.mnemonic.len());
-                title.push_str("Xid ");
-                push_u32(&mut title, x.xid);
-                title.push(' ');
-                title.push_str(e.mnemonic);
-                (e.severity, e.category, title)
-            }
+            Some(e) => (
+                e.severity,
+                e.category,
+                std::borrow::Cow::Borrowed(catalog::title(x.xid).unwrap_or(e.mnemonic)),
+            ),
             None => (
                 Severity::Warning,
                 Category::Driver,
-                format!(
+                std::borrow::Cow::Owned(format!(
                     "unknown Xid {} (the catalog may be older than the driver)",
                     x.xid
-                ),
+                )),
             ),
         };
         let caused = caused_by(&x.rest);
@@ -70,21 +67,6 @@ impl Classifier {
         }
         f
     }
-}
-
-/// Appends a number without going through `format!`.
-pub(super) fn push_u32(s: &mut String, mut n: u32) {
-    let mut buf = [0u8; 10];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    s.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("?"));
 }
 
 pub(super) fn caused_by(rest: &str) -> Option<u32> {

@@ -127,12 +127,12 @@ impl Grouper {
             }
         }
         let e = if f.pci.is_none() && f.kind != FindingKind::Xid {
-            match self.by_title.get(&f.title) {
+            match self.by_title.get(f.title.as_ref()) {
                 Some(&e) => e,
                 None if self.engines.len() <= MAX_TITLE_ENGINES => {
                     self.engines.push(new_engine());
                     let e = self.engines.len() - 1;
-                    self.by_title.insert(f.title.clone(), e);
+                    self.by_title.insert(f.title.to_string(), e);
                     e
                 }
                 None => 0,

@@ -438,7 +438,7 @@ impl Pipeline {
                     line: 0,
                     seq: Some(rec.seq),
                     ts_usec: Some(rec.ts_usec),
-                    timestamp: Some(crate::source::kmsg::time::kernel_stamp(rec.ts_usec)),
+                    timestamp: Some(crate::source::kmsg::time::kernel_stamp_inline(rec.ts_usec)),
                 });
                 self.classifier.push(line, at, &mut self.findings);
             } else if self.classifier.has_pending()
@@ -453,7 +453,7 @@ impl Pipeline {
                     line: 0,
                     seq: Some(rec.seq),
                     ts_usec: Some(rec.ts_usec),
-                    timestamp: Some(crate::source::kmsg::time::kernel_stamp(rec.ts_usec)),
+                    timestamp: Some(crate::source::kmsg::time::kernel_stamp_inline(rec.ts_usec)),
                 });
                 self.classifier.report_line(line, at);
             }

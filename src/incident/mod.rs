@@ -699,7 +699,7 @@ fn title(f: &Finding) -> String {
     match (f.pci, f.gpu.index) {
         (Some(p), Some(i)) => format!("GPU {i} ({p}){phrase}"),
         (Some(p), None) => format!("GPU {p}{phrase}"),
-        _ => f.title.clone(),
+        _ => f.title.to_string(),
     }
 }
 
@@ -894,7 +894,7 @@ mod tests {
             FindingKind::FallenOffBus,
             Severity::Critical,
             Category::Pcie,
-            "f".into(),
+            "f",
         );
         fob.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
         e.push(fob, Origin::Kmsg, 1, false, &mut out);
@@ -945,7 +945,7 @@ mod tests {
             FindingKind::PcieAer,
             Severity::Warning,
             Category::Pcie,
-            "aer".into(),
+            "aer",
         );
         aer.pci = Some(PciAddress::parse("0000:17:00.0").unwrap());
         e.push(aer, Origin::Kmsg, 0, false, &mut out);
@@ -1037,7 +1037,7 @@ mod tests {
             FindingKind::PcieAer,
             Severity::Warning,
             Category::Pcie,
-            "PCIe Bus Error: severity=Uncorrected (Non-Fatal)".into(),
+            "PCIe Bus Error: severity=Uncorrected (Non-Fatal)",
         );
         f.pci = Some(PciAddress::parse(pci).unwrap());
         f
@@ -1198,7 +1198,7 @@ mod tests {
             FindingKind::KmsgOverrun,
             Severity::Warning,
             Category::Informational,
-            "overrun".into(),
+            "overrun",
         );
         e.push(f, Origin::Kmsg, 0, false, &mut out);
         assert_eq!(out.len(), 1);
@@ -1880,7 +1880,7 @@ mod tests {
         // The same findings with their titles reworded: repeats of the open incidents.
         out.clear();
         for mut f in read.iter().cloned() {
-            f.title = format!("reworded: {}", f.title.len());
+            f.title = format!("reworded: {}", f.title.len()).into();
             feed(&mut e, f, 2_000, &mut out);
         }
         assert!(out.is_empty(), "a title is not a key: {out:#?}");

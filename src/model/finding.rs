@@ -190,7 +190,7 @@ pub struct Origin {
     pub ts_usec: Option<u64>,
     /// The timestamp text the input carried (`[ 9512.238711]`, `Nov 29 08:14:03`, ...), verbatim.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub timestamp: Option<String>,
+    pub timestamp: Option<super::Stamp>,
     /// The message lines as read (prefixes removed), for the evidence.
     pub raw: Vec<String>,
     /// Each raw line's own kernel timestamp, where the lines were read from records of their
@@ -407,8 +407,9 @@ pub struct Finding {
     pub process: Option<String>,
     pub severity: Severity,
     pub category: Category,
-    /// A short headline for people ("GPU has fallen off the bus").
-    pub title: String,
+    /// A short headline for people ("GPU has fallen off the bus"). Borrowed where it is fixed
+    /// (an Xid's catalog name): a storm's findings share it instead of a copy each.
+    pub title: std::borrow::Cow<'static, str>,
     /// The message text after the fixed fields (address, Xid, pid, name).
     pub message: String,
     /// The earlier Xid this one names as its cause ("caused by previous Xid N").
@@ -439,7 +440,12 @@ pub struct Finding {
 
 impl Finding {
     /// A finding with the common fields set and everything optional empty.
-    pub fn new(kind: FindingKind, severity: Severity, category: Category, title: String) -> Self {
+    pub fn new(
+        kind: FindingKind,
+        severity: Severity,
+        category: Category,
+        title: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Self {
         Finding {
             kind,
             xid: None,
@@ -448,7 +454,7 @@ impl Finding {
             process: None,
             severity,
             category,
-            title,
+            title: title.into(),
             message: String::new(),
             caused_by: None,
             detail: None,

@@ -8,6 +8,7 @@ mod evidence;
 mod finding;
 mod incident;
 mod pci;
+mod stamp;
 mod verification;
 
 pub use config_issue::ConfigIssue;
@@ -17,6 +18,7 @@ pub use finding::{
 };
 pub use incident::{EchoCount, Incident, IncidentPhase, Superseded};
 pub use pci::{PciAddress, PciParseError};
+pub use stamp::Stamp;
 pub use verification::{Reached, Verification};
 
 use serde::{Deserialize, Serialize};

@@ -208,7 +208,7 @@ fn classify_line(c: &mut Classifier, bytes: &[u8], out: &mut Vec<Finding>) {
         line: 0,
         seq: p.seq,
         ts_usec: p.ts_usec,
-        timestamp: p.text,
+        timestamp: p.text.as_deref().map(crate::model::Stamp::new),
     };
     for msg in messages.iter() {
         c.push(msg, &at, out);

@@ -635,12 +635,7 @@ mod tests {
 
     fn fed() -> Telemetry {
         let t = Telemetry::started(1_700_000_000_000, 1);
-        let mut f = Finding::new(
-            FindingKind::Xid,
-            Severity::Critical,
-            Category::Pcie,
-            "x".into(),
-        );
+        let mut f = Finding::new(FindingKind::Xid, Severity::Critical, Category::Pcie, "x");
         f.xid = Some(79);
         f.pci = PciAddress::parse("0000:3b:00.0").ok();
         t.record_finding(&f);

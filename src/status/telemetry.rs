@@ -490,7 +490,7 @@ mod tests {
             FindingKind::GpuIdentity,
             Severity::Info,
             Category::Informational,
-            "identity".into(),
+            "identity",
         );
         id.pci = PciAddress::parse("0000:3b:00.0").ok();
         t.record_finding(&id);

@@ -48,7 +48,7 @@ fn xid79_incident() -> Incident {
         lines: 1,
         seq: Some(81234),
         ts_usec: Some(9_512_238_711),
-        timestamp: Some("[ 9512.238711]".to_string()),
+        timestamp: Some("[ 9512.238711]".into()),
         raw: vec![
             "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.".to_string(),
         ],
@@ -1827,7 +1827,7 @@ fn the_kernel_log_block_is_in_kernel_order() {
         FindingKind::PcieAer,
         Severity::Critical,
         Category::Pcie,
-        "PCIe AER: fatal error".into(),
+        "PCIe AER: fatal error",
     );
     aer.origin.seq = Some(81230);
     aer.origin.timestamp = Some("[ 9512.100231]".into());

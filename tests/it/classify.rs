@@ -18,7 +18,11 @@ fn classify(text: &str) -> Vec<Finding> {
             line: i as u64 + 1,
             seq: split.prefix.seq,
             ts_usec: split.prefix.ts_usec,
-            timestamp: split.prefix.text.clone(),
+            timestamp: split
+                .prefix
+                .text
+                .as_deref()
+                .map(xidwatch::model::Stamp::new),
         };
         for m in &split.messages {
             c.push(m, &at, &mut out);

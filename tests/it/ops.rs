@@ -32,7 +32,7 @@ fn pci(s: &str) -> PciAddress {
 }
 
 fn finding(kind: FindingKind, xid: Option<u32>, at: Option<&str>, sev: Severity) -> Finding {
-    let mut f = Finding::new(kind, sev, Category::Pcie, "test".into());
+    let mut f = Finding::new(kind, sev, Category::Pcie, "test");
     f.xid = xid;
     f.pci = at.map(pci);
     f

@@ -173,7 +173,7 @@ fn dirty_incident(text: &str, raw: Vec<String>, uuid: Option<String>) -> Inciden
     f.gpu.uuid = uuid.clone();
     f.gpu.name = Some(text.to_string());
     f.origin.raw = raw;
-    f.origin.timestamp = Some(text.to_string());
+    f.origin.timestamp = Some(text.into());
     let mut inc = incident(vec![f], FindingKind::Xid, Some(13));
     inc.title = text.to_string();
     inc.gpu.uuid = uuid;
@@ -1607,7 +1607,7 @@ async fn the_excerpt_comes_from_the_incident() {
         FindingKind::Xid,
         Severity::Critical,
         Category::Pcie,
-        "off the bus".into(),
+        "off the bus",
     );
     cause.xid = Some(79);
     cause.pci = Some(gpu());
@@ -1621,7 +1621,7 @@ async fn the_excerpt_comes_from_the_incident() {
         FindingKind::GpuIdentity,
         Severity::Info,
         Category::Informational,
-        "id".into(),
+        "id",
     );
     before.origin.seq = Some(1180);
     before.origin.ts_usec = Some(9_512_000_000);
@@ -1855,7 +1855,7 @@ fn each_kernel_log_line_keeps_its_own_time() {
         FindingKind::FallenOffBus,
         Severity::Critical,
         Category::Pcie,
-        "fell off the bus".into(),
+        "fell off the bus",
     );
     f.origin.ts_usec = Some(100_000_001);
     f.origin.seq = Some(7);

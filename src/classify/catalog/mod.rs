@@ -97,19 +97,38 @@ pub fn apply_to(f: &mut crate::model::Finding) {
         Some(e) => {
             f.severity = e.severity;
             f.category = e.category;
-            f.title = format!("Xid {code} {} (reported by NVML)", e.mnemonic);
+            f.title = format!("Xid {code} {} (reported by NVML)", e.mnemonic).into();
         }
         None => {
             f.severity = Severity::Warning;
             f.title = format!(
                 "unknown Xid {code} (the catalog may be older than the driver; reported by NVML)"
-            );
+            )
+            .into();
         }
     }
 }
 
 /// The entry for a code, or `None` for a code newer than the catalog.
 pub fn lookup(code: u32) -> Option<&'static XidEntry> {
+    generated::XIDS.get(index(code)?)
+}
+
+/// `Xid N MNEMONIC`, the title of an Xid finding, for a code the catalog has: built once per
+/// code, so that a storm's findings borrow one title rather than format a copy each.
+pub fn title(code: u32) -> Option<&'static str> {
+    static TITLES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let titles = TITLES.get_or_init(|| {
+        generated::XIDS
+            .iter()
+            .map(|e| format!("Xid {} {}", e.code, e.mnemonic))
+            .collect()
+    });
+    titles.get(index(code)?).map(String::as_str)
+}
+
+/// Where a code's entry is in the catalog.
+fn index(code: u32) -> Option<usize> {
     // Codes below 256 (all of today's) by a table built once: the binary search over the
     // entries missed the cache on every Xid of a storm.
     static INDEX: std::sync::OnceLock<[u16; 256]> = std::sync::OnceLock::new();
@@ -123,12 +142,10 @@ pub fn lookup(code: u32) -> Option<&'static XidEntry> {
             }
             t
         });
-        return generated::XIDS.get(usize::from(idx[code as usize]));
+        let i = usize::from(idx[code as usize]);
+        return (i < generated::XIDS.len()).then_some(i);
     }
-    let i = generated::XIDS
-        .binary_search_by_key(&code, |e| e.code)
-        .ok()?;
-    generated::XIDS.get(i)
+    generated::XIDS.binary_search_by_key(&code, |e| e.code).ok()
 }
 
 /// Every resolution bucket.

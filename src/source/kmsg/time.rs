@@ -80,6 +80,18 @@ fn parse_btime(text: &str) -> Option<u64> {
 /// Written digit by digit: the formatting machinery cost a fortieth of the daemon's time in a
 /// storm, where every record gets one.
 pub fn kernel_stamp(ts_usec: u64) -> String {
+    let (buf, n) = kernel_stamp_bytes(ts_usec);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// [`kernel_stamp`] as a [`Stamp`], without the heap.
+pub fn kernel_stamp_inline(ts_usec: u64) -> crate::model::Stamp {
+    let (buf, n) = kernel_stamp_bytes(ts_usec);
+    crate::model::Stamp::new(std::str::from_utf8(&buf[..n]).unwrap_or(""))
+}
+
+/// The stamp's ASCII bytes and their count (at most 1 + 20 + 1 + 6 + 1).
+fn kernel_stamp_bytes(ts_usec: u64) -> ([u8; 32], usize) {
     let (secs, usecs) = (ts_usec / 1_000_000, ts_usec % 1_000_000);
     let mut digits = [0u8; 20];
     let mut n = 0;
@@ -92,22 +104,27 @@ pub fn kernel_stamp(ts_usec: u64) -> String {
             break;
         }
     }
-    let mut s = String::with_capacity(n.max(5) + 9);
-    s.push('[');
+    let mut s = [0u8; 32];
+    let mut k = 0;
+    let mut push = |b: u8| {
+        s[k] = b;
+        k += 1;
+    };
+    push(b'[');
     for _ in n..5 {
-        s.push(' ');
+        push(b' ');
     }
     for &d in digits[..n].iter().rev() {
-        s.push(char::from(d));
+        push(d);
     }
-    s.push('.');
+    push(b'.');
     let mut div = 100_000;
     while div > 0 {
-        s.push(char::from(b'0' + ((usecs / div) % 10) as u8));
+        push(b'0' + ((usecs / div) % 10) as u8);
         div /= 10;
     }
-    s.push(']');
-    s
+    push(b']');
+    (s, k)
 }
 
 #[cfg(test)]
