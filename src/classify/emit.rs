@@ -198,8 +198,8 @@ impl Classifier {
                 });
             }
             Shape::ApiMismatchKernel { kernel } => {
-                // The head was lost: report what we have.
-                let mut f = base(
+                // The head was lost: what we have, with the message's later lines folded in.
+                let f = base(
                     id::API_MISMATCH_TAIL,
                     FindingKind::ApiMismatch,
                     Severity::Critical,
@@ -208,11 +208,12 @@ impl Classifier {
                     msg,
                     at,
                 );
-                f.detail = Some(Detail::ApiMismatch {
-                    client_version: String::new(),
-                    kernel_version: kernel,
+                self.pending = Some(Pending::ApiMismatch {
+                    finding: f,
+                    client: None,
+                    kernel: Some(kernel),
+                    last_line: at.line,
                 });
-                out.push(f);
             }
             Shape::VersionMismatch {
                 component,
@@ -239,7 +240,40 @@ impl Classifier {
                 });
                 out.push(f);
             }
-            Shape::ApiMismatchClient { .. } | Shape::ApiMismatchTail { .. } => {}
+            // A line of the API mismatch message with no head above it (cut by a paste, or all
+            // that a `grep` kept): only this message says these words, so it is the API mismatch;
+            // the message's later lines fold in, and its last line ends it.
+            Shape::ApiMismatchClient { .. } | Shape::ApiMismatchTail { .. } => {
+                let f = base(
+                    id::API_MISMATCH_TAIL,
+                    FindingKind::ApiMismatch,
+                    Severity::Critical,
+                    Category::Driver,
+                    "driver API mismatch: user-space driver and kernel module versions differ",
+                    msg,
+                    at,
+                );
+                let ends = matches!(shape, Shape::ApiMismatchTail { last: true });
+                let client = match shape {
+                    Shape::ApiMismatchClient { client } => Some(client),
+                    _ => None,
+                };
+                if ends {
+                    let mut f = f;
+                    f.detail = Some(Detail::ApiMismatch {
+                        client_version: String::new(),
+                        kernel_version: String::new(),
+                    });
+                    out.push(f);
+                } else {
+                    self.pending = Some(Pending::ApiMismatch {
+                        finding: f,
+                        client,
+                        kernel: None,
+                        last_line: at.line,
+                    });
+                }
+            }
             Shape::GspDump { opens, text } => {
                 if !opens && !text.contains("_kgsp") && !text.contains("GSP") {
                     // A register line with nothing to attach to.

@@ -749,3 +749,87 @@ fn a_log_naming_endless_addresses_keeps_the_classifiers_memory_bounded() {
     assert_eq!(c.nvidia_devices.len(), super::MAX_NVIDIA_DEVICES);
     assert!(c.gpus.len() <= super::MAX_GPUS);
 }
+
+/// The API mismatch message read from whichever of its lines a paste kept (round `ae`): a head
+/// cut before its versions, or a later line alone, is the API mismatch; the lines after it fold
+/// into one finding, and a whole message is still one finding.
+#[test]
+fn an_api_mismatch_is_read_from_any_of_its_lines() {
+    for lines in [
+        &["NVRM: API mismatch: the client has the version"][..],
+        &["[   31.147688] NVRM: make sure that this kernel module and all NVIDIA driver"][..],
+        &["NVRM: components have the same version."][..],
+        &[
+            "[ 12.1] NVRM: API mismatch: the client has the version 550.90.07, but",
+            "[ 12.1] NVRM: this kernel module has the version 550.54.14.  Please",
+            "[ 12.1] NVRM: make sure that this kernel module and all NVIDIA driver",
+            "[ 12.1] NVRM: components have the same version.",
+        ][..],
+        // The head lost: the rest is one finding from its first line.
+        &[
+            "[ 12.1] NVRM: this kernel module has the version 550.54.14.  Please",
+            "[ 12.1] NVRM: make sure that this kernel module and all NVIDIA driver",
+            "[ 12.1] NVRM: components have the same version.",
+        ][..],
+        &[
+            "[ 12.1] NVRM: make sure that this kernel module and all NVIDIA driver",
+            "[ 12.1] NVRM: components have the same version.",
+        ][..],
+    ] {
+        let f = scan(lines);
+        assert_eq!(f.len(), 1, "{lines:?}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::ApiMismatch, "{lines:?}");
+        assert_eq!(f[0].severity, Severity::Critical, "{lines:?}");
+        assert_eq!(f[0].origin.line, 1, "{lines:?}");
+        assert_eq!(f[0].origin.lines as usize, lines.len(), "{lines:?}");
+    }
+}
+
+/// The driver's 64-bit BAR message (round `ae`): its first line has no error word, and the GPU is
+/// not brought up; the explanation lines under it fold in.
+#[test]
+fn the_64_bit_bar_message_is_an_initialisation_failure_with_its_explanation() {
+    let f = scan(&[
+        "[ 7768.998937] NVRM: This is a 64-bit BAR mapped above 4GB by the system",
+        "NVRM: BIOS or the Linux kernel, but the PCI bridge",
+        "NVRM: immediately upstream of this GPU does not define",
+        "NVRM: a matching prefetchable memory window.",
+        "[ 7768.998938] NVRM: This may be due to a known Linux kernel bug. Please",
+        "NVRM: see the README section on 64-bit BARs for additional",
+        "NVRM: information.",
+    ]);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, FindingKind::DriverInitFailure);
+    assert_eq!(f[0].severity, Severity::Critical);
+    assert_eq!(f[0].origin.lines, 7, "{f:?}");
+}
+
+/// A module loader's failure for an NVIDIA module in systemd's "could not find" wording (round
+/// `ae`), beside its "could not insert" one; another module in the same words is not ours.
+#[test]
+fn systemds_loader_that_finds_no_nvidia_module_is_read() {
+    let f = loud(
+        "Oct 02 08:56:17 lilith systemd-modules-load[336]: Failed to find module 'nvidia-uvm'",
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, FindingKind::DriverInitFailure);
+    assert_eq!(f[0].module.as_deref(), Some("nvidia-uvm"));
+    assert!(
+        loud("Oct 02 08:56:17 lilith systemd-modules-load[336]: Failed to find module 'zfs'")
+            .is_empty()
+    );
+}
+
+/// NVIDIA's user-space driver that cannot open a GPU's device file (round `ae`, a Tesla short of
+/// power): read through the prefilter and the prefix split, as `scan` reads it.
+#[test]
+fn a_device_file_the_user_space_driver_cannot_open_is_read() {
+    let f = testing::loud_line(
+        "NVIDIA: could not open the device file /dev/nvidia0 (Input/output error).",
+        true,
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, FindingKind::DriverError);
+    assert!(f[0].title.contains("/dev/nvidia0"), "{}", f[0].title);
+    assert!(f[0].title.contains("Input/output error"), "{}", f[0].title);
+}

@@ -243,6 +243,15 @@ pub(super) fn parse_nvrm(m: &str) -> Shape {
                 pid: c[2].parse().ok(),
             };
         }
+        // A head cut before its versions (`API mismatch: the client has the version`, where a
+        // paste or a terminal stopped): still the API mismatch, versions unknown.
+        if body.starts_with("API mismatch: the client") {
+            return Shape::ApiMismatchHead {
+                client: None,
+                process: None,
+                pid: None,
+            };
+        }
     }
     if body.starts_with("has the version ") {
         if let Some(c) = re_api_client().captures(body) {

@@ -122,6 +122,9 @@ pub(super) fn module_symbol(m: &str) -> Option<Shape> {
 /// The kernel often logs nothing of its own for these.
 pub(super) const MODULE_LOADER: &[(&str, char)] = &[
     ("Failed to insert module '", '\''),
+    // systemd-modules-load for a module the running kernel does not have (`Failed to find module
+    // 'nvidia-uvm'`: not built or not installed for it).
+    ("Failed to find module '", '\''),
     ("could not insert '", '\''),
     ("could not find module by name='", '\''),
     ("FATAL: Module ", ' '),
