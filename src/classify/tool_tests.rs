@@ -276,6 +276,8 @@ fn the_installers_module_failures_are_read_in_every_wording() {
         "ERROR: The nvidia kernel module was not created.",
         "ERROR: The nvidia-drm kernel module failed to load. This kernel module is required for the proper operation of DRM-KMS.",
         "ERROR: Failed to run '/usr/sbin/dkms build -m nvidia -v 410.73 -k 4.4.0-62-generic':",
+        // Older installers quote the command in backticks (round `af`).
+        "ERROR: Failed to run `/usr/sbin/dkms build -m nvidia -v 340.108 -k 5.6.13-300.fc32.x86_64`: ",
         "ERROR: Failed to install the kernel module through DKMS.  No kernel module was installed; please",
     ] {
         let f = loud(l);
@@ -310,4 +312,16 @@ fn nvmls_long_name_and_nvidia_smis_missing_library_are_read() {
         assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
     }
     quiet("Successfully initialized NVIDIA Management Library (NVML)");
+}
+
+/// The X server's own error when its NVIDIA GLX finds no NVIDIA X driver of its version (round
+/// `af`, a half-installed legacy driver): found by the X server's `(EE)` mark, read only in those
+/// words.
+#[test]
+fn the_x_servers_glx_without_an_nvidia_x_driver_is_read() {
+    let f = loud("[   272.035] (EE) Failed to initialize GLX extension (Compatible NVIDIA X driver not found)");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, FindingKind::DriverError);
+    quiet("[   272.035] (II) Initializing extension GLX");
+    quiet("[   272.035] Failed to initialize GLX extension (Compatible NVIDIA X driver not found)");
 }
