@@ -515,6 +515,32 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_lists_the_counts_in_one_order_whatever_order_they_came_in() {
+        let (a, b) = (Telemetry::new(), Telemetry::new());
+        let findings = [
+            xid(79, Some("0000:3b:00.0"), Severity::Critical),
+            xid(13, None, Severity::Warning),
+            xid(13, Some("0000:17:00.0"), Severity::Warning),
+            xid(48, Some("0000:17:00.0"), Severity::Critical),
+        ];
+        for f in &findings {
+            a.record_finding(f);
+        }
+        for f in findings.iter().rev() {
+            b.record_finding(f);
+        }
+        let key = |t: &Telemetry| {
+            t.snapshot()
+                .findings
+                .iter()
+                .map(|f| format!("{} {} {}", f.kind.as_str(), f.xid, f.pci))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(key(&a), key(&b));
+        assert_eq!(key(&a).len(), 4);
+    }
+
+    #[test]
     fn severity_overrides_apply_to_the_label() {
         let t = Telemetry::new();
         let mut table = BTreeMap::new();
