@@ -62,6 +62,8 @@ pub struct Daemon {
     /// The kernel log reader thread, and what tells it to stop.
     kmsg_thread: std::thread::JoinHandle<()>,
     kmsg_stop: Arc<AtomicBool>,
+    /// Handled batches go back to the reader, which reuses their records' buffers.
+    kmsg_return: std::sync::mpsc::SyncSender<Vec<follow::KmsgEvent>>,
     ops: ops::Ops,
     alerts: AlertStage,
     /// Held while the loop runs: dropping it stops the watching.
@@ -98,12 +100,14 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
 
     let kmsg_stop = Arc::new(AtomicBool::new(false));
     let (ktx, krx) = mpsc::channel(follow::CHANNEL_BATCHES);
+    let (kmsg_return, kmsg_returned) = follow::returns();
     let kfile = follow::open(&cfg.kmsg.path)?;
     let kmsg_thread = follow::spawn(
         cfg.kmsg.path.clone(),
         kfile,
         p.last_seq,
         ktx,
+        Some(kmsg_returned),
         kmsg_stop.clone(),
     )
     .context("starting the kernel log reader")?;
@@ -152,6 +156,7 @@ pub async fn build(opts: &RunOptions, hangup: Hangup) -> anyhow::Result<Daemon> 
         sources,
         kmsg_thread,
         kmsg_stop,
+        kmsg_return,
         ops,
         alerts,
         reload_tx,
@@ -191,7 +196,11 @@ impl Daemon {
     async fn handle(&mut self, ev: Event) -> anyhow::Result<()> {
         let p = &mut self.pipeline;
         match ev {
-            Event::Kmsg(batch) => p.kmsg(batch)?,
+            Event::Kmsg(batch) => {
+                p.kmsg(&batch)?;
+                // Back to the reader for its buffers; dropped when it has enough waiting.
+                let _ = self.kmsg_return.try_send(batch);
+            }
             Event::Nvml(msg) => {
                 for v in self.sources.nvml.handle(msg) {
                     p.apply_nvml(v, false);

@@ -322,16 +322,17 @@ impl Pipeline {
     }
 
     /// One batch from the kernel log reader.
-    pub(super) fn kmsg(&mut self, batch: Vec<KmsgEvent>) -> anyhow::Result<()> {
+    pub(super) fn kmsg(&mut self, batch: &[KmsgEvent]) -> anyhow::Result<()> {
         let now = Now::read();
         for ev in batch {
             match ev {
-                KmsgEvent::Record { rec, at_startup } => self.record(&rec, at_startup, now),
+                KmsgEvent::Record { rec, at_startup } => self.record(rec, *at_startup, now),
                 KmsgEvent::Overrun {
                     lost,
                     next_seq,
                     at_startup,
                 } => {
+                    let (lost, next_seq, at_startup) = (*lost, *next_seq, *at_startup);
                     self.stats.kmsg_lost += lost;
                     self.tel.kmsg_lost(lost);
                     tracing::warn!(
@@ -348,12 +349,13 @@ impl Pipeline {
                     anomaly,
                     at_startup,
                 } => {
+                    let at_startup = *at_startup;
                     // Counted; reported once as a finding, later ones sparingly in the log.
                     self.tel.kmsg_out_of_sequence(1);
                     if anomaly.count == 1 {
                         tracing::warn!("kernel log: {anomaly}; later records are still read");
                         self.feed(
-                            follow::sequence_finding(&anomaly),
+                            follow::sequence_finding(anomaly),
                             Origin::Kmsg,
                             now,
                             at_startup,

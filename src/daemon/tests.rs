@@ -218,7 +218,7 @@ async fn nvml_values_teach_the_classifier_and_reach_the_counters() {
         (1, true, "ok")
     );
     let p = &mut d.pipeline;
-    p.kmsg(vec![record(&xid(1, "17", 79))]).unwrap();
+    p.kmsg(&[record(&xid(1, "17", 79))]).unwrap();
     d.after().await;
     let snap = d.tel.snapshot();
     assert_eq!(snap.open_incidents_total, 1);
@@ -351,7 +351,7 @@ async fn kernel_log_events_are_counted_and_a_lost_reader_is_an_error() {
     let p = &mut d.pipeline;
     // A program's line is counted, never classified (the key says how to accept it).
     let injected = "12,3,1000003,-;NVRM: Xid (PCI:0000:17:00): 79, pid=42, name=python3, test";
-    p.kmsg(vec![
+    p.kmsg(&[
         record(injected),
         KmsgEvent::Malformed("no semicolon".into()),
         KmsgEvent::Overrun {

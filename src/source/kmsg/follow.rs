@@ -31,9 +31,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use std::sync::mpsc::{Receiver, SyncSender};
 use tokio::sync::mpsc::Sender;
 
-use super::record::{parse_record, KmsgRecord};
+use super::record::{parse_record_into, KmsgRecord};
 
 /// What the follower hands to the pipeline.
 #[derive(Debug)]
@@ -273,11 +274,25 @@ pub fn open(path: &Path) -> io::Result<File> {
 /// Starts the follower thread. `resume_after`: the last sequence number already handled in this
 /// boot (records up to it are skipped); `None` on the first start in a boot, when the whole
 /// buffer is read once.
+/// The way batches come back to the reader once the pipeline has handled them (see
+/// [`parse_record_into`]): the sending half goes to the pipeline, the receiving half to [`spawn`].
+pub fn returns() -> (SyncSender<Vec<KmsgEvent>>, Receiver<Vec<KmsgEvent>>) {
+    std::sync::mpsc::sync_channel(CHANNEL_BATCHES)
+}
+
+/// Records kept for reuse: a batch's worth, each with its buffers.
+const SPARE_RECORDS: usize = BATCH;
+
+/// A record whose message buffer grew past this is not kept for reuse (a file's line may be
+/// [`MAX_FILE_RECORD`] long; its buffer would be held for good).
+const SPARE_MESSAGE_CAPACITY: usize = 16 * 1024;
+
 pub fn spawn(
     path: PathBuf,
     file: File,
     resume_after: Option<u64>,
     tx: Sender<Vec<KmsgEvent>>,
+    returned: Option<Receiver<Vec<KmsgEvent>>>,
     stop: Arc<AtomicBool>,
 ) -> io::Result<JoinHandle<()>> {
     let is_char = file.metadata()?.file_type().is_char_device();
@@ -290,6 +305,8 @@ pub fn spawn(
                 truncated: 0,
                 batch: Vec::with_capacity(BATCH),
                 tx,
+                returned,
+                spare: Vec::new(),
             };
             let res = if is_char {
                 st.device(file, &stop)
@@ -313,6 +330,10 @@ struct Follow {
     /// Events not yet handed over (see [`BATCH`]).
     batch: Vec<KmsgEvent>,
     tx: Sender<Vec<KmsgEvent>>,
+    /// Batches the pipeline has handled, back for their buffers.
+    returned: Option<Receiver<Vec<KmsgEvent>>>,
+    /// Records from returned batches, reused by the next records read.
+    spare: Vec<KmsgRecord>,
 }
 
 /// The receiver is gone: the daemon is shutting down.
@@ -334,16 +355,34 @@ impl Follow {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        let next = self.reuse().unwrap_or_else(|| Vec::with_capacity(BATCH));
+        let full = std::mem::replace(&mut self.batch, next);
         self.tx.blocking_send(full).map_err(|_| Closed)
+    }
+
+    /// A batch the pipeline gave back, emptied, its records kept as spares; `None` when none is
+    /// waiting (the reader never waits for one).
+    fn reuse(&mut self) -> Option<Vec<KmsgEvent>> {
+        let mut back = self.returned.as_ref()?.try_recv().ok()?;
+        for ev in back.drain(..) {
+            if let KmsgEvent::Record { rec, .. } = ev {
+                if self.spare.len() < SPARE_RECORDS
+                    && rec.message.capacity() <= SPARE_MESSAGE_CAPACITY
+                {
+                    self.spare.push(rec);
+                }
+            }
+        }
+        Some(back)
     }
 
     /// Handles one raw record: skip what was handled, report gaps, pass the rest on.
     fn record(&mut self, raw: &[u8]) -> Result<(), Closed> {
-        let rec = match parse_record(raw) {
-            Ok(r) => r,
-            Err(e) => return self.send(KmsgEvent::Malformed(e.to_string())),
-        };
+        let mut rec = self.spare.pop().unwrap_or_default();
+        if let Err(e) = parse_record_into(raw, &mut rec) {
+            self.spare.push(rec);
+            return self.send(KmsgEvent::Malformed(e.to_string()));
+        }
         match self.seq.judge(rec.seq) {
             Verdict::Handled => return Ok(()),
             Verdict::Next => {}
@@ -724,6 +763,67 @@ mod tests {
         assert_eq!(v[1], Verdict::First { not_seen: 0 });
     }
 
+    /// Records read into the buffers of batches the pipeline gave back carry only their own text:
+    /// a long message before a short one, an escape before none.
+    #[test]
+    fn records_reused_from_returned_batches_carry_only_their_own_text() {
+        use std::io::Write;
+        let n = 4 * BATCH as u64 + 3;
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let mut expected = Vec::new();
+        for seq in 0..n {
+            let line = match seq % 4 {
+                0 => format!(
+                    "6,{seq},{},-;a long message {}",
+                    1000 + seq,
+                    "x".repeat(300)
+                ),
+                1 => format!("6,{seq},{},-;short {seq}", 1000 + seq),
+                2 => format!("4,{seq},{},-;tab\\x09here {seq}", 1000 + seq),
+                _ => format!("6,{seq},{},-;s", 1000 + seq),
+            };
+            writeln!(f, "{line}").unwrap();
+            expected.push(super::super::record::parse_record(line.as_bytes()).unwrap());
+        }
+        f.flush().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CHANNEL_BATCHES);
+        let (back, returned) = returns();
+        let stop = Arc::new(AtomicBool::new(false));
+        let file = File::open(f.path()).unwrap();
+        let t = spawn(
+            f.path().to_path_buf(),
+            file,
+            None,
+            tx,
+            Some(returned),
+            stop.clone(),
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        'outer: while let Some(batch) = rx.blocking_recv() {
+            let mut done = false;
+            for ev in &batch {
+                match ev {
+                    KmsgEvent::Record { rec, .. } => got.push(rec.clone()),
+                    KmsgEvent::CaughtUp => done = true,
+                    other => panic!("{other:?}"),
+                }
+            }
+            // Handed back as the daemon does, so that later records reuse these.
+            let _ = back.try_send(batch);
+            if done {
+                break 'outer;
+            }
+        }
+        assert_eq!(got.len(), expected.len());
+        for (g, e) in got.iter().zip(&expected) {
+            assert_eq!(g, e, "record {}", e.seq);
+        }
+        stop.store(true, Ordering::Relaxed);
+        drop(rx);
+        t.join().unwrap();
+    }
+
     /// A backlog reaches the pipeline in batches of at most [`BATCH`], every record once and in
     /// order, "caught up" right after the last one.
     #[test]
@@ -738,7 +838,7 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::channel(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
         let file = File::open(f.path()).unwrap();
-        let t = spawn(f.path().to_path_buf(), file, None, tx, stop.clone()).unwrap();
+        let t = spawn(f.path().to_path_buf(), file, None, tx, None, stop.clone()).unwrap();
         let mut seqs = Vec::new();
         let mut batches = 0;
         'outer: while let Some(batch) = rx.blocking_recv() {
