@@ -1082,10 +1082,11 @@ mod tests {
                 assert_eq!(c.newlines, exact, "{l:?} from {from}");
                 // Every 16th line start: each search runs on to the planted literal.
                 for _ in 0..16 {
+                    // Past the last newline: to the end, not beyond it.
                     from += hay[from..]
                         .iter()
                         .position(|&b| b == b'\n')
-                        .map_or(hay.len(), |n| n + 1);
+                        .map_or(hay.len() - from, |n| n + 1);
                 }
             }
         }

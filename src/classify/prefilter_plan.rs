@@ -48,7 +48,6 @@ pub const LITERALS: &[&str] = &[
     "Unable to find any GPUs in the system",
     "nvc.c:",
     "DCGM initialization error",
-    "initialize NVIDIA Management Library",
     "Error on querying NVIDIA devices",
     "Could not load UVM kernel",
     "could not select device driver \"\" with capabilities: [[gpu]]",
@@ -97,7 +96,7 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("nvgp", 0),
     ("IA d", 25),
     ("ERR!", 0),
-    ("cman", 5),
+    ("icma", 4),
     ("ERRO", 3),
     ("] [W", 0),
     ("lost", 7),
@@ -107,10 +106,9 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("Unab", 0),
     ("nvc.", 0),
     ("DCGM", 0),
-    ("Libr", 29),
     ("IA d", 22),
-    ("ould", 1),
-    ("ould", 1),
+    ("Coul", 0),
+    ("[[gp", 53),
     ("IA d", 21),
     ("Unab", 0),
     ("tibl", 26),
@@ -121,4 +119,4 @@ pub const ANCHORS: &[(&str, usize)] = &[
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[0, 30, 41, 34, 2, 17, 32, 13, 7, 19, 8, 24, 10, 3, 23, 29, 15, 38, 26, 40, 33, 4, 18, 16, 35, 21, 12, 6, 22, 14, 27, 5, 39, 31, 11, 36, 28, 20, 25, 1, 37, 9];
+pub const ORDER: &[usize] = &[22, 38, 40, 21, 1, 20, 25, 16, 37, 30, 33, 26, 18, 34, 23, 12, 13, 39, 0, 31, 35, 4, 32, 41, 10, 15, 36, 29, 2, 3, 19, 8, 24, 7, 6, 5, 27, 17, 14, 11, 28, 9];

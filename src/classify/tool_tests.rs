@@ -297,21 +297,20 @@ fn the_installers_module_failures_are_read_in_every_wording() {
     }
 }
 
-/// NVML's initialisation failure in the library's long name, and nvidia-smi's words when NVML's
-/// library is missing (round `ad`, toolbox and distrobox containers): both say no program on the
-/// machine can query a GPU.
+/// nvidia-smi's words when NVML's library is missing (round `ad`, a distrobox container): no
+/// program on the machine can query a GPU. (NVML's failure in its long name, `failed to initialize
+/// NVIDIA Management Library`, is not read: its literal, the only one such a line holds, cost the
+/// prefilter's first stage a third more passes on a container host's log; see
+/// fixtures/unseen/README.md, round `ad`.)
 #[test]
-fn nvmls_long_name_and_nvidia_smis_missing_library_are_read() {
+fn nvidia_smis_missing_library_is_read() {
     for l in [
-        "  Error: failed to initialize NVIDIA Management Library",
-        "Error: Failed to initialize NVIDIA Management Library",
         "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display Driver is properly installed and present in your system.",
     ] {
         let f = loud(l);
         assert_eq!(f.len(), 1, "{l}: {f:?}");
         assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
     }
-    quiet("Successfully initialized NVIDIA Management Library (NVML)");
 }
 
 /// The X server's own error when its NVIDIA GLX finds no NVIDIA X driver of its version (round
