@@ -304,13 +304,10 @@ fn the_installers_module_failures_are_read_in_every_wording() {
 /// fixtures/unseen/README.md, round `ad`.)
 #[test]
 fn nvidia_smis_missing_library_is_read() {
-    for l in [
-        "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display Driver is properly installed and present in your system.",
-    ] {
-        let f = loud(l);
-        assert_eq!(f.len(), 1, "{l}: {f:?}");
-        assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
-    }
+    let l = "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display Driver is properly installed and present in your system.";
+    let f = loud(l);
+    assert_eq!(f.len(), 1, "{l}: {f:?}");
+    assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
 }
 
 /// The X server's own error when its NVIDIA GLX finds no NVIDIA X driver of its version (round
