@@ -48,6 +48,7 @@ pub const LITERALS: &[&str] = &[
     "Unable to find any GPUs in the system",
     "nvc.c:",
     "DCGM initialization error",
+    "NvRmMemInitNvmap failed",
     "Error on querying NVIDIA devices",
     "Could not load UVM kernel",
     "could not select device driver \"\" with capabilities: [[gpu]]",
@@ -106,6 +107,7 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("Unab", 0),
     ("nvc.", 0),
     ("DCGM", 0),
+    ("NvRm", 0),
     ("IA d", 22),
     ("Coul", 0),
     ("[[gp", 53),
@@ -119,4 +121,4 @@ pub const ANCHORS: &[(&str, usize)] = &[
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[22, 38, 40, 21, 1, 20, 25, 16, 37, 30, 33, 26, 18, 34, 23, 12, 13, 39, 0, 31, 35, 4, 32, 41, 10, 15, 36, 29, 2, 3, 19, 8, 24, 7, 6, 5, 27, 17, 14, 11, 28, 9];
+pub const ORDER: &[usize] = &[1, 0, 22, 15, 6, 20, 42, 34, 13, 30, 33, 10, 18, 29, 12, 23, 38, 36, 25, 5, 35, 4, 32, 31, 39, 40, 24, 8, 2, 14, 21, 3, 26, 7, 28, 41, 27, 17, 11, 19, 16, 37, 9];

@@ -321,3 +321,22 @@ fn the_x_servers_glx_without_an_nvidia_x_driver_is_read() {
     quiet("[   272.035] (II) Initializing extension GLX");
     quiet("[   272.035] Failed to initialize GLX extension (Compatible NVIDIA X driver not found)");
 }
+
+/// Jetson's user-space GPU failures (round `ai`): Tegra's memory manager without `/dev/nvmap`,
+/// a CDI request for a GPU no specification names, and the container hook missing a device node
+/// of the driver. Each leaves a program or a container without the GPU.
+#[test]
+fn jetson_user_space_gpu_failures_are_read() {
+    for l in [
+        "NvRmMemInitNvmap failed with No such file or directory",
+        "Jul 27 12:26:37 nixos /nix/store/jsmfi4447h39f4xrawfhajjdvnqglzqi-gdm-43.0/libexec/gdm-x-session[1085]: NvRmMemInitNvmap failed with Permission denied",
+        "failed to create task for container: failed to create shim task: OCI runtime create failed: could not apply required modification to OCI specification: error modifying OCI spec: failed to inject CDI devices: unresolvable CDI devices nvidia.com/gpu=tegra: unknown",
+        "nvidia-container-cli: mount error: stat failed: /dev/nvidiactl: no such file or directory",
+    ] {
+        let f = loud(l);
+        assert_eq!(f.len(), 1, "{l}: {f:?}");
+        assert_eq!(f[0].kind, FindingKind::DriverError, "{l}");
+    }
+    // The hook's other mount errors are the container's set-up, not the GPU.
+    quiet("nvidia-container-cli: mount error: file creation failed: /var/lib/docker/overlay2/x/merged/run/nvidia-persistenced/socket: no such device or address");
+}

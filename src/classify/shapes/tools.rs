@@ -372,6 +372,9 @@ const CONTAINER_CLI_GPU_CAUSES: &[&str] = &[
     // it until its driver is upgraded. A malformed requirement (`invalid expression`) is the
     // image's mistake and stays quiet.
     "unsatisfied condition",
+    // A device node of the driver missing on the host (`mount error: stat failed: /dev/nvidiactl:
+    // no such file or directory`): the kernel module is not loaded, or its nodes were never made.
+    "stat failed: /dev/nvidia",
 ];
 
 /// A Fabric Manager record: bare, as its log file holds it (`[ERROR] [tid 841] ...`, the stamp

@@ -78,6 +78,11 @@ pub struct RowSpec {
     pub examples: Vec<String>,
 }
 
+/// The driver literals a row may be found by (`found_by`): each is one the prefilter searches on
+/// its own (a test in the prefilter holds it to its hand literals; the table does not import the
+/// prefilter, which is built from it).
+pub const FOUND_BY: &[&str] = &["nvidia", "(EE)", "NVRM"];
+
 /// A compiled row.
 #[derive(Debug)]
 pub struct Row {
@@ -742,7 +747,7 @@ fn compile(
     };
     let found_by = match spec.found_by.as_deref() {
         None => None,
-        Some(f) if crate::classify::prefilter::HAND_LITERALS.contains(&f) && spec.anchor => {
+        Some(f) if FOUND_BY.contains(&f) && spec.anchor => {
             Some(intern(f))
         }
         Some(f) => {
@@ -750,7 +755,7 @@ fn compile(
                 "found_by",
                 format!(
                     "{f:?} is not a driver literal the prefilter searches on its own, or the row has no `anchor` (known: {})",
-                    crate::classify::prefilter::HAND_LITERALS.join(", ")
+                    FOUND_BY.join(", ")
                 ),
             ))
         }

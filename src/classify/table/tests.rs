@@ -77,6 +77,13 @@ fn every_rows_literal_reaches_the_prefilter() {
             assert!(pre.is_candidate(ex.as_bytes()), "{}: {ex}", row.id);
         }
     }
+    // Every literal a row may be found by is one the prefilter searches on its own.
+    for f in super::FOUND_BY {
+        assert!(
+            prefilter::HAND_LITERALS.contains(f),
+            "{f} is no hand literal"
+        );
+    }
     // The hand literals are all still there, each once.
     for h in prefilter::HAND_LITERALS {
         assert_eq!(list.iter().filter(|l| *l == h).count(), 1, "{h}");
