@@ -197,24 +197,6 @@ impl Classifier {
                     last_line: at.line,
                 });
             }
-            Shape::ApiMismatchKernel { kernel } => {
-                // The head was lost: what we have, with the message's later lines folded in.
-                let f = base(
-                    id::API_MISMATCH_TAIL,
-                    FindingKind::ApiMismatch,
-                    Severity::Critical,
-                    Category::Driver,
-                    "driver API mismatch: user-space driver and kernel module versions differ",
-                    msg,
-                    at,
-                );
-                self.pending = Some(Pending::ApiMismatch {
-                    finding: f,
-                    client: None,
-                    kernel: Some(kernel),
-                    last_line: at.line,
-                });
-            }
             Shape::VersionMismatch {
                 component,
                 component_version,
@@ -240,11 +222,14 @@ impl Classifier {
                 });
                 out.push(f);
             }
-            // A line of the API mismatch message with no head above it (cut by a paste, or all
-            // that a `grep` kept): only this message says these words, so it is the API mismatch;
-            // the message's later lines fold in, and its last line ends it.
-            Shape::ApiMismatchClient { .. } | Shape::ApiMismatchTail { .. } => {
-                let f = base(
+            // A line of the API mismatch message with no head above it (the head lost, cut by a
+            // paste, or all that a `grep` kept): only this message says these words, so it is the
+            // API mismatch, with what the line gives; the message's later lines fold in, and its
+            // last line ends it.
+            Shape::ApiMismatchClient { .. }
+            | Shape::ApiMismatchKernel { .. }
+            | Shape::ApiMismatchTail { .. } => {
+                let finding = base(
                     id::API_MISMATCH_TAIL,
                     FindingKind::ApiMismatch,
                     Severity::Critical,
@@ -254,24 +239,19 @@ impl Classifier {
                     at,
                 );
                 let ends = matches!(shape, Shape::ApiMismatchTail { last: true });
-                let client = match shape {
-                    Shape::ApiMismatchClient { client } => Some(client),
-                    _ => None,
+                let (client, kernel) = match shape {
+                    Shape::ApiMismatchClient { client } => (Some(client), None),
+                    Shape::ApiMismatchKernel { kernel } => (None, Some(kernel)),
+                    _ => (None, None),
                 };
+                self.pending = Some(Pending::ApiMismatch {
+                    finding,
+                    client,
+                    kernel,
+                    last_line: at.line,
+                });
                 if ends {
-                    let mut f = f;
-                    f.detail = Some(Detail::ApiMismatch {
-                        client_version: String::new(),
-                        kernel_version: String::new(),
-                    });
-                    out.push(f);
-                } else {
-                    self.pending = Some(Pending::ApiMismatch {
-                        finding: f,
-                        client,
-                        kernel: None,
-                        last_line: at.line,
-                    });
+                    self.flush(out);
                 }
             }
             Shape::GspDump { opens, text } => {
