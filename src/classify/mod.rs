@@ -33,6 +33,8 @@ pub mod wide;
 mod xid;
 
 #[cfg(test)]
+mod binding_tests;
+#[cfg(test)]
 mod forum_tests;
 #[cfg(test)]
 mod ml_tests;

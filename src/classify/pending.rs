@@ -577,6 +577,18 @@ impl Classifier {
                 fold_raw(finding, msg, at, last_line);
                 None
             }
+            // A frame whose paste lost its offsets and names no module (` __schedule`, indented
+            // under the report's `Call Trace:`): a bare symbol on a line of its own, which alone
+            // would say nothing, is a frame only inside a report.
+            (
+                Pending::Trace {
+                    finding, last_line, ..
+                },
+                Shape::Other | Shape::Harmless,
+            ) if shapes::is_bare_symbol(msg) => {
+                fold_raw(finding, msg, at, last_line);
+                None
+            }
             _ => {
                 self.flush(out);
                 Some(shape)

@@ -400,8 +400,14 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
         // NVML's Python exception, from its module name when it is there.
         crate::classify::shapes::NVML_EXCEPTION => {
             if crate::classify::shapes::nvml_exception(rest).is_some() {
-                let start = if line[..i].ends_with("pynvml.") {
-                    i - "pynvml.".len()
+                // Back over the module path (`pynvml.nvml.`) to the qualified name's start.
+                let path = line[..i]
+                    .bytes()
+                    .rev()
+                    .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
+                    .count();
+                let start = if line[..i].ends_with('.') {
+                    i - path
                 } else {
                     i
                 };
@@ -476,7 +482,16 @@ fn x_driver_tag(marked: &str) -> Option<usize> {
 /// `symbol+0x1f/0x40 [nvidia_uvm]` belong to the message, the timestamp before them does not.
 fn frame_start(line: &str) -> Option<usize> {
     crate::classify::shapes::frame_module(line)?;
-    let plus = line.find("+0x")?;
+    let Some(plus) = line.find("+0x") else {
+        // A frame whose offsets the paste lost: from its symbol, the spaces before it.
+        let open = line.rfind(" [")?;
+        let mut start = line[..open].rfind([' ', '>', ']']).map_or(0, |i| i + 1);
+        crate::classify::shapes::is_frame(&line[start..]).then_some(())?;
+        while start > 0 && line.as_bytes()[start - 1] == b' ' {
+            start -= 1;
+        }
+        return Some(start);
+    };
     let mut start = line[..plus].rfind([' ', '>']).map_or(0, |i| i + 1);
     let head = &line[..start];
     let trimmed = head.trim_end();
@@ -498,6 +513,9 @@ fn frame_start(line: &str) -> Option<usize> {
 /// Whether `s` begins with a tag in the exact shape the kernel prints it.
 fn tag_shape_ok(s: &str) -> bool {
     if s.starts_with("NVRM: ") || s == "NVRM:" {
+        return true;
+    }
+    if crate::classify::shapes::retyped_nvrm(s).is_some() {
         return true;
     }
     if let Some(rest) = s.strip_prefix("NVRM ") {

@@ -367,6 +367,17 @@ const NVIDIA_MODULES: &[&str] = &[
     "nvidia",
 ];
 
+/// The message of an `NVRM` tag whose colon a reporter who retyped the line moved or dropped the
+/// space after (`NVRM :Xid (PCI:0000:81:00): 79, ...`, `NVRM:Xid (...`): the text after the colon.
+/// Only before an Xid, the one message a reporter retypes this way that the grammar after it
+/// still checks; the kernel's own `NVRM: ` is read by the tag's exact shape.
+pub fn retyped_nvrm(s: &str) -> Option<&str> {
+    let rest = s.strip_prefix("NVRM")?.trim_start_matches(' ');
+    let rest = rest.strip_prefix(':')?;
+    let body = rest.trim_start_matches(' ');
+    (body.starts_with("Xid (") && !s.starts_with("NVRM: ")).then_some(body)
+}
+
 /// Classifies one message line (starting at its tag).
 pub fn parse(msg: &str) -> Shape {
     if matches!(msg.as_bytes().first(), Some(b'[' | b'{')) {
@@ -376,6 +387,9 @@ pub fn parse(msg: &str) -> Shape {
     }
     if let [b'N', b'V', b'R', b'M', b':', b' ', ..] = msg.as_bytes() {
         return parse_nvrm(crate::classify::trim::end(&msg[6..]));
+    }
+    if let Some(body) = retyped_nvrm(msg) {
+        return parse_nvrm(crate::classify::trim::end(body));
     }
     if let Some(rest) = msg.strip_prefix("NVRM ") {
         // Older open-module builds print `NVRM funcName: text`.

@@ -72,14 +72,26 @@ pub fn driver_unreachable_start(line: &str) -> Option<usize> {
 }
 
 /// NVML's Python binding raising one of its errors: `pynvml.NVMLError_Unknown: Unknown Error`,
-/// `NVMLError_GpuIsLost: GPU is lost`. The error's name, when `t` is such a line.
+/// `NVMLError_GpuIsLost: GPU is lost`, with the class's module path however the binding's
+/// package lays it out (`pynvml.nvml.NVMLError_...`, `nvidia_smi.NVMLError_...`). The error's
+/// name, when `t` is such a line.
 pub fn nvml_exception(t: &str) -> Option<&str> {
-    let rest = t.strip_prefix("pynvml.").unwrap_or(t);
+    let rest = &t[module_path_len(t)..];
     let rest = rest.strip_prefix(NVML_EXCEPTION)?;
     let end = rest
         .find(|c: char| !c.is_ascii_alphanumeric())
         .unwrap_or(rest.len());
     (end > 0 && rest[end..].starts_with(':')).then(|| &rest[..end])
+}
+
+/// The length of a Python module path at the start of `t` (`pynvml.nvml.`): dotted identifiers,
+/// the last dot included; 0 when there is none.
+pub(crate) fn module_path_len(t: &str) -> usize {
+    let run = t
+        .bytes()
+        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
+        .count();
+    t[..run].rfind('.').map_or(0, |d| d + 1)
 }
 
 /// The class prefix of NVML's Python exceptions.
@@ -140,30 +152,83 @@ const NVML_CODES: &[(u32, &str)] = &[
     (999, "Unknown"),
 ];
 
-/// Where an NVML call failure that a tool reports by the return code's number starts, at `NVML`,
-/// with the code's name: `WARN: NVML: can't get GPU #0, error code 15` (a miner's words) or
-/// `NVML error at line 339: 1` (a vGPU scheduler's hook, by its source line). A number NVML does
-/// not define is no NVML code.
+/// Where an NVML call failure that a tool reports by its return code starts, at `NVML`, with the
+/// code's name. By number: `WARN: NVML: can't get GPU #0, error code 15` (a miner's words), `NVML:
+/// cannot get fan speed, error 999 (an internal driver error occurred)` (another miner's, with
+/// NVML's description of the code), `NVML error at line 339: 1` (a vGPU scheduler's hook, by its
+/// source line); by the name a binding gives the code: `NVML power get failed with status:
+/// GPUIsLost` (a .NET binding's enum), `... failed with code: NVML_ERROR_GPU_IS_LOST`. A number or
+/// a name NVML does not define is no NVML code.
 pub fn nvml_code(line: &str) -> Option<(usize, &'static str)> {
     let at = crate::classify::find::find(line.as_bytes(), b"NVML")?;
     let rest = &line[at..];
     let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
-    let number = if let Some(i) = crate::classify::find::find(rest.as_bytes(), b"error code ") {
+    let by_number = |code: &str| {
+        let code: u32 = code.parse().ok()?;
+        NVML_CODES.iter().find(|c| c.0 == code).map(|c| c.1)
+    };
+    let name = if let Some(i) = crate::classify::find::find(rest.as_bytes(), b"error code ") {
         let n = &rest[i + "error code ".len()..];
-        &n[..digits(n)]
-    } else {
-        let n = rest.strip_prefix("NVML error at line ")?;
+        by_number(&n[..digits(n)])?
+    } else if let Some(n) = rest.strip_prefix("NVML error at line ") {
         let n = n[digits(n)..].strip_prefix(": ")?;
         let d = digits(n);
         // The code ends the message: `: 1` and nothing but punctuation after it.
         if !n[d..].trim_end_matches(['.', ' ', '\r']).is_empty() {
             return None;
         }
-        &n[..d]
+        by_number(&n[..d])?
+    } else if let Some(i) = crate::classify::find::find(rest.as_bytes(), b", error ") {
+        // `, error 999` ending the message or followed by the code's description in parentheses.
+        let n = &rest[i + ", error ".len()..];
+        let d = digits(n);
+        let after = n[d..].trim_end();
+        if !(after.is_empty() || after.starts_with(" (")) {
+            return None;
+        }
+        by_number(&n[..d])?
+    } else {
+        code_by_name(rest)?
     };
-    let code: u32 = number.parse().ok()?;
-    let name = NVML_CODES.iter().find(|c| c.0 == code)?.1;
     Some((at, name))
+}
+
+/// NVML's return code by the name a binding gives it, after a failure's `status: ` or `code: `
+/// (`GPUIsLost`, `GpuIsLost`, `NVML_ERROR_GPU_IS_LOST`): the name as [`NVML_CODES`] spells it.
+fn code_by_name(rest: &str) -> Option<&'static str> {
+    let b = rest.as_bytes();
+    let failed = crate::classify::find::find(b, b"fail").is_some()
+        || crate::classify::find::find(b, b"rror").is_some();
+    if !failed {
+        return None;
+    }
+    let i = ["status: ", "code: "]
+        .iter()
+        .find_map(|k| crate::classify::find::find(b, k.as_bytes()).map(|i| i + k.len()))?;
+    let word = &rest[i..];
+    let end = word
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(word.len());
+    if !word[end..]
+        .trim_end_matches(['.', ' ', '\r', ')', '"', '\''])
+        .is_empty()
+    {
+        return None;
+    }
+    let word = &word[..end];
+    let word = word
+        .strip_prefix("NVML_ERROR_")
+        .or_else(|| word.strip_prefix("ERROR_"))
+        .unwrap_or(word);
+    let key: String = word
+        .chars()
+        .filter(|&c| c != '_')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    NVML_CODES
+        .iter()
+        .find(|c| c.1.eq_ignore_ascii_case(&key))
+        .map(|c| c.1)
 }
 
 /// The nvidia-smi marker for a field it could not read, padded as the table prints it (a

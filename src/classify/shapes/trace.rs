@@ -47,11 +47,14 @@ pub fn named_module(line: &str) -> Option<&'static str> {
     None
 }
 
-/// Whether a line is a call-trace frame (`sym+0x1f/0x40 [mod]`, with `? ` and `[<addr>] `).
+/// Whether a line is a call-trace frame (`sym+0x1f/0x40 [mod]`, with `? ` and `[<addr>] `), or a
+/// frame in a module whose paste lost its offsets (`nvkms_ioctl_from_kapi_try_pmlock
+/// [nvidia_modeset]`: a reporter's cleanup; without a module, a bare symbol is no frame, the
+/// word alone saying nothing).
 pub fn is_frame(line: &str) -> bool {
     let t = frame_text(line);
     let Some(plus) = t.find("+0x") else {
-        return false;
+        return bare_frame_symbol(t).is_some();
     };
     let sym = &t[..plus];
     !sym.is_empty()
@@ -60,6 +63,29 @@ pub fn is_frame(line: &str) -> bool {
         && sym
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'$'))
+}
+
+/// Whether `msg` is a kernel symbol alone (` __schedule`, ` schedule_timeout`, indented under a
+/// report's `Call Trace:`): a frame of a trace pasted without offsets, when a report is open.
+pub fn is_bare_symbol(msg: &str) -> bool {
+    let sym = msg.trim();
+    sym.len() > 1
+        && sym
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
+        && sym.bytes().any(|b| b.is_ascii_alphabetic())
+}
+
+/// The symbol of a frame without offsets, `symbol [module]` and nothing else.
+pub(crate) fn bare_frame_symbol(t: &str) -> Option<&str> {
+    let (sym, module) = t.trim_end().split_once(" [")?;
+    let module = module.strip_suffix(']')?;
+    let ident = |s: &str, extra: &[u8]| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || extra.contains(&b))
+    };
+    (ident(sym, b".$") && ident(module, b"-")).then_some(sym)
 }
 
 /// A frame line without its leading `[<address>]`, `? ` and spaces.
