@@ -14,37 +14,30 @@ fn loud(line: &str) -> Vec<crate::model::Finding> {
 /// description of it. A lost GPU is critical; an answer ("not supported") is no fault.
 #[test]
 fn nvml_return_codes_are_read_in_every_bindings_spelling() {
-    for (line, critical) in [
-        ("pynvml.nvml.NVMLError_Unknown: Unknown Error", false),
+    for (line, want) in [
+        ("pynvml.nvml.NVMLError_Unknown: Unknown Error", Severity::Warning),
         (
             "pynvml.nvml.NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch.",
-            false,
+            Severity::Warning,
         ),
-        ("  File \"x.py\", line 3, raise pynvml.nvml.NVMLError_GpuIsLost: GPU is lost", true),
+        ("  File \"x.py\", line 3, raise pynvml.nvml.NVMLError_GpuIsLost: GPU is lost", Severity::Critical),
         (
             "[2019-07-25 07:05:13] [ERROR] [NVML] System.Exception: NVML power get failed with status: GPUIsLost",
-            true,
+            Severity::Critical,
         ),
         (
             "[2019-07-25 07:05:13] [ERROR] [NVML] System.Exception: NVML get temp failed with code: GPUIsLost",
-            true,
+            Severity::Critical,
         ),
-        ("NVML call failed with code: NVML_ERROR_GPU_IS_LOST", true),
+        ("NVML call failed with code: NVML_ERROR_GPU_IS_LOST", Severity::Critical),
         (
             "13:27:27:762\t1778\tNVML: cannot get fan speed, error 999 (an internal driver error occurred)",
-            false,
+            Severity::Warning,
         ),
-        ("NVML: cannot get temperature, error 15", true),
+        ("NVML: cannot get temperature, error 15", Severity::Critical),
     ] {
-        let f = loud(line);
-        assert_eq!(f.len(), 1, "{line}: {f:?}");
-        assert_eq!(f[0].kind, FindingKind::DriverError, "{line}");
-        let want = if critical {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
-        assert_eq!(f[0].severity, want, "{line}");
+        let f = testing::one_of_kind(line, FindingKind::DriverError);
+        assert_eq!(f.severity, want, "{line}");
     }
     for quiet in [
         // Answers, not faults: a passive card has no fan, a user may not read everything.
@@ -71,12 +64,10 @@ fn a_retyped_xid_tag_is_still_an_xid() {
         "NVRM : Xid (PCI:0000:81:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus",
         "Jan  3 10:00:01 node kernel: NVRM:Xid (PCI:0000:81:00): 79, GPU has fallen off the bus.",
     ] {
-        let f = loud(line);
-        assert_eq!(f.len(), 1, "{line}: {f:?}");
-        assert_eq!(f[0].kind, FindingKind::Xid, "{line}");
-        assert_eq!(f[0].xid, Some(79), "{line}");
+        let f = testing::one_of_kind(line, FindingKind::Xid);
+        assert_eq!(f.xid, Some(79), "{line}");
         assert_eq!(
-            f[0].pci.map(|p| p.to_string()).as_deref(),
+            f.pci.map(|p| p.to_string()).as_deref(),
             Some("0000:81:00.0"),
             "{line}"
         );

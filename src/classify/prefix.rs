@@ -404,7 +404,7 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
                 let path = line[..i]
                     .bytes()
                     .rev()
-                    .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
+                    .take_while(|&b| crate::classify::shapes::is_module_path_byte(b))
                     .count();
                 let start = if line[..i].ends_with('.') {
                     i - path

@@ -35,6 +35,14 @@ pub fn loud_line(line: &str, prefilter: bool) -> Vec<Finding> {
     loud_lines(&[line], prefilter)
 }
 
+/// The one loud finding of `line` read alone, which must be of `kind`.
+pub fn one_of_kind(line: &str, kind: crate::model::FindingKind) -> Finding {
+    let mut f = loud_line(line, true);
+    assert_eq!(f.len(), 1, "{line}: {f:?}");
+    assert_eq!(f[0].kind, kind, "{line}");
+    f.remove(0)
+}
+
 /// The real lines of `fixtures/corpus/` and `fixtures/unseen/` (the text after each label), for
 /// tests that hold a fast reader to the slow one it replaced on every line the project has.
 pub fn fixture_lines() -> Vec<String> {

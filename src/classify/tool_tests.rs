@@ -15,14 +15,6 @@ fn quiet(line: &str) {
     assert!(f.is_empty(), "{line}: {f:?}");
 }
 
-/// The one finding `line` makes, which must be of `kind`.
-fn one_of_kind(line: &str, kind: FindingKind) -> Finding {
-    let mut f = loud(line);
-    assert_eq!(f.len(), 1, "{line}: {f:?}");
-    assert_eq!(f[0].kind, kind, "{line}");
-    f.remove(0)
-}
-
 /// NVML's library cannot be loaded, in the words of each kind of program that loads it: an
 /// exporter, a Rust binding's panic, Python's loader, a Go program's wrapped error, gpustat's
 /// summary. Every NVML client on the machine fails the same way.
@@ -288,7 +280,7 @@ fn the_installers_module_failures_are_read_in_every_wording() {
         "ERROR: Failed to run `/usr/sbin/dkms build -m nvidia -v 340.108 -k 5.6.13-300.fc32.x86_64`: ",
         "ERROR: Failed to install the kernel module through DKMS.  No kernel module was installed; please",
     ] {
-        let f = one_of_kind(l, FindingKind::DriverInitFailure);
+        let f = testing::one_of_kind(l, FindingKind::DriverInitFailure);
         assert_eq!(f.severity, Severity::Critical, "{l}");
     }
     for l in [
@@ -311,7 +303,7 @@ fn the_installers_module_failures_are_read_in_every_wording() {
 #[test]
 fn nvidia_smis_missing_library_is_read() {
     let l = "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display Driver is properly installed and present in your system.";
-    one_of_kind(l, FindingKind::DriverError);
+    testing::one_of_kind(l, FindingKind::DriverError);
 }
 
 /// The X server's own error when its NVIDIA GLX finds no NVIDIA X driver of its version (round
@@ -319,7 +311,7 @@ fn nvidia_smis_missing_library_is_read() {
 /// words.
 #[test]
 fn the_x_servers_glx_without_an_nvidia_x_driver_is_read() {
-    one_of_kind(
+    testing::one_of_kind(
         "[   272.035] (EE) Failed to initialize GLX extension (Compatible NVIDIA X driver not found)",
         FindingKind::DriverError,
     );
@@ -338,7 +330,7 @@ fn jetson_user_space_gpu_failures_are_read() {
         "failed to create task for container: failed to create shim task: OCI runtime create failed: could not apply required modification to OCI specification: error modifying OCI spec: failed to inject CDI devices: unresolvable CDI devices nvidia.com/gpu=tegra: unknown",
         "nvidia-container-cli: mount error: stat failed: /dev/nvidiactl: no such file or directory",
     ] {
-        one_of_kind(l, FindingKind::DriverError);
+        testing::one_of_kind(l, FindingKind::DriverError);
     }
     // The hook's other mount errors are the container's set-up, not the GPU.
     quiet("nvidia-container-cli: mount error: file creation failed: /var/lib/docker/overlay2/x/merged/run/nvidia-persistenced/socket: no such device or address");

@@ -87,11 +87,13 @@ pub fn nvml_exception(t: &str) -> Option<&str> {
 /// The length of a Python module path at the start of `t` (`pynvml.nvml.`): dotted identifiers,
 /// the last dot included; 0 when there is none.
 pub(crate) fn module_path_len(t: &str) -> usize {
-    let run = t
-        .bytes()
-        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
-        .count();
+    let run = t.bytes().take_while(|&b| is_module_path_byte(b)).count();
     t[..run].rfind('.').map_or(0, |d| d + 1)
+}
+
+/// A byte of a Python module path: an identifier's or a dot.
+pub fn is_module_path_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.')
 }
 
 /// The class prefix of NVML's Python exceptions.
@@ -197,6 +199,8 @@ pub fn nvml_code(line: &str) -> Option<(usize, &'static str)> {
 /// (`GPUIsLost`, `GpuIsLost`, `NVML_ERROR_GPU_IS_LOST`): the name as [`NVML_CODES`] spells it.
 fn code_by_name(rest: &str) -> Option<&'static str> {
     let b = rest.as_bytes();
+    // Only where the line says something failed (`failed`, `Error`): a status that is read out,
+    // not one that is complained of, is no failure.
     let failed = crate::classify::find::find(b, b"fail").is_some()
         || crate::classify::find::find(b, b"rror").is_some();
     if !failed {
@@ -220,14 +224,16 @@ fn code_by_name(rest: &str) -> Option<&'static str> {
         .strip_prefix("NVML_ERROR_")
         .or_else(|| word.strip_prefix("ERROR_"))
         .unwrap_or(word);
-    let key: String = word
-        .chars()
-        .filter(|&c| c != '_')
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
+    // `GPU_IS_LOST` and `GPUIsLost` are `GpuIsLost`: the letters alike but for case, no `_`.
+    let letters = |s: &'static str| s.bytes().map(|b| b.to_ascii_lowercase());
+    let key = || {
+        word.bytes()
+            .filter(|&b| b != b'_')
+            .map(|b| b.to_ascii_lowercase())
+    };
     NVML_CODES
         .iter()
-        .find(|c| c.1.eq_ignore_ascii_case(&key))
+        .find(|c| letters(c.1).eq(key()))
         .map(|c| c.1)
 }
 
