@@ -107,6 +107,20 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<u8> {
                 },
                 silences.len()
             );
+            // The built-in shapes as this binary compiles them: a pattern that does not compile
+            // here reads nothing, silently, wherever the daemon or `scan` runs.
+            let builtin = crate::classify::table::Table::builtin();
+            let broken = builtin.uncompiled();
+            if !broken.is_empty() {
+                for (id, e) in &broken {
+                    eprintln!("xidwatch: built-in shape {id} does not compile in this build: {e}");
+                }
+                return Ok(1);
+            }
+            println!(
+                "built-in shapes: {} rows, every pattern compiles",
+                builtin.rows().len()
+            );
             let h = &c.alerts.handoff;
             match (&h.scheduler, &h.node) {
                 (crate::alert::handoff::Scheduler::None, _) => {

@@ -476,11 +476,28 @@ impl Table {
         let (i, caps) = self.find(text, tag)?;
         Some((i, self.rows[i].read(text, &caps, None)))
     }
+
+    /// The rows whose pattern does not compile in this build, with the reason. The regex crate's
+    /// features are unified with the dev-dependencies' in a test build, so a row can compile in
+    /// every test and read nothing in the shipped binary (a case-insensitive group without the
+    /// `unicode-case` feature did): `xidwatch check` runs this in the binary itself, and CI runs
+    /// that check on the release build.
+    pub fn uncompiled(&self) -> Vec<(&'static str, String)> {
+        self.rows
+            .iter()
+            .filter_map(|r| {
+                pattern::build(&r.source, r.slots.len())
+                    .err()
+                    .map(|e| (r.id, e))
+            })
+            .collect()
+    }
 }
 
 impl Row {
     /// The compiled pattern; `None` only for a built-in row whose pattern does not compile, which
-    /// its tests rule out (such a row then reads nothing rather than stop the classifier).
+    /// its tests and `xidwatch check` rule out (such a row then reads nothing rather than stop
+    /// the classifier).
     fn re(&self) -> Option<&Regex> {
         self.re
             .get_or_init(|| pattern::build(&self.source, self.slots.len()).ok())
