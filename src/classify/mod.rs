@@ -35,6 +35,8 @@ mod xid;
 #[cfg(test)]
 mod binding_tests;
 #[cfg(test)]
+mod engine_tests;
+#[cfg(test)]
 mod forum_tests;
 #[cfg(test)]
 mod ml_tests;

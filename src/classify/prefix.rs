@@ -543,6 +543,11 @@ fn tag_shape_ok(s: &str) -> bool {
     if after.starts_with(": ") || after == ":" {
         return true;
     }
+    // A distribution's wrapper renames the real binary (`nvidia-container-cli.real: ...`, which
+    // a runtime then quotes in its hook's error).
+    if name_end > 1 && after.starts_with(".real: ") {
+        return true;
+    }
     // systemd on an NVIDIA unit: `nvidia-persistenced.service: Failed with result 'exit-code'.`
     if name_end > 1 && after.starts_with(".service: ") {
         return true;

@@ -81,7 +81,7 @@ pub struct RowSpec {
 /// The driver literals a row may be found by (`found_by`): each is one the prefilter searches on
 /// its own (a test in the prefilter holds it to its hand literals; the table does not import the
 /// prefilter, which is built from it).
-pub const FOUND_BY: &[&str] = &["nvidia", "(EE)", "NVRM"];
+pub const FOUND_BY: &[&str] = &["nvidia", "(EE)", "NVRM", "NVML"];
 
 /// A compiled row.
 #[derive(Debug)]

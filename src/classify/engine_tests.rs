@@ -1,0 +1,107 @@
+//! Classifier tests for the classes of lines that unseen round `ak` (GPU containers beyond plain
+//! Docker, driver builds on kernel updates, monitoring agents) showed read badly, each on the
+//! round's real lines and on others of its class.
+
+use super::testing;
+use crate::model::{FindingKind, Severity};
+
+fn loud(line: &str) -> Vec<crate::model::Finding> {
+    testing::loud_line(line, true)
+}
+
+/// The NVIDIA stack a GPU container needs, missing or not configured on the node, as each engine
+/// says it: a CDI device of any NVIDIA kind that no specification names, containerd without the
+/// `nvidia` runtime, the CDI specification not generated, the toolkit's CLI or `nvidia-smi` not
+/// installed where a runtime or validator runs it, Nomad's plugin unable to list the GPUs. The
+/// same words about another vendor's device or program stay quiet.
+#[test]
+fn a_nodes_missing_nvidia_container_stack_is_read_in_every_engines_words() {
+    for line in [
+        "      Warning  Failed     10s (x2 over 10s)  kubelet            Error: failed to create containerd task: failed to create shim task: OCI runtime create failed: could not apply required modification to OCI specification: error modifying OCI spec: failed to inject CDI devices: unresolvable CDI devices management.nvidia.com/gpu=GPU-e78e68c0-4e6a-737e-f9cc-4223fe50aead",
+        "      Warning  Failed     86s (x26 over 6m37s)  kubelet            Error: failed to create containerd container: CDI device injection failed: unresolvable CDI devices k8s.gpu.nvidia.com/device=gpu-1",
+        r#"Feb 19 13:45:49 xi containerd[14192]: time="2026-02-19T13:45:49.346103748+01:00" level=error msg="RunPodSandbox failed" error="failed to create shim task: device cold plug failed: cold plug: CDI device injection failed: unresolvable CDI devices nvidia.com/pgpu=vfio1""#,
+        r#"      Warning  FailedCreatePodSandBox  12s (x10 over 2m11s)  kubelet            Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox runtime: no runtime for "nvidia" is configured"#,
+        r#"kubelet[1311]: E0505 18:42:19.812688    1311 pod_workers.go:949] "Error syncing pod, skipping" err="failed to \"CreatePodSandbox\" with CreatePodSandboxError: \"Failed to create sandbox for pod: rpc error: code = Unknown desc = failed to get sandbox runtime: no runtime for \\\"nvidia\\\" is configured\"""#,
+        r#"Jan 25 00:45:43 Pallas nvidia-ctk[1600]: time="2026-01-25T00:45:43+11:00" level=error msg="failed to generate CDI spec: failed to create device CDI specs: failed to construct device spec generators: failed to initialize NVML: Driver Not Loaded""#,
+        r#"ERRO[0000] failed to generate CDI spec: failed to create device CDI specs: failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND "#,
+        r#"FATA[0000] exec: "nvidia-container-cli": executable file not found in $PATH"#,
+        r#"time="2021-11-17T07:42:32Z" level=info msg="Error: error validating toolkit installation: exec: \"nvidia-smi\": executable file not found in $PATH""#,
+        "chroot: failed to run command 'nvidia-smi': No such file or directory",
+        "2024-02-03T00:54:32.268-0500 [ERROR] client.device_mgr.nomad-device-nvidia: failed to get fingerprint nvidia devices: plugin=nvidia-gpu @module=nvidia-gpu",
+    ] {
+        let f = testing::one_of_kind(line, FindingKind::DriverError);
+        assert_eq!(f.severity, Severity::Warning, "{line}");
+    }
+    for line in [
+        "Error: failed to inject CDI devices: unresolvable CDI devices amd.com/gpu=all (on a node with nvidia cards)",
+        r#"failed to get sandbox runtime: no runtime for "kata" is configured (nvidia runtime present)"#,
+        r#"FATA[0000] exec: "runc": executable file not found in $PATH (nvidia)"#,
+        "chroot: failed to run command 'nvidia-smi-helper': Permission denied",
+        "2024-02-03T00:54:32.268-0500 [INFO]  client.device_mgr.nomad-device-nvidia: fingerprinted nvidia devices: count=8",
+    ] {
+        assert!(loud(line).is_empty(), "{line}: {:?}", loud(line));
+    }
+}
+
+/// A distribution's wrapper renames the toolkit's CLI (`nvidia-container-cli.real`): its errors
+/// read as the CLI's own do, a driver failure loud and the container's set-up quiet.
+#[test]
+fn the_container_clis_renamed_binary_is_read_as_the_cli() {
+    let l = "Warning  Failed     5s (x3 over 19s)  kubelet            Error: failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: nvidia-container-cli.real: initialization error: driver error: failed to process request: unknown";
+    testing::one_of_kind(l, FindingKind::DriverError);
+    let setup = "stderr: nvidia-container-cli.real: mount error: file creation failed: /var/lib/docker/overlay2/abc/merged/usr/bin/nvidia-smi: file exists: unknown";
+    assert!(loud(setup).is_empty(), "{:?}", loud(setup));
+}
+
+/// The container's own set-up failing under the NVIDIA hook (cgroup device rules, a sandbox's
+/// mount or capability limits, the loader cache inside the image) and the runtimes' lines that
+/// only repeat that a hook exited are not the GPU's state: they stay quiet, as the hook's own
+/// set-up errors always have.
+#[test]
+fn a_containers_own_setup_failing_under_the_nvidia_hook_stays_quiet() {
+    for line in [
+        "nvidia-container-cli: mount error: mount operation failed: /tmp/enroot/pccl+containertest+0.1/usr/lib/firmware/nvidia/470.57.02: operation not permitted",
+        "[ERROR] nvidia-container-cli: ldcache error: process /usr/sbin/ldconfig failed with error code: 1",
+        "FATAL:   container creation failed: nvidia-container-cli failed with exit status 1: nvidia-container-cli: permission error: capability change failed: operation not permitted",
+        "[ERROR] /etc/enroot/hooks.d/98-nvidia.sh exited with return code 1",
+        "Error: OCI runtime error: error executing hook `/usr/bin/nvidia-container-runtime-hook` (exit code: 1)",
+    ] {
+        assert!(loud(line).is_empty(), "{line}: {:?}", loud(line));
+    }
+}
+
+/// The driver not building or not loading after a kernel update, as each builder says it:
+/// akmods, a distribution's DKMS hook naming the module, make inside the module's DKMS tree
+/// (targets with spaces in their brackets too), and the installer on a Secure Boot machine whose
+/// key the kernel does not trust. Another module's build, and the installer's advice, are quiet.
+#[test]
+fn the_driver_failing_to_build_or_load_after_a_kernel_update_is_read() {
+    for (line, sev) in [
+        ("Building and installing nvidia-kmod [FAILED]", Severity::Warning),
+        ("Building DKMS module 'nvidia-367.35' for kernel-4.7.2_1... FAILED!", Severity::Warning),
+        ("DKMS module 'nvidia-367.35' failed to build, please check /var/lib/dkms", Severity::Warning),
+        ("make[2]: *** [/var/lib/dkms/nvidia/435.27.08/build/Kbuild:181: module_symvers_sanity_check] Error 1", Severity::Warning),
+        ("ERROR: The kernel module failed to load, because it was not signed by a key that is trusted by the kernel. Please try installing the driver again, and sign the kernel module when prompted to do so.", Severity::Critical),
+    ] {
+        let f = testing::one_of_kind(line, FindingKind::DriverInitFailure);
+        assert_eq!(f.severity, sev, "{line}");
+    }
+    for line in [
+        "Building and installing nvidia-kmod [  OK  ]",
+        "Building DKMS module 'vboxhost-6.1.26' for kernel-5.13.12_1... FAILED! (nvidia host)",
+        "make[2]: Leaving directory '/var/lib/dkms/nvidia/435.27.08/build'",
+        "  CC [M]  /var/lib/dkms/nvidia/435.27.08/build/nvidia/nv.o",
+    ] {
+        assert!(loud(line).is_empty(), "{line}: {:?}", loud(line));
+    }
+}
+
+/// A monitor that finds no NVML library to load (`nvtop`-like tools) says the driver's user
+/// space is missing where it runs.
+#[test]
+fn a_monitor_finding_no_nvml_library_is_read() {
+    testing::one_of_kind(
+        "NVML library is not installed or not found at the default path.",
+        FindingKind::DriverError,
+    );
+}
