@@ -277,11 +277,20 @@ pub fn open(path: &Path) -> io::Result<File> {
 /// The way batches come back to the reader once the pipeline has handled them (see
 /// [`parse_record_into`]): the sending half goes to the pipeline, the receiving half to [`spawn`].
 pub fn returns() -> (SyncSender<Vec<KmsgEvent>>, Receiver<Vec<KmsgEvent>>) {
-    std::sync::mpsc::sync_channel(CHANNEL_BATCHES)
+    std::sync::mpsc::sync_channel(IN_FLIGHT)
 }
 
-/// Records kept for reuse: a batch's worth, each with its buffers.
-const SPARE_RECORDS: usize = BATCH;
+/// The most batches out at once: those queued to the pipeline, the one it is handling and the
+/// one the reader is handing over. The way back holds that many, so that none has to be dropped.
+const IN_FLIGHT: usize = CHANNEL_BATCHES + 2;
+
+/// Records kept for reuse: every batch in flight's worth, each with its buffers. Why so many:
+/// where the reader and the pipeline share a core, the reader fills the queue in one time slice
+/// and the pipeline hands all of it back in the next; with a batch's worth kept, and one batch
+/// taken back per hand-over, the rest were dropped and allocated again (freeing and allocating
+/// records held 7 % of the samples of a profile of the daemon on bench/daemon_file.sh's GPU-host
+/// mix, pinned to one core).
+const SPARE_RECORDS: usize = BATCH * IN_FLIGHT;
 
 /// A record whose message buffer grew past this is not kept for reuse (a file's line may be
 /// [`MAX_FILE_RECORD`] long; its buffer would be held for good).
@@ -360,20 +369,24 @@ impl Follow {
         self.tx.blocking_send(full).map_err(|_| Closed)
     }
 
-    /// A batch the pipeline gave back, emptied, its records kept as spares; `None` when none is
-    /// waiting (the reader never waits for one).
+    /// A batch the pipeline gave back, emptied; the records of every batch waiting there kept
+    /// as spares. `None` when none is waiting (the reader never waits for one).
     fn reuse(&mut self) -> Option<Vec<KmsgEvent>> {
-        let mut back = self.returned.as_ref()?.try_recv().ok()?;
-        for ev in back.drain(..) {
-            if let KmsgEvent::Record { rec, .. } = ev {
-                if self.spare.len() < SPARE_RECORDS
-                    && rec.message.capacity() <= SPARE_MESSAGE_CAPACITY
-                {
-                    self.spare.push(rec);
+        let returned = self.returned.as_ref()?;
+        let mut first: Option<Vec<KmsgEvent>> = None;
+        while let Ok(mut back) = returned.try_recv() {
+            for ev in back.drain(..) {
+                if let KmsgEvent::Record { rec, .. } = ev {
+                    if self.spare.len() < SPARE_RECORDS
+                        && rec.message.capacity() <= SPARE_MESSAGE_CAPACITY
+                    {
+                        self.spare.push(rec);
+                    }
                 }
             }
+            first.get_or_insert(back);
         }
-        Some(back)
+        first
     }
 
     /// Handles one raw record: skip what was handled, report gaps, pass the rest on.
