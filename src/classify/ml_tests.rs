@@ -4,6 +4,7 @@
 //! with the harmless neighbours of each class that must stay quiet.
 
 use super::testing;
+use super::testing::quiet;
 use crate::model::{Finding, FindingKind, Severity};
 
 fn loud(line: &str) -> Vec<Finding> {
@@ -16,11 +17,6 @@ fn reported(line: &str) {
         f.iter().any(|f| f.kind == FindingKind::DriverError),
         "{line}: {f:?}"
     );
-}
-
-fn quiet(line: &str) {
-    let f = loud(line);
-    assert!(f.is_empty(), "{line}: {f:?}");
 }
 
 #[test]

@@ -35,6 +35,12 @@ pub fn loud_line(line: &str, prefilter: bool) -> Vec<Finding> {
     loud_lines(&[line], prefilter)
 }
 
+/// Asserts that `line` read alone makes no loud finding.
+pub fn quiet(line: &str) {
+    let f = loud_line(line, true);
+    assert!(f.is_empty(), "{line}: {f:?}");
+}
+
 /// The one loud finding of `line` read alone, which must be of `kind`.
 pub fn one_of_kind(line: &str, kind: crate::model::FindingKind) -> Finding {
     let mut f = loud_line(line, true);

@@ -4,15 +4,11 @@
 //! `scan` does, with the harmless neighbours that must stay quiet.
 
 use super::testing;
+use super::testing::quiet;
 use crate::model::{Finding, FindingKind, Severity};
 
 fn loud(line: &str) -> Vec<Finding> {
     testing::loud_line(line, true)
-}
-
-fn quiet(line: &str) {
-    let f = loud(line);
-    assert!(f.is_empty(), "{line}: {f:?}");
 }
 
 /// NVML's library cannot be loaded, in the words of each kind of program that loads it: an
