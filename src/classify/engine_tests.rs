@@ -101,3 +101,50 @@ fn a_monitor_finding_no_nvml_library_is_read() {
         FindingKind::DriverError,
     );
 }
+
+/// The GPU's DMA faulting in the IOMMU, on the GPU's own name, and the driver's words for a
+/// mapping the GPU cannot make or a call that broke its locking rules, are driver errors; an
+/// IOMMU notice about another device, or the driver's debug chatter about its mappings, is
+/// quiet. Round al's lines.
+#[test]
+fn iommu_faults_and_impossible_mappings_of_the_gpu_are_read() {
+    for line in [
+        "[172391.638261] nvidia 0000:41:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0018 address=0x4d7201180 flags=0x0020]",
+        "Sep 21 09:59:59 runtime kernel: nvidia 0000:07:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0003 address=0x80000040 flags=0x0020]",
+        "[ 3661.211951] NVRM: memdescMapIommu: 0x8000000d2ff0000-0x8000000d2ff0fff is not addressable by GPU 0x100 [0x0-0x7fffffffffff]",
+        "NVRM: _kbusCreateStaticBar1IOMMUMapping: The peer DMA address 0x6000400000 is not aligned at 0x20000000",
+        "[  854.764480] NVRM rmapiAllocWithSecInfo: RMAPI_GPU_LOCK_INTERNAL alloc requested without holding the RMAPI lock",
+    ] {
+        testing::one_of_kind(line, FindingKind::DriverError);
+    }
+    for line in [
+        "[172391.638255] amd_iommu_report_page_fault: 10432 callbacks suppressed",
+        "[ 7460.483919] ahci 0000:81:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x001c address=0xd0826240 flags=0x0020]",
+        "   3315 Nov 26 22:38:10 Android kernel: NVRM: memdescPrintMemdesc: Has additional IOMMU mapping for IOVA space 0x100 starting @ 0xff4df000",
+        "[411161.565307] NVRM: VM: nv_alloc_pages: 1 pages, nodeid -1",
+    ] {
+        testing::quiet(line);
+    }
+}
+
+/// FreeBSD's words for the NVIDIA driver failing: its kernel linker refusing the module built
+/// for another kernel, and its DRM's error form (`[drm ERROR :func] [nvidia-drm] ...`).
+#[test]
+fn freebsds_module_and_drm_failures_are_read() {
+    let f = testing::one_of_kind(
+        "KLD nvidia.ko: depends on kernel - not available or version mismatch",
+        FindingKind::DriverInitFailure,
+    );
+    assert!(f.title.contains("nvidia"), "{}", f.title);
+    testing::one_of_kind(
+        "[drm ERROR :__nv_drm_gem_nvkms_memory_prime_get_sg_table] [nvidia-drm] [GPU ID 0x00000100] Cannot create sg_table for NvKmsKapiMemory 0x0xfffff8038b2c1a08",
+        FindingKind::DriverError,
+    );
+    for line in [
+        "KLD nvidia.ko: loaded at 0xffffffff82e00000",
+        "KLD if_em.ko: depends on kernel - not available or version mismatch",
+        "[drm ERROR :drm_atomic_helper_wait_for_flip_done] [CRTC:51:crtc-0] flip_done timed out",
+    ] {
+        testing::quiet(line);
+    }
+}

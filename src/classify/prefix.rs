@@ -335,6 +335,8 @@ const HAND_ANCHORS_FIRST: &[&str] = &[
     "API Mismatch",
     "GSP task ",
     "[drm:",
+    // FreeBSD's DRM prints the level before the function: `[drm ERROR :func] [nvidia-drm] ...`.
+    "[drm ERROR :",
     "[drm] [nvidia-drm] ",
 ];
 
@@ -372,7 +374,7 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
         }
         "API mismatch" | "API Mismatch" => rest.contains("NVIDIA"),
         "XID " => crate::classify::shapes::agent_xid(rest).is_some(),
-        "[drm:" => crate::classify::shapes::is_nvidia_drm(rest),
+        "[drm:" | "[drm ERROR :" => crate::classify::shapes::is_nvidia_drm(rest),
         "INFO: task " => crate::classify::shapes::hung_wording(rest).is_some(),
         "PM: " => crate::classify::shapes::pm_callback_module(rest).is_some(),
         "task:" => (i == 0 || b[i - 1] == b' ') && rest.contains(" state:"),

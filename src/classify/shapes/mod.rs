@@ -446,6 +446,22 @@ pub fn parse(msg: &str) -> Shape {
             text: msg.trim_end().to_string(),
         };
     }
+    if let Some(rest) = msg.strip_prefix("[drm ERROR :") {
+        // FreeBSD's form: `[drm ERROR :func] [nvidia-drm] [GPU ID 0x00000100] TEXT`.
+        if is_nvidia_drm(msg) {
+            let text = rest.split_once("] [nvidia-drm] ").map_or(rest, |(_, t)| t);
+            let text = match text.strip_prefix("[GPU ID ") {
+                Some(r) => r.split_once("] ").map_or(r, |(_, t)| t),
+                None => text,
+            };
+            return Shape::ModuleError {
+                module: "nvidia-drm",
+                pci: None,
+                text: text.trim().to_string(),
+            };
+        }
+        return Shape::Harmless;
+    }
     if msg.starts_with("[drm:") {
         if is_nvidia_drm(msg) && msg.contains("*ERROR*") {
             return Shape::ModuleError {

@@ -157,6 +157,9 @@ pub(super) const MODULE_LOADER: &[(&str, char)] = &[
     // module-init-tools, before kmod: `FATAL: Error inserting nvidia (/lib/modules/.../nvidia.ko):
     // No such device`.
     ("FATAL: Error inserting ", ' '),
+    // FreeBSD's kernel linker: `KLD nvidia.ko: depends on kernel - not available or version
+    // mismatch` (the port built for another kernel), `KLD nvidia-modeset.ko: depends on nvidia`.
+    ("KLD ", ':'),
 ];
 
 /// Where a module loader's failure for an NVIDIA module starts in `line` (at the phrase), with
@@ -166,7 +169,11 @@ pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
         let at = line.find(phrase)?;
         let after = &line[at + phrase.len()..];
         let (module, rest) = after.split_once(*end)?;
-        is_nvidia_name(module).then_some((at, module, rest))
+        // FreeBSD names the module's file; its linker also says why it loaded one, so only a
+        // failure counts.
+        let module = module.strip_suffix(".ko").unwrap_or(module);
+        let failed = *phrase != "KLD " || super::words::has_error_signal(rest);
+        (is_nvidia_name(module) && failed).then_some((at, module, rest))
     })
 }
 

@@ -42,6 +42,17 @@ pub(super) const ERROR_WORDS: &[&str] = &[
     // `System Power Management attempted without driver procfs suspend interface`: suspend
     // will fail with PreserveVideoMemoryAllocations set.
     "attempted without",
+    // The GPU's DMA faulting in the IOMMU, as the IOMMU driver prints it on the GPU's own name
+    // (`nvidia 0000:41:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=... address=...]`): a
+    // peer-to-peer or DMA mapping the IOMMU does not hold; P2P jobs hang or fail on it.
+    "io_page_fault",
+    // The driver's own words for a mapping the GPU cannot make (`memdescMapIommu: ... is not
+    // addressable by GPU`, `_kbusCreateStaticBar1IOMMUMapping: The peer DMA address ... is not
+    // aligned at ...`), and for a call that broke its locking rules (`RMAPI_GPU_LOCK_INTERNAL
+    // alloc requested without holding the RMAPI lock`).
+    "not addressable",
+    "not aligned",
+    "without holding",
 ];
 
 /// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
