@@ -148,3 +148,23 @@ fn freebsds_module_and_drm_failures_are_read() {
         testing::quiet(line);
     }
 }
+
+/// The device plugin's verdict after a health event, on its own line and as it follows the Xid it
+/// saw: the GPU is withdrawn from scheduling. Another resource's quoted name is quiet.
+#[test]
+fn the_device_plugins_unhealthy_verdict_is_read() {
+    let f = testing::one_of_kind(
+        "'nvidia.com/gpu' device marked unhealthy: GPU-e3dbf294-2783-f38b-4274-5bc836df5be1",
+        FindingKind::DriverError,
+    );
+    assert!(f.title.contains("GPU-e3dbf294"), "{}", f.title);
+    let read = testing::loud_lines(
+        &[
+            "I0624 22:58:05.486697       1 health.go:185] XidCriticalError: Xid=79 on Device=GPU-adb24b25-1db1-436e-d958-ddee5da83d07; marking device as unhealthy.",
+            "I0624 22:58:05.486727       1 server.go:276] 'nvidia.com/gpu' device marked unhealthy: GPU-adb24b25-1db1-436e-d958-ddee5da83d07",
+        ],
+        true,
+    );
+    assert_eq!(read.len(), 2, "{read:#?}");
+    testing::quiet("I0624 22:58:05.486727       1 server.go:276] 'example.com/fpga' device marked unhealthy: FPGA-1");
+}
