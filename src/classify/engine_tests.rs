@@ -168,3 +168,28 @@ fn the_device_plugins_unhealthy_verdict_is_read() {
     assert_eq!(read.len(), 2, "{read:#?}");
     testing::quiet("I0624 22:58:05.486727       1 server.go:276] 'example.com/fpga' device marked unhealthy: FPGA-1");
 }
+
+/// The legacy drivers' and old tools' words for an NVIDIA module that does not load: the X
+/// driver's older "load" wording, the X loader naming NVIDIA's file by its path, insmod naming the
+/// module's file, and a module tool that finds no NVIDIA module. Other modules, and rmmod finding
+/// the module in use, are quiet. Round an's lines.
+#[test]
+fn old_drivers_and_tools_failing_to_load_nvidias_modules_are_read() {
+    for line in [
+        "[  1574.862](EE) NVIDIA: Failed to load the NVIDIA kernel module. Please check your",
+        "(EE) Failed to load /usr/local/lib/xorg/modules/xlibre-25.0/drivers/nvidia_drv.so: /usr/local/lib/xorg/modules/xlibre-25.0/drivers/nvidia_drv.so: Undefined symbol \"TimerForce\"",
+        "[    75.235] (EE) Failed to load /usr/lib64/nvidia-bumblebee/xorg/modules/extensions/libglx.so: libnvidia-tls.so.346.35: cannot open shared object file: No such file or directory",
+        "insmod: ERROR: could not insert module /root/opt/nvidia/390.77/1967.3.0/lib64/modules/4.14.88-coreos/kernel/drivers/video/nvidia/nvidia.ko: Unknown symbol in module",
+        "modinfo: ERROR: Module nvidia not found.",
+    ] {
+        assert!(!testing::loud_line(line, true).is_empty(), "{line}");
+    }
+    for line in [
+        "[    75.235] (EE) Failed to load /usr/lib/xorg/modules/libglamoregl.so: libGL.so.1: cannot open shared object file",
+        "insmod: ERROR: could not insert module /lib/modules/6.1/extra/vboxdrv.ko: Invalid module format",
+        "rmmod: ERROR: Module nvidia_drm is in use",
+        "rmmod: ERROR: Module nvidia is in use by: nvidia_modeset",
+    ] {
+        testing::quiet(line);
+    }
+}

@@ -353,7 +353,10 @@ pub(super) fn parse_xorg(msg: &str) -> Option<Shape> {
             folds: true,
         });
     }
-    if body.starts_with("Failed to initialize the NVIDIA kernel module") {
+    // Older drivers say "load" where newer ones say "initialize".
+    if body.starts_with("Failed to initialize the NVIDIA kernel module")
+        || body.starts_with("Failed to load the NVIDIA kernel module")
+    {
         return Some(Shape::InitFailure {
             id: crate::classify::shape_id::INIT_X_MODULE,
             pci: None,
@@ -375,6 +378,17 @@ pub fn x_module_load_failure(body: &str) -> bool {
     body.strip_prefix("Failed to load module \"")
         .and_then(|rest| rest.split('"').next())
         .is_some_and(|module| module.contains("nvidia"))
+        // The loader naming the file it could not load, where the file or what it lacked is
+        // NVIDIA's (`Failed to load /usr/lib/xorg/modules/drivers/nvidia_drv.so: ... Undefined
+        // symbol "TimerForce"`, a GLX whose `libnvidia-tls.so.346.35` is missing).
+        || body
+            .strip_prefix("Failed to load /")
+            .and_then(|rest| rest.split_once(": "))
+            .is_some_and(|(path, why)| {
+                path.rsplit('/').next().is_some_and(|f| f.contains("nvidia"))
+                    || path.contains("/nvidia")
+                    || why.contains("libnvidia")
+            })
         // The NVIDIA driver finding no GLX module of its own loaded (`Failed to initialize the
         // GLX module; please check in your X log file that the GLX module has been loaded`):
         // another GLX is in its place, or none.

@@ -157,6 +157,12 @@ pub(super) const MODULE_LOADER: &[(&str, char)] = &[
     // module-init-tools, before kmod: `FATAL: Error inserting nvidia (/lib/modules/.../nvidia.ko):
     // No such device`.
     ("FATAL: Error inserting ", ' '),
+    // insmod naming the module's file: `insmod: ERROR: could not insert module
+    // /lib/modules/.../nvidia.ko: Unknown symbol in module`.
+    ("could not insert module ", ':'),
+    // A module tool that finds none by that name: `modinfo: ERROR: Module nvidia not found.`
+    // (only "not found" counts: rmmod's `ERROR: Module nvidia is in use` is no failure).
+    ("ERROR: Module ", ' '),
     // FreeBSD's kernel linker: `KLD nvidia.ko: depends on kernel - not available or version
     // mismatch` (the port built for another kernel), `KLD nvidia-modeset.ko: depends on nvidia`.
     ("KLD ", ':'),
@@ -171,8 +177,14 @@ pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
         let (module, rest) = after.split_once(*end)?;
         // FreeBSD names the module's file; its linker also says why it loaded one, so only a
         // failure counts.
+        // A path names the module by its file.
+        let module = module.rsplit('/').next().unwrap_or(module);
         let module = module.strip_suffix(".ko").unwrap_or(module);
-        let failed = *phrase != "KLD " || super::words::has_error_signal(rest);
+        let failed = match *phrase {
+            "KLD " => super::words::has_error_signal(rest),
+            "ERROR: Module " => rest.starts_with("not found"),
+            _ => true,
+        };
         (is_nvidia_name(module) && failed).then_some((at, module, rest))
     })
 }
