@@ -171,8 +171,9 @@ fn the_device_plugins_unhealthy_verdict_is_read() {
 
 /// The legacy drivers' and old tools' words for an NVIDIA module that does not load: the X
 /// driver's older "load" wording, the X loader naming NVIDIA's file by its path, insmod naming the
-/// module's file, and a module tool that finds no NVIDIA module. Other modules, and rmmod finding
-/// the module in use, are quiet. Round an's lines.
+/// module's file, a module tool that finds no NVIDIA module, and modprobe's failed install command
+/// for it (the module named inside the sentence is no driver tag). Other modules, rmmod finding
+/// the module in use and modprobe ignoring an option are quiet. Round an's lines.
 #[test]
 fn old_drivers_and_tools_failing_to_load_nvidias_modules_are_read() {
     for line in [
@@ -181,6 +182,7 @@ fn old_drivers_and_tools_failing_to_load_nvidias_modules_are_read() {
         "[    75.235] (EE) Failed to load /usr/lib64/nvidia-bumblebee/xorg/modules/extensions/libglx.so: libnvidia-tls.so.346.35: cannot open shared object file: No such file or directory",
         "insmod: ERROR: could not insert module /root/opt/nvidia/390.77/1967.3.0/lib64/modules/4.14.88-coreos/kernel/drivers/video/nvidia/nvidia.ko: Unknown symbol in module",
         "modinfo: ERROR: Module nvidia not found.",
+        "Error running install command 'modprobe -i nvidia-legacy-304xx ' for module nvidia: retcode 127",
     ] {
         assert!(!testing::loud_line(line, true).is_empty(), "{line}");
     }
@@ -189,6 +191,7 @@ fn old_drivers_and_tools_failing_to_load_nvidias_modules_are_read() {
         "insmod: ERROR: could not insert module /lib/modules/6.1/extra/vboxdrv.ko: Invalid module format",
         "rmmod: ERROR: Module nvidia_drm is in use",
         "rmmod: ERROR: Module nvidia is in use by: nvidia_modeset",
+        "modprobe: WARNING: could not find option 'NVreg_Foo' for module nvidia: ignored",
     ] {
         testing::quiet(line);
     }

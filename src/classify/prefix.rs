@@ -269,7 +269,10 @@ fn tag_start_among(line: &str, finders: &[memchr::memmem::Finder<'static>]) -> O
             }
         }
         let at = at?;
-        if at_word_start(b, at) && tag_shape_ok(&line[at..]) {
+        // `... for module nvidia: retcode 127`: a module named inside a sentence (modprobe's
+        // install-command failure), not the driver's tag.
+        let named = line[..at].ends_with("module ");
+        if at_word_start(b, at) && !named && tag_shape_ok(&line[at..]) {
             return Some(at);
         }
         from = at + 1;

@@ -163,6 +163,9 @@ pub(super) const MODULE_LOADER: &[(&str, char)] = &[
     // A module tool that finds none by that name: `modinfo: ERROR: Module nvidia not found.`
     // (only "not found" counts: rmmod's `ERROR: Module nvidia is in use` is no failure).
     ("ERROR: Module ", ' '),
+    // modprobe running a distribution's install command for the module, which failed: `Error
+    // running install command 'modprobe -i nvidia-legacy-304xx ' for module nvidia: retcode 127`.
+    ("' for module ", ':'),
     // FreeBSD's kernel linker: `KLD nvidia.ko: depends on kernel - not available or version
     // mismatch` (the port built for another kernel), `KLD nvidia-modeset.ko: depends on nvidia`.
     ("KLD ", ':'),
@@ -183,6 +186,7 @@ pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
         let failed = match *phrase {
             "KLD " => super::words::has_error_signal(rest),
             "ERROR: Module " => rest.starts_with("not found"),
+            "' for module " => rest.trim_start().starts_with("retcode"),
             _ => true,
         };
         (is_nvidia_name(module) && failed).then_some((at, module, rest))
