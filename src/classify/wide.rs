@@ -78,9 +78,12 @@ impl Counted {
     }
 }
 
-/// Which vector loop a [`Wide`] runs.
+/// Which loop a [`Wide`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A byte at a time, on any CPU: what a searcher runs until [`Wide::with_kind`] gives it a
+    /// vector loop the CPU has, and the reference the vector loops are tested against.
+    Scalar,
     /// AVX-512 VBMI: 64 bytes a step, each byte looked up whole in a 128-entry table.
     Vbmi,
     /// AVX2: two 32-byte halves a step, each byte looked up by its two nybbles in 16-entry
@@ -161,7 +164,7 @@ impl Wide {
             .iter()
             .all(|p| p.len() >= FINGERPRINT && p[..FINGERPRINT].is_ascii());
         Wide {
-            kind: Kind::Vbmi,
+            kind: Kind::Scalar,
             ascii,
             tables: Box::new(tables),
             nybbles: Box::new(nybbles),
@@ -170,8 +173,8 @@ impl Wide {
     }
 
     /// The leftmost pattern match at or after `from`: (position, pattern id). `counted` is
-    /// moved to `from` first, then kept current by the search: when it returns, every newline before the returned position's 64-byte step (or
-    /// before the end) is counted.
+    /// moved to `from` first, then kept current by the vector loops: when they return, every
+    /// newline before the returned position's 64-byte step (or before the end) is counted.
     pub fn find(&self, hay: &[u8], from: usize, counted: &mut Counted) -> Option<(usize, usize)> {
         if from > hay.len() {
             return None;
@@ -180,7 +183,8 @@ impl Wide {
         #[cfg(target_arch = "x86_64")]
         {
             match self.kind {
-                // SAFETY: a `Wide` runs a kind only where `can_run` found its features.
+                Kind::Scalar => self.find_scalar(hay, from),
+                // SAFETY: a `Wide` runs a vector kind only where `can_run` found its features.
                 Kind::Vbmi => self.find_steps(hay, from, counted, |h, p, n, b| unsafe {
                     self.next_step(h, p, n, b)
                 }),
@@ -232,7 +236,6 @@ impl Wide {
     }
 
     /// The same search a byte at a time: the reference the vector loop is tested against.
-    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
     fn find_scalar(&self, hay: &[u8], from: usize) -> Option<(usize, usize)> {
         (from..hay.len()).find_map(|s| {
             let bits = (0..FINGERPRINT).fold(0xffu8, |acc, j| {
@@ -387,31 +390,10 @@ impl Wide {
     ) -> Option<(usize, u64, u32)> {
         use std::arch::x86_64::*;
         let t = &*self.nybbles;
-        // SAFETY (every table load): each table is 32 bytes.
-        let (l0, h0) = unsafe {
-            (
-                _mm256_loadu_si256(t[0].as_ptr().cast()),
-                _mm256_loadu_si256(t[1].as_ptr().cast()),
-            )
-        };
-        let (l1, h1) = unsafe {
-            (
-                _mm256_loadu_si256(t[2].as_ptr().cast()),
-                _mm256_loadu_si256(t[3].as_ptr().cast()),
-            )
-        };
-        let (l2, h2) = unsafe {
-            (
-                _mm256_loadu_si256(t[4].as_ptr().cast()),
-                _mm256_loadu_si256(t[5].as_ptr().cast()),
-            )
-        };
-        let (l3, h3) = unsafe {
-            (
-                _mm256_loadu_si256(t[6].as_ptr().cast()),
-                _mm256_loadu_si256(t[7].as_ptr().cast()),
-            )
-        };
+        // SAFETY: each table is 32 bytes, read whole.
+        let tab = |i: usize| unsafe { _mm256_loadu_si256(t[i].as_ptr().cast()) };
+        let (l0, h0, l1, h1) = (tab(0), tab(1), tab(2), tab(3));
+        let (l2, h2, l3, h3) = (tab(4), tab(5), tab(6), tab(7));
         let low = _mm256_set1_epi8(0x0f);
         let nl = _mm256_set1_epi8(b'\n' as i8);
         let zero = _mm256_setzero_si256();
@@ -526,7 +508,8 @@ pub fn best_kind() -> Option<Kind> {
 /// Whether this CPU runs `kind`'s loop.
 pub fn can_run(kind: Kind) -> bool {
     match kind {
-        Kind::Vbmi => available(),
+        Kind::Scalar => true,
+        Kind::Vbmi => vbmi_available(),
         Kind::Avx2 => {
             #[cfg(target_arch = "x86_64")]
             {
@@ -542,7 +525,7 @@ pub fn can_run(kind: Kind) -> bool {
 }
 
 /// Whether this CPU runs the AVX-512 VBMI loop.
-pub fn available() -> bool {
+pub fn vbmi_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -616,7 +599,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(9);
         let alphabet = b"NVRMSXidnvAER:abcdCl(E)IP:BUGst \n\xc3\xa9\x80\x00\x7f\xd4\xf2z";
         // Every loop this CPU runs (on a CPU with neither, the scalar reference alone).
-        let loops: Vec<Wide> = [Kind::Vbmi, Kind::Avx2]
+        let loops: Vec<Wide> = [Kind::Scalar, Kind::Vbmi, Kind::Avx2]
             .into_iter()
             .filter_map(|k| w.clone().with_kind(k))
             .collect();
