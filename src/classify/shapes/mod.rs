@@ -450,10 +450,7 @@ pub fn parse(msg: &str) -> Shape {
         // FreeBSD's form: `[drm ERROR :func] [nvidia-drm] [GPU ID 0x00000100] TEXT`.
         if is_nvidia_drm(msg) {
             let text = rest.split_once("] [nvidia-drm] ").map_or(rest, |(_, t)| t);
-            let text = match text.strip_prefix("[GPU ID ") {
-                Some(r) => r.split_once("] ").map_or(r, |(_, t)| t),
-                None => text,
-            };
+            let text = nvrm::after_gpu_id(text);
             return Shape::ModuleError {
                 module: "nvidia-drm",
                 pci: None,

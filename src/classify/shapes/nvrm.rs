@@ -15,11 +15,7 @@ pub fn is_nvidia_drm(msg: &str) -> bool {
 /// ("Loading driver"), the ones with an error signal are errors (`nv_drm_reset_input_colorspace
 /// failed with error code: -35`).
 pub(super) fn drm_notice(rest: &str) -> Shape {
-    let text = match rest.strip_prefix("[GPU ID ") {
-        Some(r) => r.split_once("] ").map_or(r, |(_, t)| t),
-        None => rest,
-    }
-    .trim();
+    let text = after_gpu_id(rest).trim();
     if is_harmless(text) || !has_error_signal(text) {
         return Shape::Harmless;
     }
@@ -27,6 +23,14 @@ pub(super) fn drm_notice(rest: &str) -> Shape {
         module: "nvidia-drm",
         pci: None,
         text: text.to_string(),
+    }
+}
+
+/// nvidia-drm's text after the `[GPU ID 0x00000100] ` it puts before it, where it does.
+pub(super) fn after_gpu_id(text: &str) -> &str {
+    match text.strip_prefix("[GPU ID ") {
+        Some(r) => r.split_once("] ").map_or(r, |(_, t)| t),
+        None => text,
     }
 }
 

@@ -140,56 +140,105 @@ pub(super) fn module_symbol(m: &str) -> Option<Shape> {
     })
 }
 
-/// What module loaders print when they cannot load a module, each with the character that ends
-/// the module name: `systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm': Cannot
-/// allocate memory`, `modprobe: ERROR: could not insert 'nvidia': No such device`, `modprobe:
-/// ERROR: ... could not find module by name='nvidia_331_uvm'`, `modprobe: FATAL: Module
-/// nvidia-uvm not found.`, the old loader's `FATAL: Error inserting nvidia (...): No such device`.
-/// The kernel often logs nothing of its own for these.
-pub(super) const MODULE_LOADER: &[(&str, char)] = &[
-    ("Failed to insert module '", '\''),
+/// One module loader's words for a module it could not load.
+pub(super) struct Loader {
+    /// The words just before the module's name.
+    phrase: &'static str,
+    /// The character that ends the name.
+    end: char,
+    /// Whether the rest of the line, after the name, says the load failed (a loader whose words
+    /// also report other things checks them; most say nothing else).
+    failed: fn(&str) -> bool,
+}
+
+/// Any rest of the line: the phrase itself says the load failed.
+fn always(_: &str) -> bool {
+    true
+}
+
+/// What module loaders print when they cannot load a module: `systemd-modules-load[1054]: Failed
+/// to insert module 'nvidia_uvm': Cannot allocate memory`, `modprobe: ERROR: could not insert
+/// 'nvidia': No such device`, `modprobe: ERROR: ... could not find module by
+/// name='nvidia_331_uvm'`, `modprobe: FATAL: Module nvidia-uvm not found.`, the old loader's
+/// `FATAL: Error inserting nvidia (...): No such device`. The kernel often logs nothing of its
+/// own for these. A name given as a file (`.../nvidia.ko`) is the module's.
+pub(super) const MODULE_LOADER: &[Loader] = &[
+    Loader {
+        phrase: "Failed to insert module '",
+        end: '\'',
+        failed: always,
+    },
     // systemd-modules-load for a module the running kernel does not have (`Failed to find module
     // 'nvidia-uvm'`: not built or not installed for it).
-    ("Failed to find module '", '\''),
-    ("could not insert '", '\''),
-    ("could not find module by name='", '\''),
-    ("FATAL: Module ", ' '),
+    Loader {
+        phrase: "Failed to find module '",
+        end: '\'',
+        failed: always,
+    },
+    Loader {
+        phrase: "could not insert '",
+        end: '\'',
+        failed: always,
+    },
+    Loader {
+        phrase: "could not find module by name='",
+        end: '\'',
+        failed: always,
+    },
+    Loader {
+        phrase: "FATAL: Module ",
+        end: ' ',
+        failed: always,
+    },
     // module-init-tools, before kmod: `FATAL: Error inserting nvidia (/lib/modules/.../nvidia.ko):
     // No such device`.
-    ("FATAL: Error inserting ", ' '),
+    Loader {
+        phrase: "FATAL: Error inserting ",
+        end: ' ',
+        failed: always,
+    },
     // insmod naming the module's file: `insmod: ERROR: could not insert module
     // /lib/modules/.../nvidia.ko: Unknown symbol in module`.
-    ("could not insert module ", ':'),
+    Loader {
+        phrase: "could not insert module ",
+        end: ':',
+        failed: always,
+    },
     // A module tool that finds none by that name: `modinfo: ERROR: Module nvidia not found.`
-    // (only "not found" counts: rmmod's `ERROR: Module nvidia is in use` is no failure).
-    ("ERROR: Module ", ' '),
+    // (rmmod's `ERROR: Module nvidia is in use` is no failure).
+    Loader {
+        phrase: "ERROR: Module ",
+        end: ' ',
+        failed: |rest| rest.starts_with("not found"),
+    },
     // modprobe running a distribution's install command for the module, which failed: `Error
-    // running install command 'modprobe -i nvidia-legacy-304xx ' for module nvidia: retcode 127`.
-    ("' for module ", ':'),
+    // running install command 'modprobe -i nvidia-legacy-304xx ' for module nvidia: retcode 127`
+    // (modprobe's `could not find option '...' for module nvidia: ignored` is no failure).
+    Loader {
+        phrase: "' for module ",
+        end: ':',
+        failed: |rest| rest.trim_start().starts_with("retcode"),
+    },
     // FreeBSD's kernel linker: `KLD nvidia.ko: depends on kernel - not available or version
-    // mismatch` (the port built for another kernel), `KLD nvidia-modeset.ko: depends on nvidia`.
-    ("KLD ", ':'),
+    // mismatch` (the port built for another kernel), `KLD nvidia-modeset.ko: depends on nvidia`;
+    // it also says when it loaded one, so only an error counts.
+    Loader {
+        phrase: "KLD ",
+        end: ':',
+        failed: super::words::has_error_signal,
+    },
 ];
 
 /// Where a module loader's failure for an NVIDIA module starts in `line` (at the phrase), with
 /// the module and the rest of the line.
 pub fn module_loader_failure(line: &str) -> Option<(usize, &str, &str)> {
-    MODULE_LOADER.iter().find_map(|(phrase, end)| {
-        let at = line.find(phrase)?;
-        let after = &line[at + phrase.len()..];
-        let (module, rest) = after.split_once(*end)?;
-        // FreeBSD names the module's file; its linker also says why it loaded one, so only a
-        // failure counts.
-        // A path names the module by its file.
-        let module = module.rsplit('/').next().unwrap_or(module);
-        let module = module.strip_suffix(".ko").unwrap_or(module);
-        let failed = match *phrase {
-            "KLD " => super::words::has_error_signal(rest),
-            "ERROR: Module " => rest.starts_with("not found"),
-            "' for module " => rest.trim_start().starts_with("retcode"),
-            _ => true,
-        };
-        (is_nvidia_name(module) && failed).then_some((at, module, rest))
+    MODULE_LOADER.iter().find_map(|l| {
+        let at = line.find(l.phrase)?;
+        let after = &line[at + l.phrase.len()..];
+        let (name, rest) = after.split_once(l.end)?;
+        let file = name.rsplit('/').next().unwrap_or(name);
+        let module = file.strip_suffix(".ko").unwrap_or(file);
+        (is_nvidia_name(module) && (l.failed)(rest)).then_some((at, module, rest))
     })
 }
 
