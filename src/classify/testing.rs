@@ -41,6 +41,14 @@ pub fn quiet(line: &str) {
     assert!(f.is_empty(), "{line}: {f:?}");
 }
 
+/// Asserts that `line` read alone makes no loud finding with the prefilter off: for a line that
+/// holds no candidate literal, [`quiet`] shows only that the prefilter drops it, and this that the
+/// classifier's own rule keeps it quiet too.
+pub fn quiet_unfiltered(line: &str) {
+    let f = loud_line(line, false);
+    assert!(f.is_empty(), "{line}: {f:?}");
+}
+
 /// The one loud finding of `line` read alone, which must be of `kind`.
 pub fn one_of_kind(line: &str, kind: crate::model::FindingKind) -> Finding {
     let mut f = loud_line(line, true);
