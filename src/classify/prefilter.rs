@@ -1,9 +1,9 @@
 //! The literal prefilter: which lines can be ours at all.
 //!
 //! Every line the classifier reads contains one of [`candidate_literals`]. `scan` searches whole
-//! buffers for them (Teddy/Aho-Corasick, as grep tools do) and never looks at a line without
-//! one; the daemon asks the same question before the costlier message-start search, so both
-//! read exactly the same lines.
+//! buffers for them (a SIMD search of its own, Teddy or Aho-Corasick, as grep tools do) and never
+//! looks at a line without one; the daemon asks the same question before the costlier
+//! message-start search, so both read exactly the same lines.
 //!
 //! The search runs in two stages, as grep tools do with many literals. A SIMD searcher looks for
 //! one short *anchor* per literal: the 4-byte window of the literal (Teddy's fingerprint length)
