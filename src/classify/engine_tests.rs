@@ -197,3 +197,84 @@ fn old_drivers_and_tools_failing_to_load_nvidias_modules_are_read() {
         testing::quiet_unfiltered(line);
     }
 }
+
+/// The driver's "not compatible" is an error word: a mapping it cannot make, and the
+/// unsupported-GPU message in its other wording, read as one finding with its explanation lines
+/// (as the `is not supported` wording is). Round aq's lines.
+#[test]
+fn the_drivers_not_compatible_is_an_error_and_ends_the_unsupported_gpu_message() {
+    let f = testing::one_of_kind(
+        "Feb 27 19:22:25 nvidia-arch kernel: NVRM: dmaAllocMapping_GM107: Virtual address 0xACE0000 is not compatible with page size 0x200000 or page offset 0x0.",
+        FindingKind::DriverError,
+    );
+    assert_eq!(f.severity, Severity::Warning);
+    let read = testing::loud_lines(
+        &[
+            "NVRM: The NVIDIA GPU 0000:09:00.0 (PCI ID: 10de:1b80)",
+            "NVRM: This NVIDIA driver is not compatible with this NVIDIA GPU",
+            "NVRM: because it does not include the required GPU.",
+        ],
+        true,
+    );
+    assert_eq!(read.len(), 1, "{read:#?}");
+    assert_eq!(read[0].shape, Some(super::shape_id::NOT_SUPPORTED));
+    assert_eq!(read[0].origin.line, 1);
+    assert_eq!(read[0].origin.lines, 3);
+    assert_eq!(
+        read[0].pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:09:00.0")
+    );
+    testing::quiet_unfiltered("NVRM: dmaAllocMapping_GM107: Virtual address 0xACE0000 is compatible with page size 0x200000.");
+}
+
+/// The PCI core refusing a power-state change is the GPU's failure under the NVIDIA driver's
+/// name (the driver's probe fails on a card that stays in D3); under the PCI core's own name or
+/// another driver's (`nvidia-gpu` is the USB-C controller's I2C driver) it stays context, as
+/// earlier rounds label it.
+#[test]
+fn a_refused_power_state_change_under_the_nvidia_driver_is_read() {
+    let f = testing::one_of_kind(
+        "[    8.008226] nvidia 0000:03:00.0: Refused to change power state, currently in D3",
+        FindingKind::DriverError,
+    );
+    assert_eq!(
+        f.pci.map(|p| p.to_string()).as_deref(),
+        Some("0000:03:00.0")
+    );
+    for line in [
+        "[1084456.746765] nvidia-gpu 0000:09:00.3: Refused to change power state, currently in D3",
+        "      Nov 12 13:21:51 nostromo kernel: pci 0000:01:00.0: Refused to change power state, currently in D0",
+        "[1084456.807851] xhci_hcd 0000:09:00.2: Refused to change power state, currently in D3",
+    ] {
+        testing::quiet_unfiltered(line);
+    }
+}
+
+/// gdrcopy's kernel module (`gdrdrv`, NVIDIA's GPUDirect copy driver) tags its lines with no
+/// space after the colon, the function after it in newer releases: its failures are read, its
+/// load banners are quiet, and the module loader's lines about it keep their reading.
+#[test]
+fn gdrcopys_kernel_module_failures_are_read_and_its_banners_are_quiet() {
+    let f = testing::one_of_kind(
+        "gdrdrv:nvidia_p2p_get_pages(va=704fe0000 len=327680 p2p_token=0 va_space=0) failed [ret = -22]",
+        FindingKind::DriverError,
+    );
+    assert_eq!(f.module.as_deref(), Some("gdrdrv"));
+    let f = testing::one_of_kind(
+        "[12345.678901] gdrdrv:__gdrdrv_pin_buffer:nvidia_p2p_get_pages(va=7f0000000000 len=65536 p2p_token=0 va_space=0 callback=0x0) failed [ret = -22]",
+        FindingKind::DriverError,
+    );
+    assert_eq!(f.module.as_deref(), Some("gdrdrv"));
+    testing::one_of_kind(
+        "[55580.715176] gdrdrv: Unknown symbol nvidia_p2p_get_pages (err -22)",
+        FindingKind::DriverInitFailure,
+    );
+    for line in [
+        "[691802.796281] gdrdrv:gdrdrv_init:loading gdrdrv version 2.5 built for proprietary NVIDIA driver",
+        "[691802.796286] gdrdrv:gdrdrv_init:device registered with major number 490",
+        "[691802.796290] gdrdrv:gdrdrv_init:Persistent mapping will be used",
+        "[691802.796290] xgdrdrv:init:nvidia_p2p_get_pages failed",
+    ] {
+        testing::quiet_unfiltered(line);
+    }
+}

@@ -130,9 +130,10 @@ const NOT_DRIVEN: &[(&[&str], &str, &str, &str)] = &[
         "this GPU is driven only by the NVIDIA open kernel modules; the proprietary ones are loaded",
     ),
     // "is not supported by the NVIDIA 550.54.14 driver release" / "supported through open
-    // nvidia.ko".
+    // nvidia.ko" / "This NVIDIA driver is not compatible with this NVIDIA GPU" (the open modules
+    // on a GPU without GSP, in the wording of some releases).
     (
-        &["not supported", "supported through"],
+        &["not supported", "supported through", "not compatible with this NVIDIA GPU"],
         super::shape_id::NOT_SUPPORTED,
         "GPU not supported by the installed driver",
         "the installed NVIDIA driver does not support this GPU (a legacy GPU, or the open kernel modules on a GPU without GSP)",

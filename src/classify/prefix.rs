@@ -354,6 +354,8 @@ const HAND_ANCHORS_THEN: &[&str] = &[
     "Bad or missing usercopy",
     "PM: ",
     "nvgpu: ",
+    // gdrcopy's kernel module (NVIDIA's GPUDirect copy driver), tagged without a space.
+    "gdrdrv:",
     crate::classify::shapes::SMI_ERR_FIELD,
     "fabricmanager[",
     crate::classify::shapes::NVML_EXCEPTION,
@@ -393,7 +395,7 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
         }
         "Bad or missing usercopy" => rest.contains("'nvidia"),
         // Tegra's GPU driver tag, as a word of its own.
-        "nvgpu: " => at_word_start(b, i),
+        "nvgpu: " | "gdrdrv:" => at_word_start(b, i),
         // A row of the nvidia-smi table: the message is the whole row.
         crate::classify::shapes::SMI_ERR_FIELD => {
             let t = line.trim_start();

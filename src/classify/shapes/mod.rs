@@ -427,6 +427,11 @@ pub fn parse(msg: &str) -> Shape {
         }
         return parse_nvidia_other(msg);
     }
+    // Its own messages only: the module loader's lines about it put a space after the colon
+    // (`gdrdrv: Unknown symbol nvidia_p2p_get_pages (err -22)`) and are read below.
+    if let Some(body) = msg.strip_prefix("gdrdrv:").filter(|b| !b.starts_with(' ')) {
+        return gdrdrv_line(body);
+    }
     if msg.starts_with("nvgpu: ") {
         // Tegra (Jetson) integrated GPU driver: NVIDIA's, with no NVRM or nvidia tag.
         return module_line("nvgpu", msg);

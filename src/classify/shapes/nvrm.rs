@@ -70,6 +70,28 @@ pub(super) fn module_line(module: &'static str, msg: &str) -> Shape {
         None => msg.split_once(' ').map_or(msg, |(_, t)| t),
     }
     .trim_end();
+    module_text(module, text)
+}
+
+/// A line of gdrcopy's kernel module (`gdrdrv`, NVIDIA's GPUDirect copy driver), whose tag has no
+/// space after its colon and, in newer releases, the function and a colon after it:
+/// `gdrdrv:gdrdrv_init:loading gdrdrv version 2.5 ...`, `gdrdrv:nvidia_p2p_get_pages(va=...)
+/// failed [ret = -22]`. `body` is the text after `gdrdrv:`.
+pub(super) fn gdrdrv_line(body: &str) -> Shape {
+    let func = body
+        .bytes()
+        .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        .count();
+    let text = match body[func..].strip_prefix(':') {
+        Some(t) if func > 0 => t,
+        _ => body,
+    };
+    module_text("gdrdrv", text.trim())
+}
+
+/// The verdict on a module line's text (its tag and function removed): an error when it carries
+/// the module's ERROR level or an error word, unless it is a known-harmless notice.
+fn module_text(module: &'static str, text: &str) -> Shape {
     // The module's own ERROR level is an error whatever the words after it ("..., skipping").
     // Tegra's nvgpu prints `17000000.gpu  function:line  [ERR]  text`: its [ERR] level is the
     // signal, and its other levels are not errors whatever their words.

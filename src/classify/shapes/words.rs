@@ -53,6 +53,14 @@ pub(super) const ERROR_WORDS: &[&str] = &[
     "not addressable",
     "not aligned",
     "without holding",
+    // A GPU or a mapping the driver cannot use as it is (`This NVIDIA driver is not compatible
+    // with this NVIDIA GPU`, the unsupported-GPU message's other wording; `dmaAllocMapping_GM107:
+    // Virtual address ... is not compatible with page size ...`).
+    "not compatible",
+    // The PCI core refusing the GPU's power-state change under the driver's name (`nvidia
+    // 0000:03:00.0: Refused to change power state, currently in D3`): the card stays asleep and
+    // the driver's probe fails on it. Under another driver's name the line is not this reader's.
+    "refused to change power state",
 ];
 
 /// Notices from the NVIDIA modules that mention an error word but report nothing wrong.
