@@ -335,6 +335,11 @@ pub struct Engine {
     /// On the first start of a boot: kernel log faults logged before this wall-clock time and
     /// read at start-up are recorded, not paged ([`Engine::set_lookback`]).
     lookback_from_ms: Option<u64>,
+    /// Whether an open incident may be [`Incident::before_lookback`]: set by every insert of
+    /// one, cleared by the first search that finds none. A recent fault looks for such incidents
+    /// to close (see `place`); without this, every finding of a storm walked every open incident
+    /// for them, long after start-up.
+    maybe_before_lookback: bool,
 }
 
 impl Engine {
@@ -348,7 +353,15 @@ impl Engine {
             changes: 0,
             can_verify: true,
             lookback_from_ms: None,
+            maybe_before_lookback: false,
         }
+    }
+
+    /// Opens (or restores) an incident under `key`: every insert into the open table goes
+    /// through here, so that [`Engine::maybe_before_lookback`] cannot miss one.
+    fn insert_open(&mut self, key: Key, open: Open) {
+        self.maybe_before_lookback |= open.inc.before_lookback;
+        self.open.insert(key, open);
     }
 
     /// Sets the look-back of the first start of a boot: a fault read at start-up that the
@@ -767,6 +780,46 @@ mod tests {
         f.pci = Some(PciAddress::parse(pci).unwrap());
         f.origin.seq = Some(seq);
         f
+    }
+
+    /// An old fault's incident still closes when a recent fault on its GPU comes after findings
+    /// about other GPUs, and after a restart that restored it from the saved state: the search
+    /// for such incidents is skipped only once none is open.
+    #[test]
+    fn an_old_faults_incident_is_found_after_other_findings_and_after_a_restore() {
+        let now = 10 * 3_600_000;
+        let mut e = engine();
+        e.set_lookback(Some(now - 6 * 3_600_000));
+        let mut out = Vec::new();
+        let mut old = xid("0000:17:00.0", 79, Severity::Critical, 1);
+        old.logged_ms = Some(60_000);
+        e.push(old, Origin::Kmsg, now, true, &mut out);
+        assert!(out[0].before_lookback);
+        let recent = |seq: u64, pci: &str| {
+            let mut f = xid(pci, 79, Severity::Critical, seq);
+            f.logged_ms = Some(now - 60_000);
+            f
+        };
+        for (seq, pci) in [
+            (2, "0000:2a:00.0"),
+            (3, "0000:3b:00.0"),
+            (4, "0000:2a:00.0"),
+        ] {
+            e.push(recent(seq, pci), Origin::Kmsg, now, true, &mut out);
+        }
+        let mut restored = engine();
+        restored.set_lookback(Some(now - 6 * 3_600_000));
+        restored.restore(e.snapshot());
+        for engine in [&mut e, &mut restored] {
+            out.clear();
+            engine.push(recent(5, "0000:17:00.0"), Origin::Kmsg, now, true, &mut out);
+            let on_gpu: Vec<&Incident> = engine
+                .open_incidents()
+                .filter(|i| i.pci.map(|p| p.to_string()).as_deref() == Some("0000:17:00.0"))
+                .collect();
+            assert_eq!(on_gpu.len(), 1, "{on_gpu:#?}");
+            assert!(!on_gpu[0].before_lookback, "{on_gpu:#?}");
+        }
     }
 
     /// An old fault read at start-up is dated when logged and marked, not paged; a recent one on

@@ -210,7 +210,7 @@ impl Engine {
                     );
                 }
                 None => {
-                    self.open.insert(key, open);
+                    self.insert_open(key, open);
                 }
             }
         }
@@ -252,7 +252,7 @@ impl Engine {
                 o.settle_until_ms = 0;
                 o.inc.note = (probe_verified(o.key.kind, o.key.xid) && !self.can_verify)
                     .then(|| no_nvml_note(o.key.kind));
-                self.open.insert(o.key, o);
+                self.insert_open(o.key, o);
                 continue;
             }
             let mut inc = o.inc;

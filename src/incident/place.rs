@@ -16,16 +16,17 @@ impl Engine {
         let (family, rank) = family_rank(&f);
         // A recent fault must page even where an old one (recorded, not paged) is still open
         // for the same GPU: the old one closes first rather than swallow it as a repeat.
-        if !self.before_lookback(&f, at_startup) {
+        if self.maybe_before_lookback && !self.before_lookback(&f, at_startup) {
+            let mut any = false;
             let old: Vec<Key> = self
                 .open
                 .values()
-                .filter(|o| {
-                    o.inc.before_lookback
-                        && (o.key == key || (f.pci.is_some() && o.key.pci == f.pci))
-                })
+                .filter(|o| o.inc.before_lookback)
+                .inspect(|_| any = true)
+                .filter(|o| o.key == key || (f.pci.is_some() && o.key.pci == f.pci))
                 .map(|o| o.key)
                 .collect();
+            self.maybe_before_lookback = any;
             for k in old {
                 if let Some(o) = self.open.remove(&k) {
                     self.close(o, out);
@@ -265,7 +266,7 @@ impl Engine {
             self.stats.opened += 1;
             out.push(inc.clone());
         }
-        self.open.insert(
+        self.insert_open(
             key,
             Open {
                 inc,
