@@ -265,6 +265,12 @@ fn gdrcopys_kernel_module_failures_are_read_and_its_banners_are_quiet() {
         FindingKind::DriverError,
     );
     assert_eq!(f.module.as_deref(), Some("gdrdrv"));
+    // The message is the module's text: the tag and the function that printed it are not.
+    assert!(
+        f.message.starts_with("nvidia_p2p_get_pages("),
+        "{}",
+        f.message
+    );
     testing::one_of_kind(
         "[55580.715176] gdrdrv: Unknown symbol nvidia_p2p_get_pages (err -22)",
         FindingKind::DriverInitFailure,

@@ -119,8 +119,9 @@ impl Pending {
     }
 }
 
-/// The tails of `The NVIDIA GPU <addr> (PCI ID: ...) installed in this system` that say the
-/// driver will not drive the GPU, first match wins: the words, the shape, the title, the message.
+/// The lines after `The NVIDIA GPU <addr> (PCI ID: ...)` (its `installed in this system ...`
+/// tail, or a sentence of its own in some releases) that say the driver will not drive the GPU,
+/// first match wins: the words, the shape, the title, the message.
 const NOT_DRIVEN: &[(&[&str], &str, &str, &str)] = &[
     // Blackwell and later on the proprietary modules.
     (

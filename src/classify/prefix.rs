@@ -394,7 +394,7 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
             false
         }
         "Bad or missing usercopy" => rest.contains("'nvidia"),
-        // Tegra's GPU driver tag, as a word of its own.
+        // Tegra's GPU driver tag and gdrcopy's module tag, each as a word of its own.
         "nvgpu: " | "gdrdrv:" => at_word_start(b, i),
         // A row of the nvidia-smi table: the message is the whole row.
         crate::classify::shapes::SMI_ERR_FIELD => {
