@@ -15,6 +15,7 @@ pub mod cli;
 pub(crate) mod clock;
 pub mod config;
 pub mod daemon;
+pub(crate) mod decimal;
 pub(crate) mod files;
 pub mod health;
 pub mod history;

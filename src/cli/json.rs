@@ -181,32 +181,10 @@ fn opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
     }
 }
 
-/// Decimal digits two at a time (half the divisions of one at a time).
-fn u64_(out: &mut Vec<u8>, mut v: u64) {
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
+fn u64_(out: &mut Vec<u8>, v: u64) {
     let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    while v >= 100 {
-        let d = (v % 100) as usize * 2;
-        v /= 100;
-        i -= 2;
-        buf[i] = PAIRS[d];
-        buf[i + 1] = PAIRS[d + 1];
-    }
-    if v >= 10 {
-        let d = v as usize * 2;
-        i -= 2;
-        buf[i] = PAIRS[d];
-        buf[i + 1] = PAIRS[d + 1];
-    } else {
-        i -= 1;
-        buf[i] = b'0' + v as u8;
-    }
-    out.extend_from_slice(&buf[i..]);
+    let start = crate::decimal::write_left_of(&mut buf, 20, v);
+    out.extend_from_slice(&buf[start..]);
 }
 
 /// How many leading bytes of `b` need no escaping: sixteen bytes a step with SSE2 (every x86-64

@@ -91,35 +91,17 @@ pub fn kernel_stamp_inline(ts_usec: u64) -> crate::model::Stamp {
 }
 
 /// The stamp's ASCII bytes and their count (at most 1 + 20 + 1 + 6 + 1). Written right to left
-/// into a buffer of spaces, the microseconds two digits at a time: every Xid of a storm gets a
-/// stamp, and the digit-at-a-time loops with their bounds checks cost some 330 instructions a
+/// into a buffer of spaces, two digits at a time ([`crate::decimal`]): every Xid of a storm gets
+/// a stamp, and the digit-at-a-time loops with their bounds checks cost some 330 instructions a
 /// stamp (a thirtieth of the daemon's on a GPU host's mix); this, about a quarter of that.
 fn kernel_stamp_bytes(ts_usec: u64) -> ([u8; 32], usize) {
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-                                2021222324252627282930313233343536373839\
-                                4041424344454647484950515253545556575859\
-                                6061626364656667686970717273747576777879\
-                                8081828384858687888990919293949596979899";
     let mut s = [b' '; 32];
-    let (mut secs, mut usecs) = (ts_usec / 1_000_000, (ts_usec % 1_000_000) as usize);
     s[31] = b']';
-    for at in [29, 27, 25] {
-        let d = usecs % 100 * 2;
-        usecs /= 100;
-        s[at..at + 2].copy_from_slice(&PAIRS[d..d + 2]);
-    }
+    crate::decimal::write_six(&mut s[25..31], (ts_usec % 1_000_000) as u32);
     s[24] = b'.';
     // The seconds, padded with the buffer's spaces to five places, as the kernel prints them.
-    let mut k = 24;
-    loop {
-        k -= 1;
-        s[k] = b'0' + (secs % 10) as u8;
-        secs /= 10;
-        if secs == 0 {
-            break;
-        }
-    }
-    k = k.min(24 - 5) - 1;
+    let first = crate::decimal::write_left_of(&mut s, 24, ts_usec / 1_000_000);
+    let k = first.min(24 - 5) - 1;
     s[k] = b'[';
     s.copy_within(k.., 0);
     (s, 32 - k)
