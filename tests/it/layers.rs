@@ -31,6 +31,7 @@ const ROOMS: &[(&str, u32)] = &[
     ("files", 0),
     ("state", 0),
     ("process_guard", 0),
+    ("decimal", 0),
     ("classify", 1),
     ("runbook", 1),
     ("source", 1),
