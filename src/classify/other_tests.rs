@@ -648,6 +648,13 @@ fn every_crash_header_is_found_by_a_literal() {
     for h in super::shapes::CRASH_HEADERS {
         assert!(lits.iter().any(|l| h.contains(l)), "{h:?}");
     }
+    // A sanitizer report in NVIDIA's source holds `nvidia`; elsewhere it is no header.
+    let ubsan = "UBSAN: array-index-out-of-bounds in build/nvidia/535.171.04/build/nvidia-uvm/uvm_pmm_gpu.c:2038:44";
+    assert!(super::shapes::is_nvidia_sanitizer_report(ubsan));
+    assert!(lits.iter().any(|l| ubsan.contains(l)));
+    assert!(!super::shapes::is_nvidia_sanitizer_report(
+        "UBSAN: shift-out-of-bounds in drivers/gpu/drm/amd/display/dc/core/dc.c:1234:5"
+    ));
     // A BUG_ON report in NVIDIA's suspend helper (round w's real lines), read through the
     // prefilter as `scan` reads it: one finding from its header on, whatever ordinary line comes
     // between.
@@ -832,4 +839,34 @@ fn a_device_file_the_user_space_driver_cannot_open_is_read() {
     assert_eq!(f[0].kind, FindingKind::DriverError);
     assert!(f[0].title.contains("/dev/nvidia0"), "{}", f[0].title);
     assert!(f[0].title.contains("Input/output error"), "{}", f[0].title);
+}
+
+/// Round at's undefined-behaviour sanitizer report in nvidia-uvm, read through the prefilter as
+/// `scan` reads it: one finding from its header (which names the module's source) on, named by the
+/// module of the package's build tree, not the package's folder above it. The same report in
+/// another module's source stays quiet.
+#[test]
+fn a_sanitizer_report_in_nvidia_source_is_read_from_its_header() {
+    // ollama/ollama#3903.
+    let f = testing::loud_lines(&[
+        "[   48.005440] ------------[ cut here ]------------",
+        "[   48.005441] UBSAN: array-index-out-of-bounds in build/nvidia/535.171.04/build/nvidia-uvm/uvm_pmm_gpu.c:2038:44",
+        "[   48.005443] index 0 is out of range for type 'uvm_gpu_chunk_t *[*]'",
+        "[   48.005445] CPU: 24 PID: 3014 Comm: ollama Tainted: P           O       6.8.0-31-generic #31-Ubuntu",
+        "[   48.005448] Call Trace:",
+        "[   48.005450]  <TASK>",
+        "[   48.005458]  uvm_pmm_gpu_alloc+0x2f5/0x6d0 [nvidia_uvm]",
+    ], true);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(
+        f[0].origin.line, 2,
+        "the finding starts at the sanitizer's header"
+    );
+    assert!(f[0].title.contains("nvidia_uvm"), "{}", f[0].title);
+    let f = testing::read(&[
+        "[  20.1] UBSAN: shift-out-of-bounds in drivers/gpu/drm/amd/display/dc/core/dc.c:1234:5",
+        "[  20.2] shift exponent 64 is too large for 64-bit type 'long unsigned int'",
+    ], false);
+    assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
+    testing::quiet_unfiltered("UBSAN: this sentence is not in any source");
 }

@@ -393,11 +393,24 @@ pub const CRASH_HEADERS: &[&str] = &[
     "Unable to handle kernel ",
 ];
 
+/// The undefined-behaviour sanitizer's report header (`UBSAN: array-index-out-of-bounds in
+/// build/nvidia/535.171.04/build/nvidia-uvm/uvm_pmm_gpu.c:2038:44`): a crash header only where its
+/// source path is in an NVIDIA module, so that the `nvidia` literal finds every one that counts
+/// and the first stage needs no search of its own for it.
+pub fn is_nvidia_sanitizer_report(t: &str) -> bool {
+    t.strip_prefix("UBSAN: ")
+        .is_some_and(|r| r.contains(" in ") && source_module(r).is_some())
+}
+
 /// Where a kernel crash or warning header starts in `line`, if it holds one.
 pub fn crash_start(line: &str) -> Option<usize> {
     CRASH_HEADERS
         .iter()
         .filter_map(|h| line.find(h))
+        .chain(
+            line.find("UBSAN: ")
+                .filter(|&i| is_nvidia_sanitizer_report(&line[i..])),
+        )
         .min()
         .or_else(|| {
             line.find("WARNING")
@@ -472,7 +485,10 @@ pub fn ip_line_module(t: &str) -> Option<Option<&str>> {
 pub(super) fn crash_header(t: &str) -> Option<&str> {
     let t = t.strip_prefix("watchdog: ").unwrap_or(t);
     let t = t.strip_prefix("NMI watchdog: ").unwrap_or(t);
-    (CRASH_HEADERS.iter().any(|h| t.starts_with(h)) || warning_at_source(t)).then_some(t)
+    (CRASH_HEADERS.iter().any(|h| t.starts_with(h))
+        || warning_at_source(t)
+        || is_nvidia_sanitizer_report(t))
+    .then_some(t)
 }
 
 /// The task a lockup header names at its end: `BUG: soft lockup - CPU#2 stuck for 104s!
@@ -505,12 +521,15 @@ pub fn warning_at_source(t: &str) -> bool {
 }
 
 /// The NVIDIA module a kernel warning's source path is in (`.../nvidia-drm/nvidia-drm-drv.c:1221`
-/// is nvidia_drm), when the line names no module in brackets.
+/// is nvidia_drm), when the line names no module in brackets. The last part of the path that names
+/// one: a DKMS build tree holds the module's folder under the package's
+/// (`build/nvidia/535.171.04/build/nvidia-uvm/uvm_pmm_gpu.c` is nvidia_uvm, not nvidia).
 pub fn source_module(h: &str) -> Option<&'static str> {
     h.split_whitespace()
         .filter(|w| w.contains('/'))
         .flat_map(|w| w.split('/'))
-        .find_map(task_module)
+        .filter_map(task_module)
+        .last()
 }
 
 /// The task named by a crash dump's `CPU: N PID: N Comm: NAME ...` line (`UID: N` may come
