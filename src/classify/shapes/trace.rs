@@ -528,8 +528,8 @@ pub fn source_module(h: &str) -> Option<&'static str> {
     h.split_whitespace()
         .filter(|w| w.contains('/'))
         .flat_map(|w| w.split('/'))
-        .filter_map(task_module)
-        .last()
+        .rev()
+        .find_map(task_module)
 }
 
 /// The task named by a crash dump's `CPU: N PID: N Comm: NAME ...` line (`UID: N` may come
