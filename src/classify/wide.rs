@@ -17,6 +17,8 @@
 //! second pass: on an AMD EPYC guest (one core, bench/scan.sh's logs in memory) the packed
 //! search and the count took 89 ms on the GPU-host log and 58 ms on the ordinary one, this loop
 //! 50 and 31 ms; `scan` of the mapped files went from 0.81 to 0.91 and 0.87 of ripgrep's speed.
+//! Where the anchors are ASCII it also works out each byte's high nybble once per block instead of
+//! at each of the four positions ([`HighNybbles`]).
 //!
 //! Semantics are the packed searcher's leftmost-first ones: the leftmost position where any
 //! pattern starts, and at that position the pattern of lowest id. A test compares the two on
@@ -386,7 +388,7 @@ impl Wide {
     ///
     /// Where every fingerprint is ASCII, the high nybbles of a block of bytes are worked out
     /// first, once per byte, and the steps load them back at each of the four positions (see
-    /// [`HighNybbles`]): 57 instructions a step instead of 72, and on an AMD EPYC guest (Zen 3,
+    /// [`HighNybbles`]): 58 instructions a step instead of 72 (counted in the loop and its block pass), and on an AMD EPYC guest (Zen 3,
     /// one core, a GPU host's log in L2) 12.2 against 11.7 GB/s.
     ///
     /// The last steps, where a load would reach past the haystack (AVX2 has no masked byte
@@ -412,67 +414,74 @@ impl Wide {
         let zero = _mm256_setzero_si256();
         let len = hay.len();
         let mut count = *newlines;
-        // One byte position of a half: the bucket bits of the 32 bytes loaded at `ptr`.
+        // One byte position of a half: the bucket bits of the 32 bytes `$v` whose high nybbles
+        // are `$g`.
         macro_rules! look {
-            ($v:expr, $lo:expr, $hi:expr) => {{
+            ($v:expr, $g:expr, $lo:expr, $hi:expr) => {{
                 let v = $v;
                 _mm256_and_si256(
                     _mm256_shuffle_epi8($lo, if ASCII { v } else { _mm256_and_si256(v, low) }),
-                    _mm256_shuffle_epi8($hi, _mm256_and_si256(_mm256_srli_epi16(v, 4), low)),
+                    _mm256_shuffle_epi8($hi, $g),
                 )
             }};
         }
+        // The high nybbles of the 32 bytes `$v`.
+        macro_rules! high {
+            ($v:expr) => {
+                _mm256_and_si256(_mm256_srli_epi16($v, 4), low)
+            };
+        }
         // One half: the bucket bits of its 32 start positions, which of them are candidates,
         // and the newlines among its 32 bytes. `$b` points at 35 readable bytes; `$h`, where
-        // given, at those bytes' high nybbles (else they are taken from the bytes here).
+        // given, at those bytes' high nybbles (else they are worked out from the bytes here).
         macro_rules! half {
             ($b:expr) => {{
                 let b: *const u8 = $b;
                 // SAFETY: the caller of the macro says 35 bytes from `b` are readable.
-                let (v0, v1, v2, v3) = unsafe {
-                    (
+                let v = unsafe {
+                    [
                         _mm256_loadu_si256(b.cast()),
                         _mm256_loadu_si256(b.add(1).cast()),
                         _mm256_loadu_si256(b.add(2).cast()),
                         _mm256_loadu_si256(b.add(3).cast()),
-                    )
+                    ]
                 };
-                let r = _mm256_and_si256(
-                    _mm256_and_si256(look!(v0, l0, h0), look!(v1, l1, h1)),
-                    _mm256_and_si256(look!(v2, l2, h2), look!(v3, l3, h3)),
-                );
-                let cand = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(r, zero)) as u32);
-                let nls = (_mm256_movemask_epi8(_mm256_cmpeq_epi8(v0, nl)) as u32).count_ones();
-                (r, cand, nls)
+                bits!(v, [high!(v[0]), high!(v[1]), high!(v[2]), high!(v[3])])
             }};
             ($b:expr, $h:expr) => {{
                 let (b, h): (*const u8, *const u8) = ($b, $h);
                 // SAFETY: the caller of the macro says 35 bytes from `b` and from `h` are
                 // readable.
-                let (v0, v1, v2, v3, g0, g1, g2, g3) = unsafe {
+                let (v, g) = unsafe {
                     (
-                        _mm256_loadu_si256(b.cast()),
-                        _mm256_loadu_si256(b.add(1).cast()),
-                        _mm256_loadu_si256(b.add(2).cast()),
-                        _mm256_loadu_si256(b.add(3).cast()),
-                        _mm256_loadu_si256(h.cast()),
-                        _mm256_loadu_si256(h.add(1).cast()),
-                        _mm256_loadu_si256(h.add(2).cast()),
-                        _mm256_loadu_si256(h.add(3).cast()),
+                        [
+                            _mm256_loadu_si256(b.cast()),
+                            _mm256_loadu_si256(b.add(1).cast()),
+                            _mm256_loadu_si256(b.add(2).cast()),
+                            _mm256_loadu_si256(b.add(3).cast()),
+                        ],
+                        [
+                            _mm256_loadu_si256(h.cast()),
+                            _mm256_loadu_si256(h.add(1).cast()),
+                            _mm256_loadu_si256(h.add(2).cast()),
+                            _mm256_loadu_si256(h.add(3).cast()),
+                        ],
                     )
                 };
-                // Only in the ASCII form: the low nybble is looked up by the byte itself.
-                macro_rules! seen {
-                    ($v:expr, $g:expr, $lo:expr, $hi:expr) => {
-                        _mm256_and_si256(_mm256_shuffle_epi8($lo, $v), _mm256_shuffle_epi8($hi, $g))
-                    };
-                }
+                bits!(v, g)
+            }};
+        }
+        // A half's bucket bits, candidates and newlines from the bytes `$v` at its four
+        // positions and their high nybbles `$g`.
+        macro_rules! bits {
+            ($v:ident, $g:expr) => {{
+                let g = $g;
                 let r = _mm256_and_si256(
-                    _mm256_and_si256(seen!(v0, g0, l0, h0), seen!(v1, g1, l1, h1)),
-                    _mm256_and_si256(seen!(v2, g2, l2, h2), seen!(v3, g3, l3, h3)),
+                    _mm256_and_si256(look!($v[0], g[0], l0, h0), look!($v[1], g[1], l1, h1)),
+                    _mm256_and_si256(look!($v[2], g[2], l2, h2), look!($v[3], g[3], l3, h3)),
                 );
                 let cand = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(r, zero)) as u32);
-                let nls = (_mm256_movemask_epi8(_mm256_cmpeq_epi8(v0, nl)) as u32).count_ones();
+                let nls = (_mm256_movemask_epi8(_mm256_cmpeq_epi8($v[0], nl)) as u32).count_ones();
                 (r, cand, nls)
             }};
         }
@@ -509,8 +518,11 @@ impl Wide {
                 let h = high.0.as_mut_ptr();
                 let mut k = 0;
                 while k < HIGH_BLOCK + 32 {
-                    // A prefetch is a hint and never faults, whatever the address.
-                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(p + k + PREFETCH).cast());
+                    // One prefetch a cache line. A prefetch is a hint and never faults, whatever
+                    // the address.
+                    if k % 64 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(p + k + PREFETCH).cast());
+                    }
                     // SAFETY: `p + k + 32 <= p + HIGH_BLOCK + 32 <= len`; `high` holds
                     // `HIGH_BLOCK + 32` bytes, 32-byte aligned, and `k` is a multiple of 32.
                     unsafe {
