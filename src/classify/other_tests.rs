@@ -870,3 +870,16 @@ fn a_sanitizer_report_in_nvidia_source_is_read_from_its_header() {
     assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
     testing::quiet_unfiltered("UBSAN: this sentence is not in any source");
 }
+
+#[test]
+fn a_record_whose_lines_a_console_joined_with_the_kernel_escape_is_read_as_its_lines() {
+    // siderolabs/extensions#227: Talos's console prints a kernel record as it reads it from
+    // `/dev/kmsg`, its newlines still written `\x0a`.
+    let f = scan(&[
+        "kern:    info: [2023-09-14T03:08:37.409886757Z]: nvidia 0000:00:10.0: vgaarb: changed VGA decodes: olddecodes=none,decodes=none:owns=io+mem",
+        "kern: warning: [2023-09-14T03:08:37.411164757Z]: NVRM: The NVIDIA GPU 0000:00:10.0 (PCI ID: 10de:1b38)\\x0aNVRM: installed in this system is not supported by the\\x0aNVRM: NVIDIA 535.54.03 driver release.\\x0aNVRM: Please see 'Appendix A - Supported NVIDIA GPU Products'\\x0aNVRM: in this release's README, available on the operating system\\x0aNVRM: specific graphics driver download page at www.nvidia.com.",
+    ]);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].title, "GPU not supported by the installed driver");
+    assert_eq!(f[0].origin.line, 2);
+}

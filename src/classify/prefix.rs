@@ -112,18 +112,42 @@ pub fn split_ref_with<'a>(
     let start = message_start(line).or_else(|| site?.message_start(line))?;
     let (head, msg) = line.split_at(start);
     let prefix = parse_prefix(head);
-    let messages = if hash_012().find(msg.as_bytes()).is_some() {
-        Messages::Many(
-            msg.split("#012")
-                .map(str::trim_end)
-                .filter(|m| !m.is_empty())
-                .map(str::to_string)
-                .collect(),
-        )
-    } else {
-        Messages::One(crate::classify::trim::end(msg))
+    let messages = match embedded_newlines(msg) {
+        Some(lines) => Messages::Many(lines),
+        None => Messages::One(crate::classify::trim::end(msg)),
     };
     Some((prefix, messages))
+}
+
+/// The message lines of a message that holds several, whatever prefix it came behind: rsyslog
+/// writes a record's newlines as `#012`, and tools that forward `/dev/kmsg` text as they read it
+/// (Talos's console, log shippers) keep the kernel's own escape, `\x0a`, with every other byte the
+/// kernel escapes (`\x5c` for a backslash), which are undone here as the live source undoes them.
+/// `None` for the usual one-line message. One pass for both marks: most messages hold neither `#`
+/// nor `\`, and this runs on every candidate line of a scan.
+fn embedded_newlines(msg: &str) -> Option<Vec<String>> {
+    let b = msg.as_bytes();
+    let (mut rsyslog, mut kmsg) = (false, false);
+    for i in memchr::memchr2_iter(b'#', b'\\', b) {
+        rsyslog |= b[i..].starts_with(b"#012");
+        kmsg |= b[i..].starts_with(b"\\x0a");
+    }
+    if !rsyslog && !kmsg {
+        return None;
+    }
+    let text = if kmsg {
+        std::borrow::Cow::Owned(crate::source::kmsg::record::unescape(b))
+    } else {
+        std::borrow::Cow::Borrowed(msg)
+    };
+    Some(
+        text.split('\n')
+            .flat_map(|l| l.split("#012"))
+            .map(str::trim_end)
+            .filter(|m| !m.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// A raw `/dev/kmsg` dump line: `PRIO,SEQ,TS_USEC,FLAGS;MESSAGE` with `\xNN` escapes.
@@ -241,11 +265,6 @@ fn tag_finders() -> &'static [memchr::memmem::Finder<'static>; 3] {
             memchr::memmem::Finder::new(b"pcieport "),
         ]
     })
-}
-
-fn hash_012() -> &'static memchr::memmem::Finder<'static> {
-    static F: std::sync::OnceLock<memchr::memmem::Finder<'static>> = std::sync::OnceLock::new();
-    F.get_or_init(|| memchr::memmem::Finder::new(b"#012"))
 }
 
 /// Where a driver tag (`NVRM`, `nvidia...`, `pcieport`) starts.
@@ -815,6 +834,37 @@ mod tests {
         let s = split("Nov 29 08:14:03 h kernel: NVRM: The NVIDIA GPU 0000:17:00.0#012NVRM: (PCI ID: 10de:2330) installed in this system has#012NVRM: fallen off the bus and is not responding to commands.").unwrap();
         assert_eq!(s.messages.len(), 3);
         assert!(s.messages[2].starts_with("NVRM: fallen off"));
+    }
+
+    /// The kernel's own `\x0a` escape, kept by tools that forward `/dev/kmsg` text as read, splits
+    /// a message behind any prefix, as rsyslog's `#012` does, and the other escapes are undone.
+    #[test]
+    fn kmsg_escaped_newlines_are_split_behind_any_prefix() {
+        // siderolabs/extensions#227: Talos's console, one record over five lines.
+        let talos = "kern: warning: [2023-09-14T03:08:37.411164757Z]: NVRM: The NVIDIA GPU 0000:00:10.0 (PCI ID: 10de:1b38)\\x0aNVRM: installed in this system is not supported by the\\x0aNVRM: NVIDIA 535.54.03 driver release.\\x0aNVRM: Please see 'Appendix A - Supported NVIDIA GPU Products'\\x0aNVRM: in this release's README, available on the operating system\\x0aNVRM: specific graphics driver download page at www.nvidia.com.";
+        let s = split(talos).expect("a message");
+        assert_eq!(s.messages.len(), 6, "{:?}", s.messages);
+        assert_eq!(
+            s.messages[1],
+            "NVRM: installed in this system is not supported by the"
+        );
+        for line in [
+            "[ 9512.238711] NVRM: a\\x0aNVRM: b \\x5c c",
+            "Nov 29 08:14:03 h kernel: NVRM: a\\x0aNVRM: b \\x5c c",
+            "nvidia-node-7 kern: warning: [2026-11-29T08:14:03Z]: NVRM: a\\x0aNVRM: b \\x5c c\\x0a",
+        ] {
+            let s = split(line).expect("a message");
+            assert_eq!(s.messages, ["NVRM: a", "NVRM: b \\ c"], "{line}");
+        }
+        // A lone `#` or backslash is text.
+        for line in [
+            "[ 1.0] NVRM: GPU #1 at \\\\server\\x4",
+            "[ 1.0] NVRM: #01 and \\x0 end",
+        ] {
+            let s = split(line).expect("a message");
+            assert_eq!(s.messages.len(), 1, "{line}");
+            assert_eq!(s.messages[0], line["[ 1.0] ".len()..], "{line}");
+        }
     }
 
     #[test]
