@@ -648,6 +648,33 @@ fn every_crash_header_is_found_by_a_literal() {
     for h in super::shapes::CRASH_HEADERS {
         assert!(lits.iter().any(|l| h.contains(l)), "{h:?}");
     }
+    // A die line is a header wherever its literal is, and only a die line is.
+    for (line, at) in [
+        (
+            "[61437.188055] divide error: 0000 [#1] PREEMPT SMP",
+            Some(15),
+        ),
+        (
+            "Nov 27 05:43:22 vertex kernel: Oops: 0000 [#1] PREEMPT SMP NOPTI",
+            Some(31),
+        ),
+        ("[  317.617675] invalid opcode: 0000 [#1] SMP ", Some(15)),
+        (
+            "[ 1.0] Internal error: Oops: 96000004 [#1] PREEMPT SMP",
+            Some(23),
+        ),
+        ("[ 1.0] stack segment: 0000 [#1] SMP PTI", Some(7)),
+        ("[ 1.0] see issue [#1] for details", None),
+        ("[ 1.0] Oops: 0000 [#x] SMP", None),
+        ("[ 1.0] Oops: zz [#1] SMP", None),
+        ("[ 1.0] 0000 [#1] SMP", None),
+    ] {
+        assert_eq!(super::shapes::die_start(line), at, "{line}");
+        if at.is_some() {
+            assert!(line.contains(super::shapes::DIE_LITERAL));
+            assert!(lits.contains(&super::shapes::DIE_LITERAL));
+        }
+    }
     // A sanitizer report in NVIDIA's source holds `nvidia`; elsewhere it is no header.
     let ubsan = "UBSAN: array-index-out-of-bounds in build/nvidia/535.171.04/build/nvidia-uvm/uvm_pmm_gpu.c:2038:44";
     assert!(super::shapes::is_nvidia_sanitizer_report(ubsan));
@@ -882,4 +909,41 @@ fn a_record_whose_lines_a_console_joined_with_the_kernel_escape_is_read_as_its_l
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!(f[0].title, "GPU not supported by the installed driver");
     assert_eq!(f[0].origin.line, 2);
+}
+
+/// Round `at`: an oops whose `BUG:` line the paste cut off starts at its die line, and its
+/// instruction pointer in nvidia-modeset makes it the driver's; under a `BUG:` header the die line
+/// is a line of that report, not a second one.
+#[test]
+fn an_oops_is_read_from_its_die_line_where_its_header_was_cut() {
+    // dunst-project/dunst#785.
+    let f = testing::loud_lines(&[
+        "Nov 27 05:43:22 vertex kernel: #PF: supervisor read access in kernel mode",
+        "Nov 27 05:43:22 vertex kernel: #PF: error_code(0x0000) - not-present page",
+        "Nov 27 05:43:22 vertex kernel: Oops: 0000 [#1] PREEMPT SMP NOPTI",
+        "Nov 27 05:43:22 vertex kernel: CPU: 3 PID: 585 Comm: Xorg Tainted: P           OE     5.9.10-arch1-1 #1",
+        "Nov 27 05:43:22 vertex kernel: RIP: 0010:_nv002670kms+0x60/0x100 [nvidia_modeset]",
+    ], true);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].origin.line, 3, "{f:#?}");
+    assert_eq!(f[0].module.as_deref(), Some("nvidia_modeset"));
+    let f = testing::loud_lines(&[
+        "[ 5.0] BUG: kernel NULL pointer dereference, address: 0000000000000010",
+        "[ 5.0] #PF: supervisor read access in kernel mode",
+        "[ 5.0] Oops: 0000 [#1] SMP NOPTI",
+        "[ 5.0] CPU: 2 PID: 95917 Comm: python3 Tainted: P           OE     5.4.0-1043-azure #45",
+        "[ 5.0] RIP: 0010:_nv002670kms+0x60/0x100 [nvidia_modeset]",
+    ], true);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].origin.line, 1, "{f:#?}");
+    // A die line whose report names no NVIDIA module stays quiet.
+    let f = testing::read(
+        &[
+            "[61437.188055] divide error: 0000 [#1] PREEMPT SMP",
+            "[61437.188084] Modules linked in: dm_mod xfs bbswitch(O) ip6table_filter",
+            "[61437.188090] RIP: 0010:ext4_readdir+0x3c/0x9a0 [ext4]",
+        ],
+        true,
+    );
+    assert!(f.iter().all(|f| f.severity < Severity::Warning), "{f:#?}");
 }

@@ -51,6 +51,9 @@ pub const HAND_LITERALS: &[&str] = &[
     "BUG:",
     "BUG at ",
     "general protection fault",
+    // An oops's die line (`Oops: 0000 [#1] PREEMPT SMP NOPTI`, `divide error: 0000 [#1] SMP`):
+    // the header of a report whose `BUG:` line was cut off, or that has none.
+    crate::classify::shapes::DIE_LITERAL,
     // arm64's oops header, which holds no `BUG:`.
     "Unable to handle kernel",
     // A crash report's instruction pointer in kernel code (x86's `RIP: 0010:` and old `IP: [<`,

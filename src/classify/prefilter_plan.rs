@@ -29,6 +29,7 @@ pub const LITERALS: &[&str] = &[
     "BUG:",
     "BUG at ",
     "general protection fault",
+    "[#1]",
     "Unable to handle kernel",
     "RIP: 0010:",
     "IP: [<",
@@ -89,6 +90,7 @@ pub const ANCHORS: &[(&str, usize)] = &[
     ("BUG:", 0),
     ("BUG ", 0),
     ("eral", 3),
+    ("[#1]", 0),
     ("Unab", 0),
     ("010:", 6),
     (": [<", 2),
@@ -123,4 +125,4 @@ pub const ANCHORS: &[(&str, usize)] = &[
 ];
 
 /// The distinct anchors (in order of first appearance) in the searcher's order.
-pub const ORDER: &[usize] = &[1, 0, 22, 15, 6, 20, 42, 34, 13, 30, 33, 10, 18, 29, 12, 23, 38, 36, 25, 5, 35, 4, 32, 31, 39, 40, 24, 8, 2, 14, 21, 3, 26, 7, 28, 41, 27, 17, 11, 19, 16, 37, 9];
+pub const ORDER: &[usize] = &[18, 10, 35, 15, 40, 31, 23, 4, 28, 27, 36, 5, 12, 21, 29, 32, 22, 39, 33, 17, 43, 37, 25, 14, 20, 1, 6, 42, 11, 0, 34, 3, 19, 13, 24, 41, 8, 7, 26, 30, 2, 16, 38, 9];

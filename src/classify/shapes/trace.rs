@@ -402,6 +402,39 @@ pub fn is_nvidia_sanitizer_report(t: &str) -> bool {
         .is_some_and(|r| r.contains(" in ") && source_module(r).is_some())
 }
 
+/// The literal of an oops's die line: the first oops of a boot (`[#1]`). Later ones follow it,
+/// and a kernel tainted by the first (`D`) says little new.
+pub const DIE_LITERAL: &str = "[#1]";
+
+/// Where the die line of an oops starts in `line`: `Oops: 0000 [#1] PREEMPT SMP NOPTI`, `divide
+/// error: 0000 [#1] SMP`, `invalid opcode: 0000 [#1] ...` (the kernel's `die()`: what happened,
+/// the error code in hex, the oops count). Under a `BUG:` header it is a line of that report;
+/// where the paste cut the header off, or the oops has none (a divide error), it is the header,
+/// and the instruction pointer and frames below say whose crash it is.
+pub fn die_start(line: &str) -> Option<usize> {
+    let at = line.find(" [#")?;
+    let head = &line[..at];
+    // The error code: hex digits after `: `.
+    let colon = head.rfind(": ")?;
+    let code = &head[colon + 2..];
+    if !(4..=16).contains(&code.len()) || !code.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    // What happened: words of letters before the colon (`Oops`, `divide error`, `stack segment`).
+    let words = &head[..colon];
+    let start = words
+        .rfind(|c: char| !(c.is_ascii_alphabetic() || c == ' '))
+        .map_or(0, |i| i + 1);
+    let start = start + (words.len() - start - words[start..].trim_start().len());
+    let what = &words[start..];
+    let count = line[at + 3..].split(']').next()?;
+    (!what.is_empty()
+        && what.split(' ').all(|w| !w.is_empty())
+        && !count.is_empty()
+        && count.bytes().all(|b| b.is_ascii_digit()))
+    .then_some(start)
+}
+
 /// Where a kernel crash or warning header starts in `line`, if it holds one.
 pub fn crash_start(line: &str) -> Option<usize> {
     CRASH_HEADERS
@@ -411,6 +444,7 @@ pub fn crash_start(line: &str) -> Option<usize> {
             line.find("UBSAN: ")
                 .filter(|&i| is_nvidia_sanitizer_report(&line[i..])),
         )
+        .chain(die_start(line))
         .min()
         .or_else(|| {
             line.find("WARNING")
@@ -487,7 +521,8 @@ pub(super) fn crash_header(t: &str) -> Option<&str> {
     let t = t.strip_prefix("NMI watchdog: ").unwrap_or(t);
     (CRASH_HEADERS.iter().any(|h| t.starts_with(h))
         || warning_at_source(t)
-        || is_nvidia_sanitizer_report(t))
+        || is_nvidia_sanitizer_report(t)
+        || die_start(t) == Some(0))
     .then_some(t)
 }
 
