@@ -916,26 +916,28 @@ fn a_record_whose_lines_a_console_joined_with_the_kernel_escape_is_read_as_its_l
 /// is a line of that report, not a second one.
 #[test]
 fn an_oops_is_read_from_its_die_line_where_its_header_was_cut() {
-    // dunst-project/dunst#785.
-    let f = testing::loud_lines(&[
+    // dunst-project/dunst#785, whose header was cut (the report starts at its die line, line
+    // 3), and the same report under its header (one report from line 1).
+    let cut: &[&str] = &[
         "Nov 27 05:43:22 vertex kernel: #PF: supervisor read access in kernel mode",
         "Nov 27 05:43:22 vertex kernel: #PF: error_code(0x0000) - not-present page",
         "Nov 27 05:43:22 vertex kernel: Oops: 0000 [#1] PREEMPT SMP NOPTI",
         "Nov 27 05:43:22 vertex kernel: CPU: 3 PID: 585 Comm: Xorg Tainted: P           OE     5.9.10-arch1-1 #1",
         "Nov 27 05:43:22 vertex kernel: RIP: 0010:_nv002670kms+0x60/0x100 [nvidia_modeset]",
-    ], true);
-    assert_eq!(f.len(), 1, "{f:#?}");
-    assert_eq!(f[0].origin.line, 3, "{f:#?}");
-    assert_eq!(f[0].module.as_deref(), Some("nvidia_modeset"));
-    let f = testing::loud_lines(&[
+    ];
+    let whole: &[&str] = &[
         "[ 5.0] BUG: kernel NULL pointer dereference, address: 0000000000000010",
         "[ 5.0] #PF: supervisor read access in kernel mode",
         "[ 5.0] Oops: 0000 [#1] SMP NOPTI",
         "[ 5.0] CPU: 2 PID: 95917 Comm: python3 Tainted: P           OE     5.4.0-1043-azure #45",
         "[ 5.0] RIP: 0010:_nv002670kms+0x60/0x100 [nvidia_modeset]",
-    ], true);
-    assert_eq!(f.len(), 1, "{f:#?}");
-    assert_eq!(f[0].origin.line, 1, "{f:#?}");
+    ];
+    for (lines, first) in [(cut, 3), (whole, 1)] {
+        let f = testing::loud_lines(lines, true);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].origin.line, first, "{f:#?}");
+        assert_eq!(f[0].module.as_deref(), Some("nvidia_modeset"));
+    }
     // A die line whose report names no NVIDIA module stays quiet.
     let f = testing::read(
         &[

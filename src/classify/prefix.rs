@@ -131,6 +131,9 @@ fn embedded_newlines(msg: &str) -> Option<Vec<String>> {
     for i in memchr::memchr2_iter(b'#', b'\\', b) {
         rsyslog |= b[i..].starts_with(b"#012");
         kmsg |= b[i..].starts_with(b"\\x0a");
+        if rsyslog && kmsg {
+            break;
+        }
     }
     if !rsyslog && !kmsg {
         return None;

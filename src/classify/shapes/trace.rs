@@ -422,11 +422,11 @@ pub fn die_start(line: &str) -> Option<usize> {
     }
     // What happened: words of letters before the colon (`Oops`, `divide error`, `stack segment`).
     let words = &head[..colon];
-    let start = words
+    let what = words
         .rfind(|c: char| !(c.is_ascii_alphabetic() || c == ' '))
-        .map_or(0, |i| i + 1);
-    let start = start + (words.len() - start - words[start..].trim_start().len());
-    let what = &words[start..];
+        .map_or(words, |i| &words[i + 1..])
+        .trim_start();
+    let start = words.len() - what.len();
     let count = line[at + 3..].split(']').next()?;
     (!what.is_empty()
         && what.split(' ').all(|w| !w.is_empty())
