@@ -46,6 +46,15 @@ impl Stamp {
             Repr::Heap(s) => s,
         }
     }
+
+    /// The text's bytes, without [`Stamp::as_str`]'s check: they were copied from a `&str`, so
+    /// they are UTF-8. For writers that handle bytes (the JSON writer of a storm's findings).
+    pub fn utf8_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, buf } => &buf[..usize::from(*len)],
+            Repr::Heap(s) => s.as_bytes(),
+        }
+    }
 }
 
 impl Default for Stamp {
@@ -115,6 +124,7 @@ mod tests {
         ] {
             let s = Stamp::new(t);
             assert_eq!(s.as_str(), t);
+            assert_eq!(s.utf8_bytes(), t.as_bytes());
             assert_eq!(s, t);
             assert_eq!(
                 serde_json::to_string(&s).ok(),
