@@ -668,6 +668,12 @@ fn every_crash_header_is_found_by_a_literal() {
         ("[ 1.0] Oops: 0000 [#x] SMP", None),
         ("[ 1.0] Oops: zz [#1] SMP", None),
         ("[ 1.0] 0000 [#1] SMP", None),
+        // A character of several bytes right before the words, or as the words.
+        ("[ 1.0] x\u{d7}Oops: 0000 [#1] SMP", Some(10)),
+        ("[ 1.0] \u{e9}: 0000 [#1] SMP", None),
+        ("\u{2026}Oops: 0000 [#1] SMP", Some(3)),
+        // A bracket before the die line does not hide it.
+        ("[ 1.0] see [#12] Oops: 0000 [#1] SMP", Some(17)),
     ] {
         assert_eq!(super::shapes::die_start(line), at, "{line}");
         if at.is_some() {

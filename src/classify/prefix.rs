@@ -18,8 +18,8 @@ pub struct Prefix {
     pub text: Option<String>,
 }
 
-/// A saved line split into its prefix and its message lines. A raw kmsg record or an rsyslog line
-/// with `#012` holds several message lines.
+/// A saved line split into its prefix and its message lines. A raw kmsg record, an rsyslog line
+/// with `#012` or a forwarded record with the kernel's `\x0a` holds several message lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SplitLine {
     pub prefix: Prefix,
@@ -40,7 +40,8 @@ pub fn split(line: &str) -> Option<SplitLine> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Messages<'a> {
     One(&'a str),
-    /// A raw kmsg record or an rsyslog line with `#012` holds several.
+    /// A raw kmsg record, an rsyslog line with `#012` or a forwarded record with `\x0a` holds
+    /// several.
     Many(Vec<String>),
 }
 
@@ -123,7 +124,9 @@ pub fn split_ref_with<'a>(
 /// writes a record's newlines as `#012`, and tools that forward `/dev/kmsg` text as they read it
 /// (Talos's console, log shippers) keep the kernel's own escape, `\x0a`, with every other byte the
 /// kernel escapes (`\x5c` for a backslash), which are undone here as the live source undoes them.
-/// `None` for the usual one-line message. One pass for both marks: most messages hold neither `#`
+/// `None` for the usual one-line message, whose escapes are left as written: without a `\x0a`
+/// there is no sign that the text is the kernel's escaped record rather than a message that
+/// holds a backslash of its own. One pass for both marks: most messages hold neither `#`
 /// nor `\`, and this runs on every candidate line of a scan.
 fn embedded_newlines(msg: &str) -> Option<Vec<String>> {
     let b = msg.as_bytes();
@@ -462,8 +465,10 @@ fn anchor_start(line: &str, a: &str) -> Option<usize> {
         }
         // An NVIDIA daemon's syslog tag (`nv-fabricmanager[29850]: `): from its name.
         "fabricmanager[" => {
-            let start = line[..i]
-                .rfind(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+            // By bytes: after a character of several bytes, `+ 1` of its start is inside it.
+            let start = line.as_bytes()[..i]
+                .iter()
+                .rposition(|&c| !(c.is_ascii_lowercase() || c == b'-'))
                 .map_or(0, |j| j + 1);
             if line[start..].starts_with("nv") && at_word_start(b, start) {
                 return Some(start);
@@ -897,6 +902,10 @@ mod tests {
             "[ 9512.238711] nvidiafoo: not a tag either, NVRM: but this is",
             "[ 9512.238711]    NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x22:0x56:884)",
             "[nvidia 9512.238711] NVRM: a stamp that holds a tag's letters",
+            // A tag inside the brackets comes first in the line: the whole-line search finds
+            // it, and the fast path must not answer with the one after the stamp.
+            "[NVRM: x] NVRM: Xid (PCI:0000:17:00): 13, pid=1, Graphics Exception",
+            "[nvidia-modeset: x] NVRM: Xid (PCI:0000:17:00): 13, pid=1, Graphics Exception",
             "[Nov 29 08:14:03 2026] NVRM: Xid (PCI:0000:17:00): 13, pid=1, Graphics Exception",
             "[ 12.5]NVRM: no space",
             "[ 12.5] nvidia",

@@ -524,7 +524,7 @@ proptest! {
     }
 
     #[test]
-    fn classifier_never_panics_on_arbitrary_lines(lines in proptest::collection::vec("(NVRM: |nvidia|pcieport |nvidia-nvswitch1: SXid |)[ -~]{0,120}", 0..20)) {
+    fn classifier_never_panics_on_arbitrary_lines(lines in proptest::collection::vec("[ -~\u{e9}\u{2026}\u{1F600}]{0,8}(NVRM: |nvidia|pcieport |nvidia-nvswitch1: SXid |: 0000 \\[#1\\] |fabricmanager\\[1\\]: |BUG: |)[ -~\u{e9}\u{2026}\u{1F600}]{0,120}", 0..20)) {
         let _ = classify(&lines.join("\n"));
     }
 

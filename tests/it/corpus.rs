@@ -314,3 +314,51 @@ fn unseen_rounds_are_measured() {
         );
     }
 }
+
+/// A character of several bytes at any word edge of a real line never panics a reader. Readers
+/// search back from a mark (an oops's `: 0000 [#1]`, a daemon's `fabricmanager[`) for where the
+/// words before it start, and a `char` search gives a character's first byte, so one byte on
+/// from it is inside the character: an `é` before an oops's die line stopped the scan. Every line
+/// of the corpus and of the unseen rounds that the prefilter offers is read with a two- or a
+/// four-byte character put at each edge of a word (a boundary with an ASCII byte that is no
+/// letter or digit on one side) in its first 96 bytes, each time after the line before it in its
+/// block (which may have opened the report the line belongs to).
+#[test]
+fn a_wide_character_at_any_word_edge_of_a_real_line_panics_no_reader() {
+    let pre = Prefilter::shared();
+    let mut blocks = load("corpus");
+    blocks.extend(load("unseen"));
+    let edge = |b: Option<&u8>| b.is_some_and(|c| c.is_ascii() && !c.is_ascii_alphanumeric());
+    let mut reads = 0u64;
+    for (_, block) in &blocks {
+        let bytes: Vec<&[u8]> = block.lines.iter().map(|l| l.text.as_bytes()).collect();
+        let offered = saved::offered_lines(pre, &bytes);
+        for (k, l) in block.lines.iter().enumerate() {
+            if !offered[k] {
+                continue;
+            }
+            let before = k.checked_sub(1).map(|p| block.lines[p].text.as_str());
+            let line = &l.text;
+            let b = line.as_bytes();
+            for at in 0..=line.len().min(96) {
+                let at_edge =
+                    at == 0 || edge(b.get(at)) || edge(at.checked_sub(1).and_then(|p| b.get(p)));
+                if !line.is_char_boundary(at) || !at_edge {
+                    continue;
+                }
+                // Two bytes at one edge, four at the next: both widths at every kind of mark.
+                let c = if reads.is_multiple_of(2) { "é" } else { "😀" };
+                let wide = format!("{}{c}{}", &line[..at], &line[at..]);
+                let mut log = SavedLog::default();
+                let mut out = Vec::new();
+                if let Some(b) = before {
+                    log.line(1, b, &mut out);
+                }
+                log.line(2, &wide, &mut out);
+                log.finish(&mut out);
+                reads += 1;
+            }
+        }
+    }
+    assert!(reads > 50_000, "{reads} reads");
+}

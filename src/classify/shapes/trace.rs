@@ -411,8 +411,16 @@ pub const DIE_LITERAL: &str = "[#1]";
 /// the error code in hex, the oops count). Under a `BUG:` header it is a line of that report;
 /// where the paste cut the header off, or the oops has none (a divide error), it is the header,
 /// and the instruction pointer and frames below say whose crash it is.
+///
+/// Any oops count is read (`[#2]` inside an open report is a line of it); the first stage finds
+/// only [`DIE_LITERAL`]. Each ` [#` of the line is tried, so a bracket earlier in the line does
+/// not hide the die line after it.
 pub fn die_start(line: &str) -> Option<usize> {
-    let at = line.find(" [#")?;
+    memchr::memmem::find_iter(line.as_bytes(), b" [#").find_map(|at| die_at(line, at))
+}
+
+/// [`die_start`] for the ` [#` at byte `at`.
+fn die_at(line: &str, at: usize) -> Option<usize> {
     let head = &line[..at];
     // The error code: hex digits after `: `.
     let colon = head.rfind(": ")?;
@@ -421,9 +429,13 @@ pub fn die_start(line: &str) -> Option<usize> {
         return None;
     }
     // What happened: words of letters before the colon (`Oops`, `divide error`, `stack segment`).
+    // Searched by bytes: the byte after any other byte is where the words may start, and after a
+    // character of several bytes that is its last byte's successor, a character boundary (the
+    // character's own start, as a `char` search gives it, plus one, is inside it).
     let words = &head[..colon];
     let what = words
-        .rfind(|c: char| !(c.is_ascii_alphabetic() || c == ' '))
+        .bytes()
+        .rposition(|c| !(c.is_ascii_alphabetic() || c == b' '))
         .map_or(words, |i| &words[i + 1..])
         .trim_start();
     let start = words.len() - what.len();
