@@ -83,6 +83,10 @@ fn note_nvidia(devices: &mut FxHashSet<PciAddress>, pci: PciAddress) {
 /// address adds one, and a hostile or corrupted log read by `scan` may name millions.
 const MAX_NVIDIA_DEVICES: usize = 4 * MAX_GPUS;
 
+/// A line on which [`Classifier::push`] panics in unit tests, as a reader with a defect would.
+#[cfg(test)]
+pub(crate) const POISON_FOR_TESTS: &str = "xidwatch-test: a line a reader fails on";
+
 /// The stateful classifier. One per input stream.
 #[derive(Debug, Default)]
 pub struct Classifier {
@@ -170,6 +174,12 @@ impl Classifier {
 
     /// Feeds one message line (starting at its tag, prefix removed).
     pub fn push(&mut self, msg: &str, at: &LineOrigin, out: &mut Vec<Finding>) {
+        // The unit tests' stand-in for a reader's defect: the daemon must skip such a line and
+        // go on watching (src/daemon/tests.rs).
+        #[cfg(test)]
+        if msg.contains(POISON_FOR_TESTS) {
+            panic!("a reader failed on a line (test)");
+        }
         let (msg, parsed) = self.read_message(msg);
         let shape = self.notice_tail(parsed, msg, at);
         if let Some(p) = &self.pending {

@@ -445,9 +445,14 @@ pub fn render(r: &Report, now: u64) -> String {
         0 => String::new(),
         n => format!(", {n} out of sequence"),
     };
+    // Said only when it happened: a line a reader failed on is a defect to report.
+    let unread = match k.unread {
+        0 => String::new(),
+        n => format!(", {n} line(s) a reader failed on (skipped; a defect: please report it)"),
+    };
     let _ = writeln!(
         o,
-        "  kernel log  {}: {pos}; {} read, {} lost, {} malformed, {} from user space ignored{out_of_sequence}",
+        "  kernel log  {}: {pos}; {} read, {} lost, {} malformed, {} from user space ignored{out_of_sequence}{unread}",
         k.path.as_deref().unwrap_or("?"),
         k.records,
         k.lost,
@@ -613,5 +618,29 @@ mod tests {
         let text = render(&r, 0);
         assert!(text.starts_with("xidwatch: not running\n"), "{text}");
         assert!(text.contains("no status recorded"), "{text}");
+    }
+
+    /// Lines a reader failed on are said, and only when there were any.
+    #[test]
+    fn lines_a_reader_failed_on_are_said_when_there_were_any() {
+        let report = |unread: u64| {
+            let mut status = StatusSnapshot::default();
+            status.kmsg.unread = unread;
+            Report {
+                daemon: Liveness::NotRunning,
+                source: None,
+                state_dir: "/nonexistent".into(),
+                age_ms: None,
+                notes: Vec::new(),
+                status: Some(status),
+                verdict: no_status("xidwatch is not running", 0),
+            }
+        };
+        let text = render(&report(2), 0);
+        assert!(
+            text.contains("2 line(s) a reader failed on (skipped; a defect: please report it)"),
+            "{text}"
+        );
+        assert!(!render(&report(0), 0).contains("reader failed"));
     }
 }

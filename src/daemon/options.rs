@@ -33,6 +33,8 @@ pub struct SourceStats {
     pub kmsg_records: u64,
     pub kmsg_userspace_ignored: u64,
     pub kmsg_malformed: u64,
+    /// Lines a reader failed on (a panic caught): skipped, the watch goes on.
+    pub kmsg_unread: u64,
     pub kmsg_lost: u64,
     pub nvml_up: bool,
     pub gpus_seen: usize,

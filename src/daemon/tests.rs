@@ -131,6 +131,39 @@ async fn a_kernel_record_is_classified_and_handed_over_as_one_incident() {
     d.stop().await;
 }
 
+/// A reader that fails on a line (a defect; the unit tests' classifier panics on a marked line)
+/// costs that line, not the watch: the next record's Xid 79 is still an incident, the checkpoint
+/// moves past both (the record is not read again after a restart), and the failure is counted
+/// where `xidwatch status` and the metrics show it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reader_that_fails_on_a_line_costs_the_line_not_the_watch() {
+    let dir = Dir::new("", "");
+    let mut d = dir.build().await;
+    let poison = format!(
+        "3,6,1000006,-;NVRM: Xid (PCI:0000:2a:00): 13, pid=1, {}\n",
+        crate::classify::POISON_FOR_TESTS
+    );
+    d.handle(Event::Kmsg(vec![
+        record(&poison),
+        record(&xid(7, "17", 79)),
+    ]))
+    .await
+    .unwrap();
+    d.after().await;
+    assert_eq!(d.pipeline.stats.kmsg_unread, 1);
+    assert_eq!(d.pipeline.stats.kmsg_records, 2);
+    let snap = d.tel.snapshot();
+    assert_eq!(snap.kmsg.unread, 1);
+    assert_eq!(snap.open_incidents_total, 1, "{:?}", snap.open_incidents);
+    assert_eq!(
+        snap.open_incidents[0].pci,
+        PciAddress::parse("0000:17:00.0").ok()
+    );
+    assert!(d.pipeline.flush(true).await);
+    assert_eq!(saved_seq(&dir.state()), Some(7));
+    d.stop().await;
+}
+
 /// A crash report whose only NVIDIA link is a later line with no message of its own (a DRM core
 /// warning, then `... provided by nvidia_frontend_exit_module [nvidia]. ...`) is the driver's in
 /// the daemon as in `scan`: one incident besides the Xid that follows it.

@@ -206,6 +206,12 @@ impl Collector for SnapshotCollector {
         )?;
         counter(
             e,
+            "xidwatch_kmsg_unread_lines",
+            "Kernel log lines a reader failed on (a defect in xidwatch): skipped, the watch went on.",
+            s.kmsg.unread,
+        )?;
+        counter(
+            e,
             "xidwatch_kmsg_userspace_ignored",
             "Kernel log records written by user space and ignored.",
             s.kmsg.userspace_ignored,
@@ -752,6 +758,7 @@ mod tests {
             "xidwatch_kmsg_lost_records_total 0",
             "xidwatch_kmsg_malformed_total 0",
             "xidwatch_kmsg_out_of_sequence_total 0",
+            "xidwatch_kmsg_unread_lines_total 0",
             "xidwatch_nvml_up 0",
             "xidwatch_gpus 0",
             "xidwatch_runbook_runs_total{runbook=\"xid79\",result=\"ok\"} 1",

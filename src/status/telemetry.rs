@@ -105,6 +105,7 @@ pub struct Telemetry {
     kmsg_lost: AtomicU64,
     kmsg_malformed: AtomicU64,
     kmsg_out_of_sequence: AtomicU64,
+    kmsg_unread: AtomicU64,
     kmsg_userspace_ignored: AtomicU64,
     reloads_ok: AtomicU64,
     reload_failures: AtomicU64,
@@ -147,6 +148,7 @@ impl Telemetry {
             kmsg_lost: AtomicU64::new(0),
             kmsg_malformed: AtomicU64::new(0),
             kmsg_out_of_sequence: AtomicU64::new(0),
+            kmsg_unread: AtomicU64::new(0),
             kmsg_userspace_ignored: AtomicU64::new(0),
             reloads_ok: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
@@ -261,6 +263,11 @@ impl Telemetry {
     /// Adds `n` malformed kernel log records skipped.
     pub fn kmsg_malformed(&self, n: u64) {
         self.kmsg_malformed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds `n` lines a reader failed on and that were skipped.
+    pub fn kmsg_unread(&self, n: u64) {
+        self.kmsg_unread.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Adds `n` records out of sequence (far ahead or backwards).
@@ -447,6 +454,7 @@ impl Telemetry {
                 malformed: self.kmsg_malformed.load(Ordering::Relaxed),
                 userspace_ignored: self.kmsg_userspace_ignored.load(Ordering::Relaxed),
                 out_of_sequence: self.kmsg_out_of_sequence.load(Ordering::Relaxed),
+                unread: self.kmsg_unread.load(Ordering::Relaxed),
             },
             nvml: NvmlHealth {
                 probe_rounds: self.probe_rounds.load(Ordering::Relaxed),

@@ -119,6 +119,9 @@ pub struct KmsgHealth {
     pub userspace_ignored: u64,
     /// Records whose sequence number jumped far ahead or went backwards (still read).
     pub out_of_sequence: u64,
+    /// Lines a reader failed on (a defect in xidwatch, never expected): skipped, and the watch
+    /// went on.
+    pub unread: u64,
 }
 
 /// The NVML source.

@@ -347,7 +347,11 @@ fn a_wide_character_at_any_word_edge_of_a_real_line_panics_no_reader() {
                     continue;
                 }
                 // Two bytes at one edge, four at the next: both widths at every kind of mark.
-                let c = if reads.is_multiple_of(2) { "é" } else { "😀" };
+                let c = if reads.is_multiple_of(2) {
+                    "é"
+                } else {
+                    "😀"
+                };
                 let wide = format!("{}{c}{}", &line[..at], &line[at..]);
                 let mut log = SavedLog::default();
                 let mut out = Vec::new();
