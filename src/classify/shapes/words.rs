@@ -127,13 +127,23 @@ pub(super) fn has_error_signal(text: &str) -> bool {
 /// every module line and quiet `NVRM:` line), most of what reading such a line cost.
 fn error_words() -> &'static AhoCorasick {
     static A: OnceLock<AhoCorasick> = OnceLock::new();
-    A.get_or_init(|| AhoCorasick::new(ERROR_WORDS).expect("built-in words"))
+    A.get_or_init(|| words(ERROR_WORDS))
 }
 
 /// [`HARMLESS`] as one automaton, for the same reason.
 fn harmless_words() -> &'static AhoCorasick {
     static A: OnceLock<AhoCorasick> = OnceLock::new();
-    A.get_or_init(|| AhoCorasick::new(HARMLESS).expect("built-in words"))
+    A.get_or_init(|| words(HARMLESS))
+}
+
+/// A contiguous NFA, not the DFA the default builds for a few dozen words: it searches the first
+/// 256 bytes of a line, where the two run alike, and the DFA's construction (1.8 M instructions)
+/// was a tenth of what scanning a 2 MB log cost.
+fn words(list: &[&str]) -> AhoCorasick {
+    AhoCorasick::builder()
+        .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
+        .build(list)
+        .expect("built-in words")
 }
 
 /// Whether the word at `i` is a member of a dotted field path (`threadStateDatabase.timeout.flags`)

@@ -538,6 +538,14 @@ impl Row {
         for part in &self.title {
             match part {
                 pattern::Part::Text(t) => title.push_str(t),
+                pattern::Part::Slot(Slot::Word) => {
+                    let w = value(Slot::Word).unwrap_or("(not in the log)");
+                    let cut = w
+                        .char_indices()
+                        .nth(pattern::WORD_MAX)
+                        .map_or(w.len(), |(at, _)| at);
+                    title.push_str(&w[..cut]);
+                }
                 pattern::Part::Slot(s) => title.push_str(value(*s).unwrap_or("(not in the log)")),
             }
         }

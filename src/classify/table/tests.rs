@@ -152,6 +152,48 @@ fn slots_are_typed_and_read() {
     assert_eq!(t.read("mlx5_core 0000:3b:00.0: up", Tag::None, None), None);
 }
 
+/// A `{word}` takes the whole run of text without spaces, however long, and a title carries its
+/// first [`pattern::WORD_MAX`] characters (cut at a character, not a byte); numbers are ASCII.
+#[test]
+fn a_long_word_is_read_whole_and_cut_in_the_title() {
+    let t = Table::build(
+        &[RowSpec {
+            title: Some("kernel {word} failed ({int})".into()),
+            ..spec(
+                "site.build",
+                "build for kernel",
+                r"^build for kernel {word} failed: {int}$",
+                &["build for kernel 6.8.0-45-generic failed: 2"],
+            )
+        }],
+        "classify.shape",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let word = format!("6.8.0-{}", "é".repeat(300));
+    let m = t
+        .read(
+            &format!("build for kernel {word} failed: 2"),
+            Tag::None,
+            None,
+        )
+        .expect("a word longer than the title takes is still read");
+    let cut: String = word.chars().take(pattern::WORD_MAX).collect();
+    assert_eq!(m.title, format!("kernel {cut} failed (2)"));
+    let m = t
+        .read(
+            "build for kernel 6.8.0-45-generic failed: 2",
+            Tag::None,
+            None,
+        )
+        .expect("read");
+    assert_eq!(m.title, "kernel 6.8.0-45-generic failed (2)");
+    // A digit of another script is no number.
+    assert_eq!(
+        t.read("build for kernel 6.8 failed: \u{0663}", Tag::None, None),
+        None
+    );
+}
+
 /// A refused row names the key that is wrong.
 #[test]
 fn bad_rows_are_refused_with_their_key() {
@@ -552,4 +594,41 @@ fn reading_by_leading_literals_finds_the_rows_a_full_search_finds() {
 #[test]
 fn every_builtin_pattern_compiles() {
     assert_eq!(Table::builtin().uncompiled(), Vec::new());
+}
+
+/// Every built-in row compiles to a small automaton: a process pays for a row's build the first
+/// time a line reaches it, and one row written with a counted repetition of a Unicode class
+/// (`\S{1,128}`, `[^\]]{0,256}`) was 250 KB of automaton and a millisecond or more to build,
+/// more than a small log costs to read. Measured with the regex engine's own size limit, the
+/// same bound that refuses a site row's pattern, so the figure is the engine's, not a timing.
+#[test]
+fn every_builtin_row_compiles_small() {
+    const ROW: usize = 32 << 10;
+    const TABLE: usize = 512 << 10;
+    let size = |re: &str| {
+        let (mut lo, mut hi) = (1usize, 1usize << 21);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if regex::RegexBuilder::new(re).size_limit(mid).build().is_ok() {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    };
+    let mut total = 0;
+    for row in Table::builtin().rows() {
+        let n = size(&row.source);
+        assert!(
+            n <= ROW,
+            "{}: {n} bytes of automaton for {}",
+            row.id,
+            row.source
+        );
+        total += n;
+    }
+    assert!(total <= TABLE, "the built-in rows compile to {total} bytes");
+    // The guard itself: the old `{word}` slot is over the row bound.
+    assert!(size(r"^x (\S{1,128})") > ROW);
 }
