@@ -198,8 +198,19 @@ fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// Classifies one line the way `scan` does; invalid UTF-8 is replaced.
+/// Classifies one line the way `scan` does; invalid UTF-8 is replaced. A reader that fails on
+/// the line (a defect: reading never panics by design) costs the line, not this follower: a
+/// panic here ended the thread, and with it the watch of the Fabric Manager's log, silently.
 fn classify_line(c: &mut Classifier, bytes: &[u8], out: &mut Vec<Finding>) {
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_line(c, bytes, out)));
+    if read.is_err() {
+        tracing::error!(
+            "Fabric Manager log: a reader failed on a line and skipped it (a defect in xidwatch: please report it with the line above); the watch goes on"
+        );
+    }
+}
+
+fn read_line(c: &mut Classifier, bytes: &[u8], out: &mut Vec<Finding>) {
     let text = String::from_utf8_lossy(bytes);
     let Some((p, messages)) = prefix::split_borrowed(&text) else {
         return;
@@ -578,6 +589,22 @@ mod tests {
         for junk in [&b"\xff\xff\xff"[..], b"[\xc3", b"] [ERROR] \xe2\x82", b""] {
             classify_line(&mut c, junk, &mut f);
         }
+    }
+
+    /// A reader that fails on a line (the unit tests' classifier panics on a marked line) costs
+    /// that line: the follower's next record is still read.
+    #[test]
+    fn a_reader_that_fails_on_a_line_costs_the_line_not_the_follower() {
+        let mut c = Classifier::new();
+        let mut f = Vec::new();
+        let poison = format!(
+            "[Nov 14 2023 10:00:00] [ERROR] [tid 1234] {}",
+            crate::classify::POISON_FOR_TESTS
+        );
+        classify_line(&mut c, poison.as_bytes(), &mut f);
+        classify_line(&mut c, b"[Nov 14 2023 10:00:01] [ERROR] [tid 1234] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 0 port 18", &mut f);
+        c.flush(&mut f);
+        assert!(f.iter().any(|x| x.xid == Some(20034)), "{f:#?}");
     }
 
     /// The follower on its own: a megabyte line, invalid UTF-8 and a torn record in the file
