@@ -660,11 +660,8 @@ fn parse_prefix(head: &str) -> PrefixRef<'_> {
 fn any_prefix(head: &str) -> PrefixRef<'_> {
     let text = head.trim().trim_end_matches(':').trim();
     let mut p = PrefixRef {
-        text: (!text.is_empty()).then(|| {
-            // The first 80 characters, cut at a character boundary (no per-char work).
-            let end = text.char_indices().nth(80).map_or(text.len(), |(i, _)| i);
-            std::borrow::Cow::Borrowed(&text[..end])
-        }),
+        text: (!text.is_empty())
+            .then(|| std::borrow::Cow::Borrowed(crate::classify::trim::chars(text, 80))),
         ..PrefixRef::default()
     };
     // An uptime stamp `[ 9512.238711]` anywhere in the prefix (dmesg, syslog with the stamp kept).

@@ -38,8 +38,24 @@ pub fn both(s: &str) -> &str {
     end(start(s))
 }
 
+/// The first `n` characters of `s` (all of it when it is shorter), cut at a character boundary:
+/// a title's slot, a prefix shown to people, a line quoted in the daemon's log.
+#[inline]
+pub fn chars(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(at, _)| &s[..at])
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_first_characters_are_cut_at_a_character() {
+        assert_eq!(super::chars("héllo", 2), "hé");
+        assert_eq!(super::chars("héllo", 5), "héllo");
+        assert_eq!(super::chars("héllo", 9), "héllo");
+        assert_eq!(super::chars("😀😀", 1), "😀");
+        assert_eq!(super::chars("", 3), "");
+    }
+
     /// The same answers as the standard trims on strings of spaces, tabs, Unicode whitespace
     /// (no-break and ideographic spaces, the line separator), visible ASCII and other characters,
     /// at either end and alone.

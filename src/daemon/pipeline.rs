@@ -423,8 +423,7 @@ impl Pipeline {
             }
             return;
         }
-        // The origin is built only for a record with a line the classifier reads: the stamp is
-        // text, and formatting it for every ordinary record cost a twentieth of the daemon's time.
+        // Built at the first line the classifier reads ([`origin`]).
         let mut at: Option<LineOrigin> = None;
         for line in rec.lines() {
             self.out.remember(rec.seq, rec.ts_usec, line);
@@ -440,8 +439,10 @@ impl Pipeline {
                 let n = self.stats.kmsg_unread;
                 if n <= 10 || n.is_power_of_two() {
                     tracing::error!(
-                        "kernel log: a reader failed on a line of record {} and skipped it (a defect in xidwatch: please report it with the line above); the watch goes on; {n} so far",
-                        rec.seq
+                        "kernel log: a reader failed on a line of record {} and skipped it (a defect in xidwatch: please report it with the line, whose start follows); the watch goes on; {n} so far: {}",
+                        rec.seq,
+                        // A kernel line may be a megabyte long.
+                        crate::classify::trim::chars(line, 200)
                     );
                 }
             }
@@ -608,7 +609,6 @@ impl Pipeline {
     }
 }
 
-/// Counts a finding for metrics and status, then hands it to the incident engine.
 /// A record's origin, built at its first line the classifier reads: the stamp is text, and
 /// formatting it for every ordinary record cost a twentieth of the daemon's time.
 fn origin<'a>(
@@ -623,6 +623,7 @@ fn origin<'a>(
     })
 }
 
+/// Counts a finding for metrics and status, then hands it to the incident engine.
 fn push(
     tel: &Telemetry,
     engine: &mut Engine,

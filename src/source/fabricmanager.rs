@@ -205,7 +205,8 @@ fn classify_line(c: &mut Classifier, bytes: &[u8], out: &mut Vec<Finding>) {
     let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_line(c, bytes, out)));
     if read.is_err() {
         tracing::error!(
-            "Fabric Manager log: a reader failed on a line and skipped it (a defect in xidwatch: please report it with the line above); the watch goes on"
+            "Fabric Manager log: a reader failed on a line and skipped it (a defect in xidwatch: please report it with the line, whose start follows); the watch goes on: {}",
+            crate::classify::trim::chars(&String::from_utf8_lossy(bytes), 200)
         );
     }
 }

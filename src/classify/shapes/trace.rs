@@ -429,9 +429,8 @@ fn die_at(line: &str, at: usize) -> Option<usize> {
         return None;
     }
     // What happened: words of letters before the colon (`Oops`, `divide error`, `stack segment`).
-    // Searched by bytes: the byte after any other byte is where the words may start, and after a
-    // character of several bytes that is its last byte's successor, a character boundary (the
-    // character's own start, as a `char` search gives it, plus one, is inside it).
+    // Searched by bytes, so one past the last other byte is a character boundary (one past a
+    // wide character's start, which a `char` search gives, is inside it).
     let words = &head[..colon];
     let what = words
         .bytes()

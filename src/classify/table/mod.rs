@@ -538,15 +538,14 @@ impl Row {
         for part in &self.title {
             match part {
                 pattern::Part::Text(t) => title.push_str(t),
-                pattern::Part::Slot(Slot::Word) => {
-                    let w = value(Slot::Word).unwrap_or("(not in the log)");
-                    let cut = w
-                        .char_indices()
-                        .nth(pattern::WORD_MAX)
-                        .map_or(w.len(), |(at, _)| at);
-                    title.push_str(&w[..cut]);
+                pattern::Part::Slot(s) => {
+                    let v = value(*s).unwrap_or("(not in the log)");
+                    // A word is unbounded in the pattern ([`pattern::WORD_MAX`]).
+                    title.push_str(match s {
+                        Slot::Word => crate::classify::trim::chars(v, pattern::WORD_MAX),
+                        _ => v,
+                    });
                 }
-                pattern::Part::Slot(s) => title.push_str(value(*s).unwrap_or("(not in the log)")),
             }
         }
         RowMatch {

@@ -19,6 +19,18 @@ fn spec(id: &str, literal: &str, pattern: &str, examples: &[&str]) -> RowSpec {
     }
 }
 
+/// A table of the one row `row` with the title `title`.
+fn titled(title: &str, row: RowSpec) -> Table {
+    Table::build(
+        &[RowSpec {
+            title: Some(title.into()),
+            ..row
+        }],
+        "classify.shape",
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[test]
 fn the_builtin_table_parses_and_is_not_empty() {
     let t = Table::parse_builtin().unwrap_or_else(|e| panic!("{e}"));
@@ -119,19 +131,15 @@ fn anchor_rows_start_messages() {
 
 #[test]
 fn slots_are_typed_and_read() {
-    let t = Table::build(
-        &[RowSpec {
-            title: Some("{module} link down".into()),
-            ..spec(
-                "site.link",
-                "mlx5_core",
-                r"{module} {pci}: Port \d+ link down, pid {pid}",
-                &["mlx5_core 0000:3b:00.0: Port 1 link down, pid 4242"],
-            )
-        }],
-        "classify.shape",
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let t = titled(
+        "{module} link down",
+        spec(
+            "site.link",
+            "mlx5_core",
+            r"{module} {pci}: Port \d+ link down, pid {pid}",
+            &["mlx5_core 0000:3b:00.0: Port 1 link down, pid 4242"],
+        ),
+    );
     let m = t
         .read(
             "mlx5_core 0000:3b:00.0: Port 1 link down, pid 4242",
@@ -156,19 +164,15 @@ fn slots_are_typed_and_read() {
 /// first [`pattern::WORD_MAX`] characters (cut at a character, not a byte); numbers are ASCII.
 #[test]
 fn a_long_word_is_read_whole_and_cut_in_the_title() {
-    let t = Table::build(
-        &[RowSpec {
-            title: Some("kernel {word} failed ({int})".into()),
-            ..spec(
-                "site.build",
-                "build for kernel",
-                r"^build for kernel {word} failed: {int}$",
-                &["build for kernel 6.8.0-45-generic failed: 2"],
-            )
-        }],
-        "classify.shape",
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let t = titled(
+        "kernel {word} failed ({int})",
+        spec(
+            "site.build",
+            "build for kernel",
+            r"^build for kernel {word} failed: {int}$",
+            &["build for kernel 6.8.0-45-generic failed: 2"],
+        ),
+    );
     let word = format!("6.8.0-{}", "é".repeat(300));
     let m = t
         .read(
