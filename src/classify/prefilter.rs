@@ -767,8 +767,8 @@ pub fn bucket_passes(patterns: &[&str], hay: &[u8]) -> usize {
         .count()
 }
 
-/// The first stage: the wide search where the CPU has AVX-512 VBMI or AVX2 ([`super::wide`]), the
-/// packed (Teddy) searcher where it has SSSE3 only, Aho-Corasick elsewhere.
+/// The first stage: the wide search where the CPU has AVX2 ([`super::wide`]), the packed (Teddy)
+/// searcher where it has SSSE3 only, Aho-Corasick elsewhere.
 enum Stage1 {
     Wide(Wide),
     Packed(packed::Searcher),
@@ -1062,7 +1062,7 @@ mod tests {
     /// The wide first stage and the packed one find the same lines, with the same newline count:
     /// on the ordinary sample joined into one text (every line crossing 64-byte steps
     /// differently), with each literal planted into it, from line starts spread over it. Where the CPU
-    /// has neither AVX-512 VBMI nor AVX2 both are the packed searcher and this holds trivially.
+    /// has no AVX2 both are the packed searcher and this holds trivially.
     #[test]
     fn the_wide_and_the_packed_first_stage_agree() {
         let wide = Prefilter::new();

@@ -1,7 +1,10 @@
 //! The first stage's own vector search: 64 bytes a step, the newlines of every step counted in
-//! the same pass. Two loops: on CPUs with AVX-512 VBMI each fingerprint byte is looked up whole;
-//! on CPUs with AVX2 only (AMD's before Zen 4, Intel's desktops) by its two nybbles, as Teddy
-//! does, in two 32-byte halves.
+//! the same pass. Two loops: the AVX2 one, which runs wherever the CPU has AVX2 ([`best_kind`]),
+//! looks each fingerprint byte up by its two nybbles, as Teddy does, in two 32-byte halves; the
+//! AVX-512 VBMI one looks each byte up whole. The VBMI loop came first and filters better, but
+//! the AVX2 loop, made for CPUs without AVX-512, turned out faster on the one CPU with both that
+//! it was timed on; the VBMI loop stays, tested, for `XIDWATCH_FIRST_STAGE=vbmi` to time it on
+//! other CPUs.
 //!
 //! Why its own: the packed searcher of `aho-corasick` steps 32 bytes at a time and splits every
 //! byte into two nybbles, each looked up in a 16-entry table, so an anchor's byte `r` (0x72) also
@@ -122,8 +125,8 @@ pub struct Wide {
 
 impl Wide {
     /// A searcher for `patterns` (pattern id = index), the pattern with id `i` in bucket
-    /// `bucket_of(i)`, with the best loop the CPU runs; `None` where it has neither AVX-512 VBMI
-    /// nor AVX2, or for an empty pattern.
+    /// `bucket_of(i)`, running the loop [`best_kind`] chooses; `None` where the CPU runs none (no
+    /// AVX2), or for an empty pattern.
     pub fn new(patterns: &[&[u8]], bucket_of: impl Fn(usize) -> usize) -> Option<Wide> {
         let kind = best_kind()?;
         if patterns.is_empty() || patterns.iter().any(|p| p.is_empty()) {
@@ -413,7 +416,35 @@ impl Wide {
         let nl = _mm256_set1_epi8(b'\n' as i8);
         let zero = _mm256_setzero_si256();
         let len = hay.len();
-        let mut count = *newlines;
+        let count = *newlines;
+        // The newlines of the steps passed, kept in the vector unit: `lanes` holds a count per
+        // byte lane, negated (a newline compares as -1 and is added as it is: subtracting it
+        // instead, the compiler turns the compare into a mask and an AND with a constant
+        // vector, one more register in a loop short of them), at most 2 a step, moved into
+        // `sums` before 127 steps have passed; `sums` holds four 64-bit sums. Counting each
+        // half's newlines with a mask, a popcount and an add instead cost five instructions
+        // a step of some fifty.
+        let mut lanes = zero;
+        let mut sums = zero;
+        // Moves the per-lane counts into the 64-bit sums (`vpsadbw` adds each 8 lanes up).
+        macro_rules! fold {
+            () => {{
+                sums = _mm256_add_epi64(sums, _mm256_sad_epu8(_mm256_sub_epi8(zero, lanes), zero));
+                lanes = zero;
+            }};
+        }
+        // The newlines of every byte the steps have read: `count` and the vector sums together.
+        macro_rules! settle {
+            () => {{
+                let all =
+                    _mm256_add_epi64(sums, _mm256_sad_epu8(_mm256_sub_epi8(zero, lanes), zero));
+                let s = _mm_add_epi64(
+                    _mm256_castsi256_si128(all),
+                    _mm256_extracti128_si256::<1>(all),
+                );
+                count + (_mm_cvtsi128_si64(s) as u64) + (_mm_extract_epi64::<1>(s) as u64)
+            }};
+        }
         // One byte position of a half: the bucket bits of the 32 bytes `$v` whose high nybbles
         // are `$g`.
         macro_rules! look {
@@ -431,9 +462,9 @@ impl Wide {
                 _mm256_and_si256(_mm256_srli_epi16($v, 4), low)
             };
         }
-        // One half: the bucket bits of its 32 start positions, which of them are candidates,
-        // and the newlines among its 32 bytes. `$b` points at 35 readable bytes; `$h`, where
-        // given, at those bytes' high nybbles (else they are worked out from the bytes here).
+        // One half: the bucket bits of its 32 start positions and its first load (whose
+        // newlines are the half's). `$b` points at 35 readable bytes; `$h`, where given, at
+        // those bytes' high nybbles (else they are worked out from the bytes here).
         macro_rules! half {
             ($b:expr) => {{
                 let b: *const u8 = $b;
@@ -471,8 +502,8 @@ impl Wide {
                 bits!(v, g)
             }};
         }
-        // A half's bucket bits, candidates and newlines from the bytes `$v` at its four
-        // positions and their high nybbles `$g`.
+        // A half's bucket bits from the bytes `$v` at its four positions and their high
+        // nybbles `$g`, and the bytes at its first position.
         macro_rules! bits {
             ($v:ident, $g:expr) => {{
                 let g = $g;
@@ -480,30 +511,45 @@ impl Wide {
                     _mm256_and_si256(look!($v[0], g[0], l0, h0), look!($v[1], g[1], l1, h1)),
                     _mm256_and_si256(look!($v[2], g[2], l2, h2), look!($v[3], g[3], l3, h3)),
                 );
-                let cand = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(r, zero)) as u32);
-                let nls = (_mm256_movemask_epi8(_mm256_cmpeq_epi8($v[0], nl)) as u32).count_ones();
-                (r, cand, nls)
+                (r, $v[0])
             }};
         }
-        // One step of 64 start positions from `$b`, which points at 67 readable bytes (and `$h`,
-        // where given, at their high nybbles); `$valid` says which starts lie inside the haystack.
+        // One step of 64 start positions at `p` from `$b`, which points at 67 readable bytes
+        // (and `$h`, where given, at their high nybbles); `$valid` says which starts lie inside
+        // the haystack. Its newlines go into `lanes` as soon as each half is loaded (the loaded
+        // bytes need no register after that); a step with a candidate returns, one without
+        // moves `p` on.
         macro_rules! step {
-            ($valid:expr, $($b:expr),+) => {{
-                let (r0, c0, n0) = half!($($b),+);
+            ($valid:expr, $b0:expr $(, $h:expr)?) => {{
+                let b0: *const u8 = $b0;
+                let (r0, v0) = half!(b0 $(, $h)?);
+                lanes = _mm256_add_epi8(lanes, _mm256_cmpeq_epi8(v0, nl));
                 // SAFETY: 67 bytes from each pointer are readable, so 35 from 32 bytes on.
-                let (r1, c1, n1) = half!($(unsafe { $b.add(32) }),+);
-                let cand = (u64::from(c0) | u64::from(c1) << 32) & $valid;
-                let nls = n0 + n1;
-                if cand != 0 {
-                    // SAFETY: `bits` is 64 bytes.
-                    unsafe {
-                        _mm256_storeu_si256(bits.as_mut_ptr().cast(), r0);
-                        _mm256_storeu_si256(bits.as_mut_ptr().add(32).cast(), r1);
+                let (r1, v1) = half!(unsafe { b0.add(32) } $(, unsafe { $h.add(32) })?);
+                lanes = _mm256_add_epi8(lanes, _mm256_cmpeq_epi8(v1, nl));
+                let any = _mm256_or_si256(r0, r1);
+                // Most steps have no candidate: one test says so, and the candidates' mask is
+                // worked out only where there are some.
+                if _mm256_testz_si256(any, any) == 0 {
+                    let c0 = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(r0, zero)) as u32);
+                    let c1 = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(r1, zero)) as u32);
+                    let cand = (u64::from(c0) | u64::from(c1) << 32) & $valid;
+                    if cand != 0 {
+                        // SAFETY: `bits` is 64 bytes; the step's 64 bytes from `b0` are
+                        // readable (loaded again: the rare path keeps no register of the loop's).
+                        let nls = unsafe {
+                            _mm256_storeu_si256(bits.as_mut_ptr().cast(), r0);
+                            _mm256_storeu_si256(bits.as_mut_ptr().add(32).cast(), r1);
+                            let n0 = _mm256_cmpeq_epi8(_mm256_loadu_si256(b0.cast()), nl);
+                            let n1 = _mm256_cmpeq_epi8(_mm256_loadu_si256(b0.add(32).cast()), nl);
+                            (_mm256_movemask_epi8(n0) as u32).count_ones()
+                                + (_mm256_movemask_epi8(n1) as u32).count_ones()
+                        };
+                        // The step's own newlines are in `lanes` already.
+                        *newlines = settle!() - u64::from(nls);
+                        return Some((p, cand, nls));
                     }
-                    *newlines = count;
-                    return Some((p, cand, nls));
                 }
-                count += u64::from(nls);
                 p += 64;
             }};
         }
@@ -540,6 +586,8 @@ impl Wide {
                     step!(u64::MAX, b, hs);
                     s += 64;
                 }
+                // At most 16 per lane since the last fold (8 steps of 2).
+                fold!();
             }
         }
         while p + 64 + FINGERPRINT - 1 <= len {
@@ -548,6 +596,7 @@ impl Wide {
             // SAFETY: `p + 67 <= len`: the step's bytes are inside `hay`.
             let b = unsafe { base.add(p) };
             step!(u64::MAX, b);
+            fold!();
         }
         while p < len {
             let mut tail = [0u8; 64 + FINGERPRINT - 1];
@@ -562,8 +611,9 @@ impl Wide {
             // is masked off.
             let b = tail.as_ptr();
             step!(valid, b);
+            fold!();
         }
-        *newlines = count;
+        *newlines = settle!();
         None
     }
 
@@ -588,9 +638,26 @@ impl Wide {
     }
 }
 
-/// The best loop this CPU runs, if any.
+/// The loop the first stage runs: the AVX2 one wherever the CPU has AVX2, else none (the packed
+/// or the Aho-Corasick searcher runs). `XIDWATCH_FIRST_STAGE` chooses another for timing them
+/// on one CPU (`bench/scan.sh` does): `vbmi` the AVX-512 loop, `packed` neither vector loop. It
+/// can only choose a loop the CPU runs, and what is found is the same whichever runs.
+///
+/// Why the AVX2 loop where the CPU also has AVX-512 VBMI: on an Intel Xeon guest with both
+/// (2026-12-07, one core, bench/scan.sh's logs in memory, fifteen alternating runs, medians) the
+/// scan took 0.103 s on the AVX-512 loop and 0.089 s on the AVX2 one on the ordinary log, 0.165
+/// and 0.140 s on the GPU-host log. Likely causes, not measured apart: of the AVX-512 loop's four
+/// 64-byte loads a step, one byte apart, at least three span two cache lines, and its four
+/// `vpermt2b` all need the one port that also runs its other 512-bit shuffles.
 pub fn best_kind() -> Option<Kind> {
-    [Kind::Vbmi, Kind::Avx2].into_iter().find(|&k| can_run(k))
+    static CHOICE: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    let choice = CHOICE.get_or_init(|| std::env::var_os("XIDWATCH_FIRST_STAGE"));
+    let kind = match choice.as_ref().and_then(|c| c.to_str()) {
+        Some("vbmi") => Kind::Vbmi,
+        Some("packed") => return None,
+        _ => Kind::Avx2,
+    };
+    can_run(kind).then_some(kind)
 }
 
 /// Whether this CPU runs `kind`'s loop.

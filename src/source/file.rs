@@ -2,8 +2,8 @@
 //!
 //! Scanning is a hot path: bug-report archives are hundreds of MB and almost every line is
 //! ordinary kernel chatter. So the reader never looks at a line on its own unless a literal
-//! prefilter (a 64-byte-step vector search where the CPU has AVX-512 VBMI or AVX2, Teddy or
-//! Aho-Corasick elsewhere, over the whole buffer, the technique grep tools use) says it may be
+//! prefilter (a 64-byte-step vector search where the CPU has AVX2, Teddy or Aho-Corasick
+//! elsewhere, over the whole buffer, the technique grep tools use) says it may be
 //! ours; line numbers come from the newlines the wide search counts as it steps, or elsewhere
 //! from a SIMD count between candidates made after the search (see [`LineCounter`]). Regular
 //! files are read through a memory map that survives truncation ([`super::mapped`]), FIFOs,

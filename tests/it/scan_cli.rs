@@ -650,3 +650,47 @@ fn a_folded_xid_45_runs_no_runbook_of_its_own() {
         );
     }
 }
+
+/// Whichever first-stage loop runs (the AVX2 one, the AVX-512 one, or the packed searcher, as
+/// `XIDWATCH_FIRST_STAGE` lets the bench choose on one CPU), `scan` finds the same, byte for byte,
+/// on every log the project holds: the shipped samples and the real lines of the corpus and the
+/// unseen rounds, read as one input so that line numbers cross their files.
+#[test]
+fn every_first_stage_loop_finds_the_same() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for dir in ["logs", "corpus", "unseen"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() > 20, "the fixtures are there: {files:?}");
+    let run = |stage: Option<&str>| {
+        let mut cmd = bin();
+        cmd.arg("scan").arg("--json").args(&files);
+        match stage {
+            Some(s) => cmd.env("XIDWATCH_FIRST_STAGE", s),
+            None => cmd.env_remove("XIDWATCH_FIRST_STAGE"),
+        };
+        let out = cmd.output().expect("running xidwatch");
+        assert!(out.status.code().is_some_and(|c| c <= 2), "{out:?}");
+        out.stdout
+    };
+    let best = run(None);
+    assert!(json_lines_of(&best) > 1000);
+    for stage in ["vbmi", "packed"] {
+        let got = run(Some(stage));
+        assert!(got == best, "XIDWATCH_FIRST_STAGE={stage} found otherwise");
+    }
+}
+
+fn json_lines_of(stdout: &[u8]) -> usize {
+    stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count()
+}
