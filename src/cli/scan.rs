@@ -205,6 +205,9 @@ struct Output<W: Write> {
     counts: [u64; 3],
     /// Inputs that could not be read to the end.
     failed: usize,
+    /// Lines a reader failed on (a defect of xidwatch's, caught): skipped, said, and the scan
+    /// went on.
+    unread_lines: u64,
     /// With `--runbooks`: one subject per (kind, Xid, GPU) at warning or above.
     subjects: Option<BTreeMap<SubjectKey, crate::runbook::Subject>>,
 }
@@ -296,7 +299,12 @@ impl<W: Write> Output<W> {
         let inputs = |n: usize| format!("{n} input{}", if n == 1 { "" } else { "s" });
         let mut s = String::new();
         if total == 0 {
-            if self.failed == 0 {
+            if self.failed == 0 && self.unread_lines > 0 {
+                s.push_str(&format!(
+                    "No GPU faults found in what could be read; {} line(s) could not be read (see the errors above), so faults may be missing.\n",
+                    self.unread_lines
+                ));
+            } else if self.failed == 0 {
                 s.push_str(&format!("No GPU faults found in {}.\n", inputs(files)));
             } else if self.failed == files {
                 // Nothing was read: saying "no faults found" would be a false all-clear.
@@ -329,6 +337,12 @@ impl<W: Write> Output<W> {
                 s.push_str(&format!(
                     "  ({} could not be read to the end; faults in the unread part are missing)\n",
                     inputs(self.failed)
+                ));
+            }
+            if self.unread_lines > 0 {
+                s.push_str(&format!(
+                    "  ({} line(s) could not be read, see the errors above; faults in them are missing)\n",
+                    self.unread_lines
                 ));
             }
             // Worst first, then the busiest.
@@ -385,6 +399,7 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
         per_gpu: BTreeMap::new(),
         counts: [0; 3],
         failed: 0,
+        unread_lines: 0,
         subjects: args.runbooks.as_ref().map(|_| BTreeMap::new()),
     };
     let runbook_config = match &args.runbooks {
@@ -434,6 +449,8 @@ pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
             out.failed += 1;
         }
     }
+    // A line skipped for a defect may have held a fault: the exit status says an error.
+    failed |= out.unread_lines > 0;
     out.flush_json();
     out.summary(files.len());
     if let (Some(cfg), Some(subjects)) = (&runbook_config, out.subjects.take()) {
@@ -466,6 +483,8 @@ fn scan_one<W: Write>(
     // Grouped for the text blocks, and for `--runbooks` (one run per incident) in either form.
     let mut grouper = (!out.json || out.subjects.is_some()).then(Grouper::new);
     let mut invalid_utf8 = 0u64;
+    // Lines a reader failed on, and the first of them.
+    let mut unread = (0u64, 0u64);
     let mut on_line = |line_no: u64, bytes: &[u8]| {
         let text = match std::str::from_utf8(bytes) {
             Ok(t) => std::borrow::Cow::Borrowed(t),
@@ -474,7 +493,20 @@ fn scan_one<W: Write>(
                 String::from_utf8_lossy(bytes)
             }
         };
-        reader.line(line_no, &text, &mut findings);
+        // A panic here can only be a defect of a reader's; it costs the line, not the rest of
+        // the log (the daemon guards its lines the same way). What the line had pushed before
+        // failing is dropped with it.
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            reader.line(line_no, &text, &mut findings)
+        }));
+        if read.is_err() {
+            if unread.0 == 0 {
+                unread.1 = line_no;
+            }
+            unread.0 += 1;
+            findings.clear();
+            return;
+        }
         // Printed where they lie, moved out only when the grouper keeps them: a finding is a
         // few hundred bytes, and with `--json` alone each move was a copy for nothing.
         for f in &findings {
@@ -508,6 +540,13 @@ fn scan_one<W: Write>(
     }
     if invalid_utf8 > 0 {
         eprintln!("xidwatch: {name}: note: {invalid_utf8} candidate line(s) held invalid UTF-8; the bad bytes were replaced and the rest classified");
+    }
+    if unread.0 > 0 {
+        eprintln!(
+            "xidwatch: {name}:{}: error: xidwatch failed to read {} line(s), this the first (a defect: please report it with the line); they were skipped and the lines after them read",
+            unread.1, unread.0
+        );
+        out.unread_lines += unread.0;
     }
     for n in &stats.notes {
         match n.line {
@@ -636,5 +675,52 @@ mod tests {
             }
         }
         assert!(n > 200, "{n} findings compared");
+    }
+
+    /// A line a reader fails on (the unit tests' classifier panics on a marked one, as a reader
+    /// with a defect would) costs that line: the fault on the line after it is still found and
+    /// printed, the failure is counted for the summary and the exit status, and what the line
+    /// had pushed is not printed.
+    #[test]
+    fn a_line_a_reader_fails_on_costs_the_line_not_the_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kern.log");
+        let poison = crate::classify::POISON_FOR_TESTS;
+        std::fs::write(
+            &path,
+            format!(
+                "[  10.000000] NVRM: Xid (PCI:0000:17:00): 48, pid=3112, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU.\n\
+                 [  10.100000] NVRM: {poison}\n\
+                 [  10.200000] NVRM: Xid (PCI:0000:2a:00): 79, pid=2207, name=python3, GPU has fallen off the bus.\n"
+            ),
+        )
+        .unwrap();
+        let mut out = Output {
+            out: io::BufWriter::new(Vec::new()),
+            json: true,
+            closed: false,
+            line: Vec::new(),
+            file_json: (String::new(), b"\"\"".to_vec()),
+            worst: None,
+            per_gpu: BTreeMap::new(),
+            counts: [0; 3],
+            failed: 0,
+            unread_lines: 0,
+            subjects: None,
+        };
+        assert!(scan_one(&path, Prefilter::shared(), None, &mut out));
+        out.flush_json();
+        assert_eq!(out.unread_lines, 1);
+        let printed = String::from_utf8(out.out.into_inner().unwrap()).unwrap();
+        let xids: Vec<u64> = printed
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["xid"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(xids, [48, 79], "{printed}");
+        assert!(!printed.contains(poison));
     }
 }
