@@ -213,6 +213,23 @@ struct Output<W: Write> {
 }
 
 impl<W: Write> Output<W> {
+    /// Output to `w`: JSON Lines or text blocks, and with `runbooks` the subjects to run them for.
+    fn new(w: W, json: bool, runbooks: bool) -> Self {
+        Output {
+            out: w,
+            json,
+            closed: false,
+            line: Vec::with_capacity(if json { JSON_CHUNK + 4096 } else { 0 }),
+            file_json: (String::new(), b"\"\"".to_vec()),
+            worst: None,
+            per_gpu: BTreeMap::new(),
+            counts: [0; 3],
+            failed: 0,
+            unread_lines: 0,
+            subjects: runbooks.then(BTreeMap::new),
+        }
+    }
+
     /// Counts a finding and, for `--json`, prints it. Text output is per incident instead.
     fn emit(&mut self, file: &str, f: &Finding) {
         self.worst = self.worst.max(Some(f.severity));
@@ -388,20 +405,11 @@ impl<W: Write> Output<W> {
 
 /// Runs `scan`.
 pub fn run(args: &ScanArgs) -> anyhow::Result<u8> {
-    let stdout = io::stdout().lock();
-    let mut out = Output {
-        out: io::BufWriter::with_capacity(JSON_CHUNK, stdout),
-        json: args.json,
-        closed: false,
-        line: Vec::with_capacity(if args.json { JSON_CHUNK + 4096 } else { 0 }),
-        file_json: (String::new(), b"\"\"".to_vec()),
-        worst: None,
-        per_gpu: BTreeMap::new(),
-        counts: [0; 3],
-        failed: 0,
-        unread_lines: 0,
-        subjects: args.runbooks.as_ref().map(|_| BTreeMap::new()),
-    };
+    let mut out = Output::new(
+        io::BufWriter::with_capacity(JSON_CHUNK, io::stdout().lock()),
+        args.json,
+        args.runbooks.is_some(),
+    );
     let runbook_config = match &args.runbooks {
         None => None,
         Some(p) => {
@@ -695,19 +703,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let mut out = Output {
-            out: io::BufWriter::new(Vec::new()),
-            json: true,
-            closed: false,
-            line: Vec::new(),
-            file_json: (String::new(), b"\"\"".to_vec()),
-            worst: None,
-            per_gpu: BTreeMap::new(),
-            counts: [0; 3],
-            failed: 0,
-            unread_lines: 0,
-            subjects: None,
-        };
+        let mut out = Output::new(io::BufWriter::new(Vec::new()), true, false);
         assert!(scan_one(&path, Prefilter::shared(), None, &mut out));
         out.flush_json();
         assert_eq!(out.unread_lines, 1);
