@@ -8,7 +8,9 @@
 #   storm     half the lines are Xid faults on three GPUs
 # Targets: xidwatch at least as fast as ripgrep on ordinary and gpu-host (ratio >= 1.0), the
 # storm at >= 0.1x ripgrep and >= 1.5 M lines/s. Prints throughputs, ratios and system time per
-# GiB; exits 1 when a target is missed. Installs nothing: ripgrep must be on PATH.
+# GiB, and where the CPU has AVX-512 VBMI the ordinary logs' ratio on that loop too
+# (XIDWATCH_FIRST_STAGE=vbmi); exits 1 when a target is missed. Installs nothing: ripgrep must
+# be on PATH.
 #
 #   bench/scan.sh            # 4,000,000 lines per ordinary log (about 340 and 550 MiB), 2,000,000 storm lines
 #   LINES=1000000 STORM_LINES=500000 bench/scan.sh

@@ -640,8 +640,8 @@ impl Wide {
 
 /// The loop the first stage runs: the AVX2 one wherever the CPU has AVX2, else none (the packed
 /// or the Aho-Corasick searcher runs). `XIDWATCH_FIRST_STAGE` chooses another for timing them
-/// on one CPU (`bench/scan.sh` does): `vbmi` the AVX-512 loop, `packed` neither vector loop. It
-/// can only choose a loop the CPU runs, and what is found is the same whichever runs.
+/// on one CPU (`bench/scan.sh` does): `vbmi` the AVX-512 loop, `packed` neither vector loop,
+/// `avx2` the default ([`choose`]). What is found is the same whichever runs.
 ///
 /// Why the AVX2 loop where the CPU also has AVX-512 VBMI: on an Intel Xeon guest with both
 /// (2026-12-07, one core, bench/scan.sh's logs in memory, fifteen alternating runs, medians) the
@@ -650,14 +650,44 @@ impl Wide {
 /// 64-byte loads a step, one byte apart, at least three span two cache lines, and its four
 /// `vpermt2b` all need the one port that also runs its other 512-bit shuffles.
 pub fn best_kind() -> Option<Kind> {
-    static CHOICE: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
-    let choice = CHOICE.get_or_init(|| std::env::var_os("XIDWATCH_FIRST_STAGE"));
-    let kind = match choice.as_ref().and_then(|c| c.to_str()) {
-        Some("vbmi") => Kind::Vbmi,
-        Some("packed") => return None,
-        _ => Kind::Avx2,
+    static CHOICE: std::sync::OnceLock<Option<Kind>> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let (kind, note) = choose(std::env::var_os("XIDWATCH_FIRST_STAGE").as_deref(), can_run);
+        if let Some(note) = note {
+            // Said once, on standard error (the journal, under systemd): a timing taken on
+            // another loop than the one asked for would mislead whoever reads it.
+            eprintln!("xidwatch: {note}");
+        }
+        kind
+    })
+}
+
+/// The loop that `XIDWATCH_FIRST_STAGE=value` (`None`: unset) asks for on a CPU that runs the
+/// loops `runs` says, and what to tell the user where it asked for one it does not get: a value
+/// that names no loop, or a loop the CPU cannot run, gets the default and says so.
+fn choose(
+    value: Option<&std::ffi::OsStr>,
+    runs: impl Fn(Kind) -> bool,
+) -> (Option<Kind>, Option<String>) {
+    let default = runs(Kind::Avx2).then_some(Kind::Avx2);
+    let Some(value) = value else {
+        return (default, None);
     };
-    can_run(kind).then_some(kind)
+    match value.to_str() {
+        Some("avx2") => (default, None),
+        Some("packed") => (None, None),
+        Some("vbmi") if runs(Kind::Vbmi) => (Some(Kind::Vbmi), None),
+        Some("vbmi") => (
+            default,
+            Some("XIDWATCH_FIRST_STAGE=vbmi: this CPU has no AVX-512 VBMI; the default loop runs".into()),
+        ),
+        _ => (
+            default,
+            Some(format!(
+                "XIDWATCH_FIRST_STAGE={value:?} names no loop (avx2, vbmi or packed); the default loop runs"
+            )),
+        ),
+    }
 }
 
 /// Whether this CPU runs `kind`'s loop.
@@ -697,6 +727,40 @@ pub fn vbmi_available() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `XIDWATCH_FIRST_STAGE` gets the loop it names where the CPU runs it, and otherwise the
+    /// default with a line that says so; unset or `avx2`, the default without a word.
+    #[test]
+    fn the_first_stage_choice_is_the_one_asked_for_or_said() {
+        use std::ffi::OsStr;
+        let all = |_: Kind| true;
+        let avx2_only = |k: Kind| k != Kind::Vbmi;
+        let neither = |k: Kind| k == Kind::Scalar;
+        assert_eq!(choose(None, all), (Some(Kind::Avx2), None));
+        assert_eq!(
+            choose(Some(OsStr::new("avx2")), all),
+            (Some(Kind::Avx2), None)
+        );
+        assert_eq!(
+            choose(Some(OsStr::new("vbmi")), all),
+            (Some(Kind::Vbmi), None)
+        );
+        assert_eq!(choose(Some(OsStr::new("packed")), all), (None, None));
+        assert_eq!(choose(None, neither), (None, None));
+        let (kind, note) = choose(Some(OsStr::new("vbmi")), avx2_only);
+        assert_eq!(kind, Some(Kind::Avx2));
+        assert!(note.is_some_and(|n| n.contains("no AVX-512 VBMI")));
+        for typo in ["avx512", "VBMI", ""] {
+            let (kind, note) = choose(Some(OsStr::new(typo)), all);
+            assert_eq!(kind, Some(Kind::Avx2), "{typo:?}");
+            assert!(
+                note.as_deref().is_some_and(
+                    |n| n.contains(&format!("{typo:?}")) && n.contains("names no loop")
+                ),
+                "{typo:?}: {note:?}"
+            );
+        }
+    }
 
     fn reference(patterns: &[&[u8]], hay: &[u8], from: usize) -> Option<(usize, usize)> {
         (from..hay.len()).find_map(|s| {
